@@ -1,0 +1,242 @@
+/*
+ * attention.h: causal multi-head self-attention, the clear first version (speed comes later).
+ *
+ *   inp  qkv (B,T,3C): for each position, q | k | v, each C = NH heads of hs = C/NH channels
+ *   att      (B,NH,T,T): softmax(q k^T / sqrt(hs)) with the causal mask (zeros above the diagonal),
+ *            kept for the backward pass
+ *   out      (B,T,C):   att . v, heads concatenated back
+ *
+ * backward, for one head and query row t (d = gradient):
+ *   datt[t,u] = dout[t] . v[u]                  dv[u] += att[t,u] * dout[t]
+ *   dpre[t,u] = att[t,u] * (datt[t,u] - sum_u' att[t,u'] datt[t,u']) / sqrt(hs)   (softmax backward)
+ *   dq[t]    += sum_u dpre[t,u] k[u]            dk[u] += dpre[t,u] q[t]
+ *   dqkv is overwritten (=).
+ *
+ * CPU: loops parallel over (batch, head), each thread owning its head's slices, so sums have a fixed
+ * order. GPU: heads are split out to (B,NH,T,hs), the two products per direction are strided-batched
+ * cuBLAS calls over B*NH matrices, with the causal softmax (and its backward) as a warp-per-row kernel.
+ * The full (T,T) matrix is materialized; a flash-attention kernel that avoids it is a later step.
+ */
+#pragma once
+
+#include "device.h"
+#include "matmul.h"
+
+// ----------------------------------------------------------------------------------------------------
+// CPU reference
+
+static void attention_forward_cpu(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                float maxv = -INFINITY;
+                for (int u = 0; u <= t; u++) {
+                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
+                    s *= scale;
+                    a[u] = s;
+                    if (s > maxv) maxv = s;
+                }
+                float sum = 0.0f;
+                for (int u = 0; u <= t; u++) {
+                    a[u] = expf(a[u] - maxv);
+                    sum += a[u];
+                }
+                for (int u = 0; u <= t; u++) a[u] /= sum;
+                for (int u = t + 1; u < T; u++) a[u] = 0.0f;
+                float* o = out + ((size_t)b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) o[i] = 0.0f;
+                for (int u = 0; u <= t; u++) {
+                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
+                    for (int i = 0; i < hs; i++) o[i] += a[u] * v[i];
+                }
+            }
+        }
+    }
+}
+
+static void attention_backward_cpu(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                   int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float* datt = (float*)malloc_check((size_t)T * sizeof(float));
+            for (int t = 0; t < T; t++)  // this thread owns head h of batch b in dqkv: clear it first
+                for (int part = 0; part < 3; part++)
+                    memset(dqkv + ((size_t)b * T + t) * 3 * C + part * C + h * hs, 0, hs * sizeof(float));
+            for (int t = 0; t < T; t++) {
+                const float* a = att + (((size_t)b * NH + h) * T + t) * T;
+                const float* d = dout + ((size_t)b * T + t) * C + h * hs;
+                const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                float dot = 0.0f;
+                for (int u = 0; u <= t; u++) {
+                    const float* v = qkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
+                    float* dv = dqkv + ((size_t)b * T + u) * 3 * C + 2 * C + h * hs;
+                    float s = 0.0f;
+                    for (int i = 0; i < hs; i++) {
+                        s += d[i] * v[i];
+                        dv[i] += a[u] * d[i];
+                    }
+                    datt[u] = s;
+                    dot += a[u] * s;
+                }
+                for (int u = 0; u <= t; u++) {
+                    float dpre = a[u] * (datt[u] - dot) * scale;
+                    const float* k = qkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
+                    float* dk = dqkv + ((size_t)b * T + u) * 3 * C + C + h * hs;
+                    for (int i = 0; i < hs; i++) {
+                        dq[i] += dpre * k[i];
+                        dk[i] += dpre * q[i];
+                    }
+                }
+            }
+            free(datt);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+#ifndef LLMC_CPU
+// dst (B,NH,T,hs) <- src rows of `row_stride` elements, head h at column offset + h*hs
+__global__ void heads_split_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NH * T * hs) return;
+    int i = idx % hs;
+    int t = (idx / hs) % T;
+    int h = (idx / ((size_t)hs * T)) % NH;
+    int b = idx / ((size_t)hs * T * NH);
+    dst[idx] = src[((size_t)b * T + t) * row_stride + offset + h * hs + i];
+}
+
+// the inverse: dst rows <- src (B,NH,T,hs)
+__global__ void heads_merge_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NH * T * hs) return;
+    int i = idx % hs;
+    int t = (idx / hs) % T;
+    int h = (idx / ((size_t)hs * T)) % NH;
+    int b = idx / ((size_t)hs * T * NH);
+    dst[((size_t)b * T + t) * row_stride + offset + h * hs + i] = src[idx];
+}
+
+// one warp per row of (B*NH*T, T): att = causal softmax(scale * preatt), zeros above the diagonal
+__global__ void causal_softmax_kernel(floatX* att, const floatX* preatt, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    const floatX* x = preatt + (size_t)row * T;
+    floatX* y = att + (size_t)row * T;
+    float maxv = -INFINITY;
+    for (int u = lane; u <= t; u += 32) maxv = fmaxf(maxv, scale * floatX_to_float(x[u]));
+    maxv = warp_max(maxv);
+    float sum = 0.0f;
+    for (int u = lane; u <= t; u += 32) sum += expf(scale * floatX_to_float(x[u]) - maxv);
+    float inv = 1.0f / warp_sum(sum);
+    for (int u = lane; u < T; u += 32)
+        y[u] = float_to_floatX(u <= t ? expf(scale * floatX_to_float(x[u]) - maxv) * inv : 0.0f);
+}
+
+// one warp per row, in place on datt: dpre = scale * att * (datt - sum(att * datt))
+__global__ void causal_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    const floatX* a = att + (size_t)row * T;
+    floatX* d = datt + (size_t)row * T;
+    float dot = 0.0f;
+    for (int u = lane; u <= t; u += 32) dot += floatX_to_float(a[u]) * floatX_to_float(d[u]);
+    dot = warp_sum(dot);
+    for (int u = lane; u < T; u += 32) {
+        float v = u <= t ? scale * floatX_to_float(a[u]) * (floatX_to_float(d[u]) - dot) : 0.0f;
+        d[u] = float_to_floatX(v);
+    }
+}
+
+// column-major strided-batched C (m,n) = op(A) . op(B) over `batch` matrices
+static void batched_matmul(floatX* c, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a, bool trans_b,
+                           int lda, long long stride_a, int ldb, long long stride_b, int ldc, long long stride_c, int batch) {
+    matmul_init();
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasCheck(cublasGemmStridedBatchedEx(cublas_handle, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           m, n, k, &alpha, a, CUDA_FLOATX, lda, stride_a, b, CUDA_FLOATX, ldb, stride_b,
+                                           &beta, c, CUDA_FLOATX, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// q, k, v, y (and their gradients) as (B,NH,T,hs), plus one (B,NH,T,T) matrix
+static Scratch attention_scratch = {NULL, 0};
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// launchers
+
+static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH) {
+#ifdef LLMC_CPU
+    attention_forward_cpu(out, att, qkv, B, T, C, NH);
+#else
+    int hs = C / NH;
+    size_t btc = (size_t)B * T * C;
+    floatX* q = (floatX*)scratch_get(&attention_scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
+    floatX *k = q + btc, *v = k + btc, *y = v + btc, *preatt = q + 8 * btc;
+    const int block = 256;
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(q, qkv, B, T, NH, hs, 3 * C, 0);
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(k, qkv, B, T, NH, hs, 3 * C, C);
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(v, qkv, B, T, NH, hs, 3 * C, 2 * C);
+    launchCheck();
+    long long s_head = (long long)T * hs, s_att = (long long)T * T;
+    // preatt (Tq,Tk) row-major = column-major (Tk,Tq) = k (Tk,hs) . q^T (hs,Tq)
+    batched_matmul(preatt, k, q, T, T, hs, true, false, hs, s_head, hs, s_head, T, s_att, B * NH);
+    causal_softmax_kernel<<<ceil_div(B * NH * T, block / 32), block, 0, main_stream>>>(att, preatt, B * NH * T, T, 1.0f / sqrtf((float)hs));
+    launchCheck();
+    // y^T (hs,Tq) = v^T (hs,Tk) . att^T (Tk,Tq)
+    batched_matmul(y, v, att, hs, T, T, false, false, hs, s_head, T, s_att, hs, s_head, B * NH);
+    heads_merge_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(out, y, B, T, NH, hs, C, 0);
+    launchCheck();
+#endif
+}
+
+static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* att, int B, int T,
+                               int C, int NH) {
+#ifdef LLMC_CPU
+    attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH);
+#else
+    int hs = C / NH;
+    size_t btc = (size_t)B * T * C;
+    floatX* q = (floatX*)scratch_get(&attention_scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
+    floatX *k = q + btc, *v = k + btc, *dy = v + 2 * btc, *dq = dy + btc, *dk = dq + btc, *dv = dk + btc;
+    floatX* datt = q + 8 * btc;
+    const int block = 256;
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(q, qkv, B, T, NH, hs, 3 * C, 0);
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(k, qkv, B, T, NH, hs, 3 * C, C);
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(v, qkv, B, T, NH, hs, 3 * C, 2 * C);
+    heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(dy, dout, B, T, NH, hs, C, 0);
+    launchCheck();
+    long long s_head = (long long)T * hs, s_att = (long long)T * T;
+    // datt^T (Tk,Tq) = v (Tk,hs) . dy^T (hs,Tq)
+    batched_matmul(datt, v, dy, T, T, hs, true, false, hs, s_head, hs, s_head, T, s_att, B * NH);
+    // dv^T (hs,Tk) = dy^T (hs,Tq) . att (Tq,Tk)
+    batched_matmul(dv, dy, att, hs, T, T, false, true, hs, s_head, T, s_att, hs, s_head, B * NH);
+    causal_softmax_backward_kernel<<<ceil_div(B * NH * T, block / 32), block, 0, main_stream>>>(datt, att, B * NH * T, T, 1.0f / sqrtf((float)hs));
+    launchCheck();
+    // dq^T (hs,Tq) = k^T (hs,Tk) . dpre^T (Tk,Tq)
+    batched_matmul(dq, k, datt, hs, T, T, false, false, hs, s_head, T, s_att, hs, s_head, B * NH);
+    // dk^T (hs,Tk) = q^T (hs,Tq) . dpre (Tq,Tk)
+    batched_matmul(dk, q, datt, hs, T, T, false, true, hs, s_head, T, s_att, hs, s_head, B * NH);
+    heads_merge_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(dqkv, dq, B, T, NH, hs, 3 * C, 0);
+    heads_merge_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(dqkv, dk, B, T, NH, hs, 3 * C, C);
+    heads_merge_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(dqkv, dv, B, T, NH, hs, 3 * C, 2 * C);
+    launchCheck();
+#endif
+}

@@ -1,0 +1,256 @@
+/*
+ * checkpoint.h: the model file (llm.c's format) and our optimizer/run state file, written atomically.
+ *
+ * Model file, little-endian: 256 int32 header [20240326, version, maxT, V, L, NH, C, Vp, 0...], then the
+ * parameters, float32 (version 3) or bf16 (version 5), in llm.c's order:
+ *   wte (Vp,C)  wpe (maxT,C)  ln1w ln1b (L,C)  qkvw (L,3C,C)  qkvb (L,3C)  attprojw (L,C,C)  attprojb (L,C)
+ *   ln2w ln2b (L,C)  fcw (L,4C,C)  fcb (L,4C)  fcprojw (L,C,4C)  fcprojb (L,C)  lnfw lnfb (C)
+ * We always write version 3 (the fp32 master weights), and read both.
+ *
+ * State file (ours), little-endian: 256 int32 header
+ *   [0] 20261123 magic   [1] 1 version   [2..7] maxT V L NH C Vp   [8] B  [9] T  [10] grad_accum
+ *   [11] shuffle  [12..13] step (int64)  [14..15] num_params (int64)  [16..17] sampling rng state (uint64)
+ *   [18..19] FNV-1a hash of the companion model file (uint64)   [20..21] data seed (uint64)
+ * then AdamW's m and v (float32, num_params each, llm.c order), then the FNV-1a hash (uint64) of all the
+ * bytes before it. The model hash ties the pair together: a state file never resumes another model.
+ *
+ * Every write goes to "<path>.tmp", is flushed and fsync'ed, then renamed over <path>, so a crash in the
+ * middle of a save leaves the previous checkpoint intact.
+ */
+#pragma once
+
+#include "common.h"
+
+#define MODEL_MAGIC 20240326
+#define STATE_MAGIC 20261123
+#define HEADER_INTS 256
+
+typedef struct {
+    int maxT;  // longest sequence (rows of wpe)
+    int V;     // vocabulary size
+    int Vp;    // vocabulary padded up to a multiple of 128 (rows of wte)
+    int L;     // transformer blocks
+    int NH;    // attention heads
+    int C;     // channels
+} GPT2Config;
+
+#define NUM_FILE_TENSORS 16
+static const char* FILE_TENSOR_NAMES[NUM_FILE_TENSORS] = {"wte",  "wpe",      "ln1w",     "ln1b", "qkvw", "qkvb",
+                                                          "attprojw", "attprojb", "ln2w", "ln2b", "fcw",  "fcb",
+                                                          "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+// elements of file tensor `kind` for ONE layer (kinds 2..13 repeat L times; the others appear once)
+static size_t file_tensor_numel(const GPT2Config* c, int kind) {
+    size_t C = c->C;
+    static const int mult[NUM_FILE_TENSORS] = {0, 0, 1, 1, 3 * 1, 3, 1, 1, 1, 1, 4, 4, 4, 1, 1, 1};
+    switch (kind) {
+        case 0: return (size_t)c->Vp * C;
+        case 1: return (size_t)c->maxT * C;
+        case 4: case 6: case 10: case 12: return mult[kind] * C * C;  // qkvw 3CxC, attprojw CxC, fcw 4CxC, fcprojw Cx4C
+        default: return mult[kind] * C;
+    }
+}
+static int file_tensor_is_per_layer(int kind) { return kind >= 2 && kind <= 13; }
+
+static size_t gpt2_num_parameters(const GPT2Config* c) {
+    size_t n = 0;
+    for (int k = 0; k < NUM_FILE_TENSORS; k++) n += file_tensor_numel(c, k) * (file_tensor_is_per_layer(k) ? c->L : 1);
+    return n;
+}
+
+static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
+
+// Checks that a configuration is well formed; `what` names its origin for the message.
+static void validate_config(const GPT2Config* c, const char* what) {
+    if (c->L < 1 || c->C < 1 || c->NH < 1 || c->V < 1 || c->maxT < 1)
+        fatal("%s: every size must be positive (L=%d C=%d NH=%d V=%d maxT=%d)", what, c->L, c->C, c->NH, c->V, c->maxT);
+    if (c->C % c->NH != 0) fatal("%s: channels C=%d is not divisible by heads NH=%d", what, c->C, c->NH);
+    if (c->Vp < c->V || c->Vp % 128 != 0) fatal("%s: padded vocab Vp=%d must be a multiple of 128 and >= V=%d", what, c->Vp, c->V);
+    if (c->V > 65536) fatal("%s: vocab V=%d does not fit the uint16 token files", what, c->V);
+    if (c->L > 4096 || c->C > 65536 || c->maxT > 1 << 20 || c->Vp > 1 << 20) fatal("%s: implausibly large model sizes", what);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// atomic writes
+
+typedef struct {
+    FILE* f;
+    char path[4096], tmp_path[4200];
+    uint64_t hash;  // FNV-1a of everything written so far
+} AtomicFile;
+
+static void atomic_open(AtomicFile* a, const char* path) {
+    if (strlen(path) >= sizeof(a->path)) fatal("path too long: %s", path);
+    strcpy(a->path, path);
+    snprintf(a->tmp_path, sizeof(a->tmp_path), "%s.tmp", path);
+    a->f = fopen_check(a->tmp_path, "wb");
+    a->hash = FNV1A_INIT;
+}
+
+static void atomic_write(AtomicFile* a, const void* data, size_t bytes) {
+    fwrite_check(data, 1, bytes, a->f, a->tmp_path);
+    a->hash = fnv1a_update(a->hash, data, bytes);
+}
+
+static void atomic_commit(AtomicFile* a) {
+    if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) fatal("cannot flush '%s': %s", a->tmp_path, strerror(errno));
+    if (fclose(a->f) != 0) fatal("cannot close '%s': %s", a->tmp_path, strerror(errno));
+    if (rename(a->tmp_path, a->path) != 0) fatal("cannot rename '%s' to '%s': %s", a->tmp_path, a->path, strerror(errno));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// model file
+
+// Writes params (llm.c order, float32) as a version 3 model file; returns the file's FNV-1a hash.
+static uint64_t model_file_write(const char* path, const GPT2Config* c, const float* params) {
+    int header[HEADER_INTS] = {0};
+    header[0] = MODEL_MAGIC;
+    header[1] = 3;
+    header[2] = c->maxT;
+    header[3] = c->V;
+    header[4] = c->L;
+    header[5] = c->NH;
+    header[6] = c->C;
+    header[7] = c->Vp;
+    AtomicFile a;
+    atomic_open(&a, path);
+    atomic_write(&a, header, sizeof(header));
+    atomic_write(&a, params, gpt2_num_parameters(c) * sizeof(float));
+    atomic_commit(&a);
+    return a.hash;
+}
+
+static float bf16_bits_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+// Reads a model file: its config, and (if params != NULL) a malloc'ed float array in llm.c order.
+// Returns the file's FNV-1a hash when params are read.
+static uint64_t model_file_read(const char* path, GPT2Config* c, float** params) {
+    FILE* f = fopen_check(path, "rb");
+    long long size = file_size_check(f, path);
+    int header[HEADER_INTS];
+    if (size < (long long)sizeof(header)) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
+    fread_check(header, sizeof(int), HEADER_INTS, f, path);
+    if (header[0] != MODEL_MAGIC) fatal("'%s' is not a GPT-2 model file (magic %d, expected %d)", path, header[0], MODEL_MAGIC);
+    int version = header[1];
+    if (version != 3 && version != 5) fatal("'%s': unsupported model file version %d (3 = fp32 and 5 = bf16 are known)", path, version);
+    c->maxT = header[2];
+    c->V = header[3];
+    c->L = header[4];
+    c->NH = header[5];
+    c->C = header[6];
+    c->Vp = header[7];
+    validate_config(c, path);
+    size_t n = gpt2_num_parameters(c);
+    size_t elem = version == 3 ? 4 : 2;
+    long long expected = (long long)sizeof(header) + (long long)(n * elem);
+    if (size != expected)
+        fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected, size < expected ? "truncated" : "trailing bytes");
+    uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
+    if (params != NULL) {
+        float* p = (float*)malloc_check(n * sizeof(float));
+        if (version == 3) {
+            fread_check(p, sizeof(float), n, f, path);
+            hash = fnv1a_update(hash, p, n * sizeof(float));
+        } else {
+            uint16_t* tmp = (uint16_t*)malloc_check(n * sizeof(uint16_t));
+            fread_check(tmp, sizeof(uint16_t), n, f, path);
+            hash = fnv1a_update(hash, tmp, n * sizeof(uint16_t));
+            for (size_t i = 0; i < n; i++) p[i] = bf16_bits_to_float(tmp[i]);
+            free(tmp);
+        }
+        *params = p;
+    }
+    fclose(f);
+    return hash;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// state file
+
+typedef struct {
+    GPT2Config config;
+    int B, T, grad_accum, shuffle;
+    long long step;          // optimizer steps completed
+    uint64_t sample_rng;     // state of the sampling generator
+    uint64_t model_hash;     // FNV-1a of the model file saved with this state
+    uint64_t data_seed;      // seed of the shuffled data order
+} RunState;
+
+static void put_u64(int* h, uint64_t v) { memcpy(h, &v, sizeof(v)); }
+static uint64_t get_u64(const int* h) {
+    uint64_t v;
+    memcpy(&v, h, sizeof(v));
+    return v;
+}
+
+static void state_file_write(const char* path, const RunState* s, const float* m, const float* v) {
+    size_t n = gpt2_num_parameters(&s->config);
+    int header[HEADER_INTS] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = 1;
+    header[2] = s->config.maxT;
+    header[3] = s->config.V;
+    header[4] = s->config.L;
+    header[5] = s->config.NH;
+    header[6] = s->config.C;
+    header[7] = s->config.Vp;
+    header[8] = s->B;
+    header[9] = s->T;
+    header[10] = s->grad_accum;
+    header[11] = s->shuffle;
+    put_u64(header + 12, (uint64_t)s->step);
+    put_u64(header + 14, (uint64_t)n);
+    put_u64(header + 16, s->sample_rng);
+    put_u64(header + 18, s->model_hash);
+    put_u64(header + 20, s->data_seed);
+    AtomicFile a;
+    atomic_open(&a, path);
+    atomic_write(&a, header, sizeof(header));
+    atomic_write(&a, m, n * sizeof(float));
+    atomic_write(&a, v, n * sizeof(float));
+    uint64_t checksum = a.hash;
+    atomic_write(&a, &checksum, sizeof(checksum));
+    atomic_commit(&a);
+}
+
+// Reads a state file, verifying magic, version, size and checksum. m and v are malloc'ed (llm.c order).
+static void state_file_read(const char* path, RunState* s, float** m, float** v) {
+    FILE* f = fopen_check(path, "rb");
+    long long size = file_size_check(f, path);
+    int header[HEADER_INTS];
+    if (size < (long long)sizeof(header)) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
+    fread_check(header, sizeof(int), HEADER_INTS, f, path);
+    if (header[0] != STATE_MAGIC) fatal("'%s' is not a training state file (magic %d, expected %d)", path, header[0], STATE_MAGIC);
+    if (header[1] != 1) fatal("'%s': unsupported state file version %d (expected 1)", path, header[1]);
+    s->config = (GPT2Config){header[2], header[3], header[7], header[4], header[5], header[6]};
+    validate_config(&s->config, path);
+    s->B = header[8];
+    s->T = header[9];
+    s->grad_accum = header[10];
+    s->shuffle = header[11];
+    s->step = (long long)get_u64(header + 12);
+    uint64_t n = get_u64(header + 14);
+    s->sample_rng = get_u64(header + 16);
+    s->model_hash = get_u64(header + 18);
+    s->data_seed = get_u64(header + 20);
+    if (n != gpt2_num_parameters(&s->config)) fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
+    long long expected = (long long)sizeof(header) + 2LL * (long long)n * 4 + 8;
+    if (size != expected)
+        fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected, size < expected ? "truncated" : "trailing bytes");
+    *m = (float*)malloc_check(n * sizeof(float));
+    *v = (float*)malloc_check(n * sizeof(float));
+    fread_check(*m, sizeof(float), n, f, path);
+    fread_check(*v, sizeof(float), n, f, path);
+    uint64_t stored;
+    fread_check(&stored, sizeof(stored), 1, f, path);
+    fclose(f);
+    uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
+    hash = fnv1a_update(hash, *m, n * sizeof(float));
+    hash = fnv1a_update(hash, *v, n * sizeof(float));
+    if (hash != stored) fatal("'%s' is corrupt: checksum mismatch", path);
+}

@@ -1,0 +1,135 @@
+/*
+ * common.h: the small helpers every other file leans on.
+ *
+ * - fatal(): one clear line on stderr and exit(1). Bad input (a missing file, a wrong magic number, a
+ *   flag that is not a number...) must never crash or hang the trainer, so every check ends here.
+ * - checked wrappers around fopen/fread/fwrite/malloc that report what failed and where.
+ * - a tiny deterministic random number generator (splitmix64 + Box-Muller) so that initialization,
+ *   shuffling and sampling are reproducible and their state fits in one integer for checkpoints.
+ * - FNV-1a 64-bit hashing, used as the checksum of our own checkpoint files.
+ *
+ * Nothing here knows about CUDA: it compiles the same for the CPU and GPU targets.
+ */
+#pragma once
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------------------------------
+// errors
+
+[[noreturn]] static inline void fatal(const char* fmt, ...) {
+    fflush(stdout);
+    fprintf(stderr, "error: ");
+    va_list args;
+    va_start(args, fmt);
+    vfprintf(stderr, fmt, args);
+    va_end(args);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+// For internal invariants (a bug, not a user error): name the file and line.
+#define check_internal(cond, msg)                                                                   \
+    do {                                                                                            \
+        if (!(cond)) fatal("internal error at %s:%d: %s", __FILE__, __LINE__, msg);                 \
+    } while (0)
+
+// ----------------------------------------------------------------------------------------------------
+// checked file and memory calls
+
+static inline FILE* fopen_check(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) fatal("cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
+    return f;
+}
+
+// Reads exactly `count` items or fails naming the file: a short read means the file is truncated.
+static inline void fread_check(void* dst, size_t size, size_t count, FILE* f, const char* path) {
+    size_t got = fread(dst, size, count, f);
+    if (got != count) {
+        if (ferror(f)) fatal("read error in '%s': %s", path, strerror(errno));
+        fatal("file '%s' is truncated (wanted %zu more bytes)", path, (count - got) * size);
+    }
+}
+
+static inline void fwrite_check(const void* src, size_t size, size_t count, FILE* f, const char* path) {
+    if (fwrite(src, size, count, f) != count) fatal("write error in '%s': %s", path, strerror(errno));
+}
+
+static inline void fseek_check(FILE* f, long long offset, const char* path) {
+    if (fseeko(f, (off_t)offset, SEEK_SET) != 0) fatal("cannot seek in '%s': %s", path, strerror(errno));
+}
+
+static inline long long file_size_check(FILE* f, const char* path) {
+    if (fseeko(f, 0, SEEK_END) != 0) fatal("cannot seek in '%s': %s", path, strerror(errno));
+    long long size = (long long)ftello(f);
+    fseek_check(f, 0, path);
+    return size;
+}
+
+static inline void* malloc_check(size_t bytes) {
+    void* p = malloc(bytes > 0 ? bytes : 1);
+    if (p == NULL) fatal("out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+static inline void* calloc_check(size_t bytes) {
+    void* p = calloc(bytes > 0 ? bytes : 1, 1);
+    if (p == NULL) fatal("out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+static inline double wall_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// deterministic random numbers: the whole generator state is one uint64 (saved in checkpoints)
+
+typedef struct {
+    uint64_t state;
+} Rng;
+
+static inline uint64_t rng_next_u64(Rng* rng) {  // splitmix64
+    uint64_t z = (rng->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// uniform in [0, 1) with 24 random bits, exactly representable as float
+static inline float rng_uniform(Rng* rng) { return (float)(rng_next_u64(rng) >> 40) / 16777216.0f; }
+
+// standard normal (Box-Muller; one value per call so the state stays a single integer)
+static inline float rng_normal(Rng* rng) {
+    double u1 = ((double)(rng_next_u64(rng) >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+    double u2 = (double)(rng_next_u64(rng) >> 11) / 9007199254740992.0;          // [0, 1)
+    return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// FNV-1a 64: a simple, well-known hash, plenty to detect truncation, bit rot and mixed-up files
+
+static const uint64_t FNV1A_INIT = 0xcbf29ce484222325ull;
+
+static inline uint64_t fnv1a_update(uint64_t hash, const void* data, size_t bytes) {
+    const unsigned char* p = (const unsigned char*)data;
+    for (size_t i = 0; i < bytes; i++) {
+        hash ^= p[i];
+        hash *= 0x100000001b3ull;
+    }
+    return hash;
+}
+
+static inline size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

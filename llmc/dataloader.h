@@ -1,0 +1,153 @@
+/*
+ * dataloader.h: batches of tokens from llm.c-format shards.
+ *
+ * Token file, little-endian: 256 int32 header [20240520, 1, n_tokens, 0...], then n_tokens uint16.
+ * A glob pattern names the shards; sorted by name they are read as one concatenated stream.
+ *
+ * Data-order contract (shuffling off): micro-batch k is the B*T+1 tokens starting at token k*B*T of the
+ * stream; inputs are the first B*T, targets the same shifted by one. The training loop asks for
+ * k = s*D + d (micro-step s, data-parallel rank d of D), so dp=D with batch B reads exactly the tokens of
+ * dp=1 with batch D*B. One epoch is n_batches = floor((n_tokens - 1) / (B*T)) micro-batches; k wraps
+ * around modulo n_batches. With shuffling on (--shuffle 1) the micro-batches of every epoch are visited
+ * in a seeded random permutation, which is a pure function of (seed, epoch): resuming needs only k.
+ *
+ * Every token id is checked against the vocabulary size as it is read.
+ */
+#pragma once
+
+#include <glob.h>
+
+#include "common.h"
+
+#define TOKENS_MAGIC 20240520
+
+typedef struct {
+    int n_files;
+    char** paths;
+    long long* file_tokens;  // tokens in each file
+    long long* file_start;   // position of each file's first token in the stream
+    long long total_tokens;
+    int B, T, V;
+    long long n_batches;  // micro-batches per epoch
+    int shuffle;
+    uint64_t seed;
+    long long perm_epoch;  // epoch whose permutation is in perm (-1: none)
+    long long* perm;
+    uint16_t* buffer;  // (B*T+1)
+    int* inputs;       // (B,T)
+    int* targets;      // (B,T)
+    FILE* file;        // the open shard, and its index
+    int file_index;
+} DataLoader;
+
+static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int V, int shuffle, uint64_t seed) {
+    memset(dl, 0, sizeof(*dl));
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc != 0 || g.gl_pathc == 0) fatal("no token file matches '%s'", pattern);
+    dl->n_files = (int)g.gl_pathc;
+    dl->paths = (char**)malloc_check(dl->n_files * sizeof(char*));
+    dl->file_tokens = (long long*)malloc_check(dl->n_files * sizeof(long long));
+    dl->file_start = (long long*)malloc_check(dl->n_files * sizeof(long long));
+    for (int i = 0; i < dl->n_files; i++) {  // glob sorts the names
+        const char* path = g.gl_pathv[i];
+        dl->paths[i] = strdup(path);
+        FILE* f = fopen_check(path, "rb");
+        long long size = file_size_check(f, path);
+        int header[256];
+        if (size < (long long)sizeof(header)) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
+        fread_check(header, sizeof(int), 256, f, path);
+        fclose(f);
+        if (header[0] != TOKENS_MAGIC) fatal("'%s' is not a token file (magic %d, expected %d)", path, header[0], TOKENS_MAGIC);
+        if (header[1] != 1) fatal("'%s': unsupported token file version %d (expected 1)", path, header[1]);
+        long long n = (unsigned int)header[2];
+        long long expected = (long long)sizeof(header) + 2 * n;
+        if (size != expected)
+            fatal("'%s' has %lld bytes but its header says %lld tokens (%lld bytes: %s)", path, size, n, expected,
+                  size < expected ? "truncated" : "trailing bytes");
+        dl->file_tokens[i] = n;
+        dl->file_start[i] = dl->total_tokens;
+        dl->total_tokens += n;
+    }
+    globfree(&g);
+    dl->B = B;
+    dl->T = T;
+    dl->V = V;
+    long long need = (long long)B * T + 1;
+    if (dl->total_tokens < need)
+        fatal("'%s' holds %lld tokens, fewer than one batch needs (B*T+1 = %lld)", pattern, dl->total_tokens, need);
+    dl->n_batches = (dl->total_tokens - 1) / ((long long)B * T);
+    dl->shuffle = shuffle;
+    dl->seed = seed;
+    dl->perm_epoch = -1;
+    dl->buffer = (uint16_t*)malloc_check(need * sizeof(uint16_t));
+    dl->inputs = (int*)malloc_check((size_t)B * T * sizeof(int));
+    dl->targets = (int*)malloc_check((size_t)B * T * sizeof(int));
+    dl->file_index = -1;
+}
+
+static void dataloader_free(DataLoader* dl) {
+    if (dl->file) fclose(dl->file);
+    for (int i = 0; i < dl->n_files; i++) free(dl->paths[i]);
+    free(dl->paths);
+    free(dl->file_tokens);
+    free(dl->file_start);
+    free(dl->perm);
+    free(dl->buffer);
+    free(dl->inputs);
+    free(dl->targets);
+}
+
+// reads n tokens starting at stream position pos, crossing file boundaries as needed
+static void dataloader_read(DataLoader* dl, long long pos, long long n, uint16_t* out) {
+    int i = 0;
+    while (dl->file_start[i] + dl->file_tokens[i] <= pos) i++;
+    while (n > 0) {
+        if (i >= dl->n_files) fatal("internal error: read past the end of the token stream");
+        if (dl->file_index != i) {
+            if (dl->file) fclose(dl->file);
+            dl->file = fopen_check(dl->paths[i], "rb");
+            dl->file_index = i;
+        }
+        long long offset = pos - dl->file_start[i];
+        long long take = dl->file_tokens[i] - offset < n ? dl->file_tokens[i] - offset : n;
+        fseek_check(dl->file, 1024 + 2 * offset, dl->paths[i]);
+        fread_check(out, sizeof(uint16_t), (size_t)take, dl->file, dl->paths[i]);
+        for (long long j = 0; j < take; j++)
+            if (out[j] >= dl->V)
+                fatal("'%s': token id %d at token %lld is >= the vocabulary size %d", dl->paths[i], out[j], offset + j, dl->V);
+        out += take;
+        pos += take;
+        n -= take;
+        i++;
+    }
+}
+
+// the micro-batch visited k-th, after shuffling
+static long long dataloader_batch_position(DataLoader* dl, long long k) {
+    long long epoch = k / dl->n_batches, j = k % dl->n_batches;
+    if (!dl->shuffle) return j;
+    if (dl->perm_epoch != epoch) {  // Fisher-Yates with a generator seeded by (seed, epoch)
+        if (dl->perm == NULL) dl->perm = (long long*)malloc_check(dl->n_batches * sizeof(long long));
+        for (long long i = 0; i < dl->n_batches; i++) dl->perm[i] = i;
+        Rng rng = {dl->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(epoch + 1))};
+        for (long long i = dl->n_batches - 1; i > 0; i--) {
+            long long r = (long long)(rng_next_u64(&rng) % (uint64_t)(i + 1));
+            long long tmp = dl->perm[i];
+            dl->perm[i] = dl->perm[r];
+            dl->perm[r] = tmp;
+        }
+        dl->perm_epoch = epoch;
+    }
+    return dl->perm[j];
+}
+
+// fills dl->inputs and dl->targets with micro-batch k
+static void dataloader_load(DataLoader* dl, long long k) {
+    long long BT = (long long)dl->B * dl->T;
+    dataloader_read(dl, dataloader_batch_position(dl, k) * BT, BT + 1, dl->buffer);
+    for (long long i = 0; i < BT; i++) {
+        dl->inputs[i] = dl->buffer[i];
+        dl->targets[i] = dl->buffer[i + 1];
+    }
+}

@@ -1,0 +1,179 @@
+/*
+ * device.h: the thin device layer, the only place where the two targets differ in plumbing.
+ *
+ * The model code in train_gpt.cu allocates, copies and clears memory through these functions and never
+ * touches CUDA directly, so the same source builds:
+ *   GPU target: nvcc, memory is cudaMalloc'ed device memory, floatX is float (PRECISION=FP32) or
+ *               __nv_bfloat16 (PRECISION=BF16, the default);
+ *   CPU target: g++ -x c++ -DLLMC_CPU, "device" memory is host memory, floatX is float.
+ *
+ * floatX is the type of parameters, gradients and activations. Optimizer state and master weights are
+ * always float (see train_gpt.cu). Host code moves data with upload_floats/download_floats, which convert
+ * between float and floatX.
+ */
+#pragma once
+
+#include "common.h"
+
+#ifdef LLMC_CPU
+// ----------------------------------------------------------------------------------------------------
+// CPU target
+
+typedef float floatX;
+#define PRECISION_NAME "FP32"
+#define TARGET_NAME "CPU"
+static inline float floatX_to_float(floatX x) { return x; }
+static inline floatX float_to_floatX(float x) { return x; }
+
+#else
+// ----------------------------------------------------------------------------------------------------
+// GPU target
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+static inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) fatal("CUDA error at %s:%d: %s", file, line, cudaGetErrorString(err));
+}
+#define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
+
+static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) fatal("cuBLAS error %d at %s:%d", (int)status, file, line);
+}
+#define cublasCheck(status) cublas_check((status), __FILE__, __LINE__)
+
+#if defined(ENABLE_BF16)
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "BF16"
+#define CUDA_FLOATX CUDA_R_16BF
+#else
+typedef float floatX;
+#define PRECISION_NAME "FP32"
+#define CUDA_FLOATX CUDA_R_32F
+#endif
+#define TARGET_NAME "GPU"
+
+// both directions work on host and device; bf16 conversion rounds to nearest even
+__host__ __device__ static inline float floatX_to_float(floatX x) { return (float)x; }
+__host__ __device__ static inline floatX float_to_floatX(float x) { return (floatX)x; }
+
+// Every kernel runs on this stream; later the data-parallel code adds a second one for communication.
+static cudaStream_t main_stream = 0;
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// allocate, copy, clear (the same names on both targets)
+
+static inline void* device_malloc(size_t bytes) {
+#ifdef LLMC_CPU
+    void* p = NULL;
+    if (posix_memalign(&p, 64, bytes > 0 ? bytes : 64) != 0) fatal("out of memory allocating %zu bytes", bytes);
+    return p;
+#else
+    void* p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 256);
+    if (err != cudaSuccess)
+        fatal("out of GPU memory allocating %.1f MiB: %s", bytes / 1048576.0, cudaGetErrorString(err));
+    return p;
+#endif
+}
+
+static inline void device_free(void* p) {
+#ifdef LLMC_CPU
+    free(p);
+#else
+    cudaCheck(cudaFree(p));
+#endif
+}
+
+static inline void device_memset_zero(void* p, size_t bytes) {
+#ifdef LLMC_CPU
+    memset(p, 0, bytes);
+#else
+    cudaCheck(cudaMemsetAsync(p, 0, bytes, main_stream));
+#endif
+}
+
+static inline void copy_to_host(void* dst, const void* src, size_t bytes) {
+#ifdef LLMC_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+#endif
+}
+
+static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
+#ifdef LLMC_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+#endif
+}
+
+static inline void device_synchronize(void) {
+#ifndef LLMC_CPU
+    cudaCheck(cudaStreamSynchronize(main_stream));
+#endif
+}
+
+// host float[n] -> device floatX[n], converting in chunks so no large host temporary is needed
+static inline void upload_floats(floatX* dst, const float* src, size_t n) {
+    if (sizeof(floatX) == sizeof(float)) { copy_to_device(dst, src, n * sizeof(float)); return; }
+    const size_t chunk = 1 << 20;
+    floatX* tmp = (floatX*)malloc_check(chunk * sizeof(floatX));
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t m = n - i < chunk ? n - i : chunk;
+        for (size_t j = 0; j < m; j++) tmp[j] = float_to_floatX(src[i + j]);
+        copy_to_device(dst + i, tmp, m * sizeof(floatX));
+    }
+    free(tmp);
+}
+
+// device floatX[n] -> host float[n]
+static inline void download_floats(float* dst, const floatX* src, size_t n) {
+    if (sizeof(floatX) == sizeof(float)) { copy_to_host(dst, src, n * sizeof(float)); return; }
+    const size_t chunk = 1 << 20;
+    floatX* tmp = (floatX*)malloc_check(chunk * sizeof(floatX));
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t m = n - i < chunk ? n - i : chunk;
+        copy_to_host(tmp, src + i, m * sizeof(floatX));
+        for (size_t j = 0; j < m; j++) dst[i + j] = floatX_to_float(tmp[j]);
+    }
+    free(tmp);
+}
+
+// launch configuration helper for elementwise kernels
+#ifndef LLMC_CPU
+static inline int grid_for(size_t n, int block) { return (int)((n + block - 1) / block); }
+#define launchCheck() cudaCheck(cudaGetLastError())
+#endif
+
+#ifndef LLMC_CPU
+// sum across the 32 lanes of a warp; every lane gets the result
+__device__ static inline float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+    return v;
+}
+__device__ static inline float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    return v;
+}
+
+// A device scratch buffer owned by one layer header, grown on demand and kept for the whole run.
+typedef struct {
+    void* ptr;
+    size_t bytes;
+} Scratch;
+static inline void* scratch_get(Scratch* s, size_t bytes) {
+    if (bytes > s->bytes) {
+        if (s->ptr) cudaCheck(cudaFree(s->ptr));
+        s->ptr = device_malloc(bytes);
+        s->bytes = bytes;
+    }
+    return s->ptr;
+}
+#endif

@@ -1,0 +1,138 @@
+/*
+ * encoder.h: token + position embedding.
+ *
+ *   forward:  out[b,t,:] = wte[inp[b,t], :] + wpe[t, :]
+ *   backward: dwte[inp[b,t], :] += dout[b,t,:];  dwpe[t, :] += dout[b,t,:]
+ *
+ * The backward is a scatter-add: many positions may hold the same token. Both targets keep it
+ * deterministic (bit-identical runs, which checkpoint resume relies on): the CPU version gives each
+ * thread whole columns (channels), so sums run in a fixed order; the GPU version groups the positions by
+ * token on the host (the token ids are there anyway), then one block per distinct token sums its
+ * positions in order. dwpe is a per-(t, c) loop over b.
+ */
+#pragma once
+
+#include "device.h"
+
+// ----------------------------------------------------------------------------------------------------
+// CPU reference
+
+// out (B,T,C), inp (B,T) token ids, wte (Vp,C), wpe (maxT,C)
+static void encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* w = wte + (size_t)inp[bt] * C;
+        const float* p = wpe + (size_t)(bt % T) * C;
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = w[c] + p[c];
+    }
+}
+
+static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+#pragma omp parallel for
+    for (int c = 0; c < C; c++) {  // each thread owns column c of dwte and dwpe: no races, fixed order
+        for (int bt = 0; bt < B * T; bt++) {
+            float d = dout[(size_t)bt * C + c];
+            dwte[(size_t)inp[bt] * C + c] += d;
+            dwpe[(size_t)(bt % T) * C + c] += d;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+#ifndef LLMC_CPU
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * C) return;
+    int c = idx % C;
+    int bt = idx / C;
+    int t = bt % T;
+    out[idx] = float_to_floatX(floatX_to_float(wte[(size_t)inp[bt] * C + c]) + floatX_to_float(wpe[(size_t)t * C + c]));
+}
+
+// one block per distinct token u: dwte[token[u]] += dout rows positions[start[u] .. start[u+1]), in order
+__global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* token, const int* start,
+                                            const int* positions, int C) {
+    int u = blockIdx.x;
+    floatX* row = dwte + (size_t)token[u] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int i = start[u]; i < start[u + 1]; i++) sum += floatX_to_float(dout[(size_t)positions[i] * C + c]);
+        row[c] = float_to_floatX(floatX_to_float(row[c]) + sum);
+    }
+}
+
+// host side: group positions 0..BT-1 by token id (stable, so each group is in increasing position);
+// buf holds [token (n_unique) | start (n_unique + 1) | positions (BT)]; returns n_unique
+static int group_positions_by_token(int* buf, const int* inp, int BT) {
+    // sorting (token << 32 | position) keys groups by token with positions ascending inside a group
+    long long* keys = (long long*)malloc_check(BT * sizeof(long long));
+    for (int i = 0; i < BT; i++) keys[i] = ((long long)inp[i] << 32) | i;
+    qsort(keys, BT, sizeof(long long), [](const void* a, const void* b) {
+        long long x = *(const long long*)a, y = *(const long long*)b;
+        return x < y ? -1 : x > y;
+    });
+    int n_unique = 0;
+    for (int i = 0; i < BT; i++)
+        if (i == 0 || (keys[i] >> 32) != (keys[i - 1] >> 32)) n_unique++;
+    int *token = buf, *start = buf + n_unique, *positions = buf + 2 * n_unique + 1;
+    int u = -1;
+    for (int i = 0; i < BT; i++) {
+        if (i == 0 || (keys[i] >> 32) != (keys[i - 1] >> 32)) {
+            u++;
+            token[u] = (int)(keys[i] >> 32);
+            start[u] = i;
+        }
+        positions[i] = (int)(keys[i] & 0xffffffff);
+    }
+    start[n_unique] = BT;
+    free(keys);
+    return n_unique;
+}
+static Scratch encoder_scratch = {NULL, 0};
+
+// one thread per (t, c): sum over the batch in order
+__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * C) return;
+    float sum = 0.0f;
+    for (int b = 0; b < B; b++) sum += floatX_to_float(dout[(size_t)b * T * C + idx]);
+    dwpe[idx] = float_to_floatX(floatX_to_float(dwpe[idx]) + sum);
+}
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// launchers: the one signature the model calls on both targets
+
+static void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C) {
+#ifdef LLMC_CPU
+    encoder_forward_cpu(out, inp, wte, wpe, B, T, C);
+#else
+    const int block = 256;
+    encoder_forward_kernel<<<grid_for((size_t)B * T * C, block), block, 0, main_stream>>>(out, inp, wte, wpe, B, T, C);
+    launchCheck();
+#endif
+}
+
+// inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there)
+static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
+                             int T, int C) {
+#ifdef LLMC_CPU
+    (void)inp_host;
+    encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C);
+#else
+    const int block = 256;
+    int BT = B * T;
+    int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
+    int n_unique = group_positions_by_token(host, inp_host, BT);
+    int* dev = (int*)scratch_get(&encoder_scratch, (3 * (size_t)BT + 1) * sizeof(int));
+    copy_to_device(dev, host, (2 * (size_t)n_unique + 1 + BT) * sizeof(int));
+    free(host);
+    encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique, dev + 2 * n_unique + 1, C);
+    launchCheck();
+    encoder_backward_wpe_kernel<<<grid_for((size_t)T * C, block), block, 0, main_stream>>>(dwpe, dout, B, T, C);
+    launchCheck();
+#endif
+}

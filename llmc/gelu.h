@@ -1,0 +1,77 @@
+/*
+ * gelu.h: GELU with the tanh approximation, as GPT-2 uses.
+ *
+ *   forward:  y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))),  s = sqrt(2/pi)
+ *   backward: dx = dy * [0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) s (1 + 3 * 0.044715 x^2)],  u = s (x + 0.044715 x^3)
+ *             (=: overwritten; dinp may alias dout, each element reads its own dy first)
+ */
+#pragma once
+
+#include "device.h"
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+
+#ifdef LLMC_CPU
+#define GELU_FN static inline
+#else
+#define GELU_FN __host__ __device__ static inline
+#endif
+
+GELU_FN float gelu_value(float x) {
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
+GELU_FN float gelu_derivative(float x) {
+    float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CPU reference
+
+static void gelu_forward_cpu(float* out, const float* inp, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = gelu_value(inp[i]);
+}
+
+static void gelu_backward_cpu(float* dinp, const float* inp, const float* dout, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) dinp[i] = dout[i] * gelu_derivative(inp[i]);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+#ifndef LLMC_CPU
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = float_to_floatX(gelu_value(floatX_to_float(inp[i])));
+}
+__global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dinp[i] = float_to_floatX(floatX_to_float(dout[i]) * gelu_derivative(floatX_to_float(inp[i])));
+}
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// launchers
+
+static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
+#ifdef LLMC_CPU
+    gelu_forward_cpu(out, inp, n);
+#else
+    gelu_forward_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(out, inp, n);
+    launchCheck();
+#endif
+}
+
+static void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+#ifdef LLMC_CPU
+    gelu_backward_cpu(dinp, inp, dout, n);
+#else
+    gelu_backward_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(dinp, inp, dout, n);
+    launchCheck();
+#endif
+}

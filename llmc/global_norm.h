@@ -1,0 +1,64 @@
+/*
+ * global_norm.h: the L2 norm of all gradients together, sqrt(sum g^2), as clip_grad_norm_ computes it.
+ *
+ * Sums are taken per fixed chunk and the chunks added in order (in double on the host), so the result
+ * does not depend on the number of threads or blocks that ran.
+ */
+#pragma once
+
+#include "device.h"
+
+#define NORM_CHUNK 65536
+
+static float global_norm_cpu(const float* x, size_t n) {
+    size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+    double* partial = (double*)malloc_check(chunks * sizeof(double));
+#pragma omp parallel for
+    for (size_t c = 0; c < chunks; c++) {
+        size_t end = (c + 1) * NORM_CHUNK < n ? (c + 1) * NORM_CHUNK : n;
+        double s = 0.0;
+        for (size_t i = c * NORM_CHUNK; i < end; i++) s += (double)x[i] * x[i];
+        partial[c] = s;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < chunks; c++) total += partial[c];
+    free(partial);
+    return (float)sqrt(total);
+}
+
+#ifndef LLMC_CPU
+#define NORM_BLOCKS 1024
+// every block sums a grid-strided share of squares into partial[blockIdx.x]
+__global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
+    __shared__ float s_warp[32];
+    float s = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = floatX_to_float(x[i]);
+        s += v * v;
+    }
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < blockDim.x / 32; w++) total += s_warp[w];
+        partial[blockIdx.x] = total;
+    }
+}
+static Scratch norm_scratch = {NULL, 0};
+#endif
+
+static float global_norm(const floatX* x, size_t n) {
+#ifdef LLMC_CPU
+    return global_norm_cpu(x, n);
+#else
+    float* partial = (float*)scratch_get(&norm_scratch, NORM_BLOCKS * sizeof(float));
+    sum_squares_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(partial, x, n);
+    launchCheck();
+    float host[NORM_BLOCKS];
+    copy_to_host(host, partial, sizeof(host));
+    double total = 0.0;
+    for (int i = 0; i < NORM_BLOCKS; i++) total += host[i];
+    return (float)sqrt(total);
+#endif
+}

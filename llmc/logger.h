@@ -1,0 +1,36 @@
+/*
+ * logger.h: the machine-readable log, one JSON object per line (--log FILE).
+ *   per step:       {"step": 12, "loss": 5.12, "lr": 0.0006, "grad_norm": 1.3, "tokens_per_s": 41234, "ms": 12.4}
+ *   per evaluation: {"step": 12, "val_loss": 5.31}
+ * Every line is flushed as it is written, so a crash loses nothing already logged. On resume the file is
+ * appended to.
+ */
+#pragma once
+
+#include "common.h"
+
+typedef struct {
+    FILE* f;  // NULL: logging off
+} Logger;
+
+static void logger_open(Logger* lg, const char* path, int append) {
+    lg->f = path != NULL && path[0] != '\0' ? fopen_check(path, append ? "a" : "w") : NULL;
+}
+
+static void logger_step(Logger* lg, long long step, float loss, float lr, float grad_norm, double tokens_per_s, double ms) {
+    if (!lg->f) return;
+    fprintf(lg->f, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"ms\": %.3f}\n",
+            step, loss, lr, grad_norm, tokens_per_s, ms);
+    fflush(lg->f);
+}
+
+static void logger_eval(Logger* lg, long long step, float val_loss) {
+    if (!lg->f) return;
+    fprintf(lg->f, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, val_loss);
+    fflush(lg->f);
+}
+
+static void logger_close(Logger* lg) {
+    if (lg->f) fclose(lg->f);
+    lg->f = NULL;
+}

@@ -1,0 +1,222 @@
+/*
+ * matmul.h: the linear layer, where almost all the flops are.
+ *
+ *   forward:  out (N,OC) = inp (N,IC) . weight(OC,IC)^T + bias (OC)         (bias may be NULL)
+ *   backward: dinp (N,IC)    = dout (N,OC) . weight (OC,IC)                  (=  : overwritten)
+ *             dweight (OC,IC) += dout^T (OC,N) . inp (N,IC)                  (+= : gradient accumulation)
+ *             dbias (OC)      += column sums of dout
+ *
+ * GPU: cuBLASLt (bias fused as an epilogue in forward; fp32 accumulation; true FP32, no TF32, in the
+ * FP32 build). CPU: one register-blocked GEMM, C (M,N) (+)= A (M,K) . B (K,N) with all matrices
+ * row-major, tiles of 4x16 outputs held in registers and parallel over tiles with OpenMP. Every output
+ * is one dot product summed in index order, so CPU results do not depend on the thread count. The three
+ * products above map onto it after transposing one operand into a scratch buffer.
+ */
+#pragma once
+
+#include "device.h"
+
+// ----------------------------------------------------------------------------------------------------
+// CPU reference
+
+#define GEMM_MR 4   // rows of C per register tile
+#define GEMM_NR 16  // columns of C per register tile (two AVX registers of 8 floats)
+
+// C (M,N) = A (M,K) . B (K,N), or C += A . B when accumulate; all row-major
+static void gemm_cpu(float* Cm, const float* A, const float* Bm, int M, int N, int K, int accumulate) {
+    int n_tiles = ceil_div(N, GEMM_NR);
+    int m_tiles = ceil_div(M, GEMM_MR);
+    // outer loop over column panels: the (K x 16) panel of B stays in cache while all rows stream by
+#pragma omp parallel for schedule(static)
+    for (int nt = 0; nt < n_tiles; nt++) {
+        int n0 = nt * GEMM_NR;
+        int nw = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+        for (int mt = 0; mt < m_tiles; mt++) {
+            int m0 = mt * GEMM_MR;
+            int mh = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
+            float acc[GEMM_MR][GEMM_NR] = {};
+            if (mh == GEMM_MR && nw == GEMM_NR) {  // full tile: the hot path, vectorized by the compiler
+                for (int k = 0; k < K; k++) {
+                    const float* b = Bm + (size_t)k * N + n0;
+                    for (int i = 0; i < GEMM_MR; i++) {
+                        float a = A[(size_t)(m0 + i) * K + k];
+                        for (int j = 0; j < GEMM_NR; j++) acc[i][j] += a * b[j];
+                    }
+                }
+            } else {  // ragged edge tile
+                for (int k = 0; k < K; k++) {
+                    const float* b = Bm + (size_t)k * N + n0;
+                    for (int i = 0; i < mh; i++) {
+                        float a = A[(size_t)(m0 + i) * K + k];
+                        for (int j = 0; j < nw; j++) acc[i][j] += a * b[j];
+                    }
+                }
+            }
+            for (int i = 0; i < mh; i++) {
+                float* c = Cm + (size_t)(m0 + i) * N + n0;
+                for (int j = 0; j < nw; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
+            }
+        }
+    }
+}
+
+// dst (cols, rows) = src (rows, cols)^T
+static void transpose_cpu(float* dst, const float* src, int rows, int cols) {
+#pragma omp parallel for
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++) dst[(size_t)c * rows + r] = src[(size_t)r * cols + c];
+}
+
+// a host scratch buffer for transposed operands, grown on demand
+static float* matmul_cpu_scratch(size_t n) {
+    static float* buf = NULL;
+    static size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = (float*)malloc_check(n * sizeof(float));
+        cap = n;
+    }
+    return buf;
+}
+
+static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
+    float* wT = matmul_cpu_scratch((size_t)IC * OC);
+    transpose_cpu(wT, weight, OC, IC);  // (IC, OC)
+    gemm_cpu(out, inp, wT, N, OC, IC, 0);
+    if (bias != NULL) {
+#pragma omp parallel for
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+    }
+}
+
+static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                const float* weight, int N, int IC, int OC) {
+    gemm_cpu(dinp, dout, weight, N, IC, OC, 0);  // (N,OC) . (OC,IC)
+    float* doutT = matmul_cpu_scratch((size_t)N * OC);
+    transpose_cpu(doutT, dout, N, OC);  // (OC, N)
+    gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
+    if (dbias != NULL) {
+#pragma omp parallel for
+        for (int o = 0; o < OC; o++) {
+            float sum = 0.0f;
+            for (int n = 0; n < N; n++) sum += doutT[(size_t)o * N + n];
+            dbias[o] += sum;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// GPU: cuBLASLt
+
+#ifndef LLMC_CPU
+static cublasLtHandle_t cublaslt_handle = NULL;
+static cublasHandle_t cublas_handle = NULL;  // for the strided-batched products of attention
+static void* cublaslt_workspace = NULL;
+static const size_t CUBLASLT_WORKSPACE_BYTES = 32 << 20;
+
+static void matmul_init(void) {
+    if (cublaslt_handle != NULL) return;
+    cublasCheck(cublasLtCreate(&cublaslt_handle));
+    cublasCheck(cublasCreate(&cublas_handle));
+    cublasCheck(cublasSetStream(cublas_handle, main_stream));
+    cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_DEFAULT_MATH));  // with COMPUTE_32F: no TF32
+    cublaslt_workspace = device_malloc(CUBLASLT_WORKSPACE_BYTES);
+}
+
+// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ bias (m) broadcast over n].
+// A row-major matrix seen column-major is its transpose, which is how the row-major products above map
+// onto this call (see matmul_forward / matmul_backward).
+static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                            bool trans_a, bool trans_b, bool accumulate) {
+    matmul_init();
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (bias != NULL) {
+        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cudaDataType_t bias_type = CUDA_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_FLOATX, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_FLOATX, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    if (found == 0) fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, trans_a, trans_b, bias != NULL);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
+                               cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+// dbias (OC) += column sums of dout (N, OC): blocks of 32 columns x 8 row-lanes, partial sums per
+// block row, then one thread per column adds them up (fixed order, no atomics).
+#define BIAS_CHUNKS 64
+__global__ void bias_backward_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
+    __shared__ float s[8][32];
+    int o = blockIdx.x * 32 + threadIdx.x;
+    float sum = 0.0f;
+    if (o < OC)
+        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8) sum += floatX_to_float(dout[(size_t)n * OC + o]);
+    s[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < OC) {
+        for (int i = 1; i < 8; i++) sum += s[i][threadIdx.x];
+        partial[(size_t)blockIdx.y * OC + o] = sum;
+    }
+}
+__global__ void bias_backward_finish_kernel(floatX* dbias, const float* partial, int chunks, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OC) return;
+    float sum = 0.0f;
+    for (int i = 0; i < chunks; i++) sum += partial[(size_t)i * OC + o];
+    dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + sum);
+}
+static Scratch bias_scratch = {NULL, 0};
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// launchers
+
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC) {
+#ifdef LLMC_CPU
+    matmul_forward_cpu(out, inp, weight, bias, N, IC, OC);
+#else
+    // column-major: out^T (OC,N) = weight (stored (IC,OC), transposed) . inp^T (IC,N)
+    matmul_cublaslt(out, weight, inp, bias, OC, N, IC, true, false, false);
+#endif
+}
+
+static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                            const floatX* weight, int N, int IC, int OC) {
+#ifdef LLMC_CPU
+    matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+#else
+    // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
+    matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, false, false, false);
+    // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
+    matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, false, true, true);
+    if (dbias != NULL) {
+        float* partial = (float*)scratch_get(&bias_scratch, (size_t)BIAS_CHUNKS * OC * sizeof(float));
+        bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), BIAS_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
+        launchCheck();
+        bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);
+        launchCheck();
+    }
+#endif
+}

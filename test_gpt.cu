@@ -1,0 +1,291 @@
+/*
+ * test_gpt.cu: checks the trainer against the PyTorch reference, on whichever target it is built for.
+ *
+ * The reference (scripts/gpt2_reference.py, float64 inside) writes for each configuration a model file
+ * and a debug state: inputs, targets, logits, loss, every parameter gradient, the gradient norm, the
+ * losses of 10 AdamW steps on that batch and the parameters after them. This program loads the model,
+ * runs the same computation and compares:
+ *   logits, every gradient tensor and the final parameters by relative norm of the difference
+ *   ||ours - ref|| / ||ref||; the loss, grad norm and each of the 10 losses by relative difference.
+ * Then it checks resume determinism: 20 training steps in one run equal 10 steps, a checkpoint, and 10
+ * resumed steps, in every bit of every loss.
+ *
+ * usage: test_gpt [reference folder, default build/ref]    exit code 0 = all passed
+ */
+#define TRAIN_GPT_NO_MAIN
+#include "train_gpt.cu"
+
+// Tolerances, relative. Why these values:
+// CPU fp32: float32 against a float64 reference; logits and the loss carry only the rounding of a few
+//   thousand-term sums (~1e-6), gradients go through more stages and reach ~1e-5, so 1e-5 and 1e-4 leave
+//   a margin of several times the observed error while still catching any real bug (an error in a layer
+//   shows up as 1e-2 or more).
+// GPU FP32 (no TF32): other summation orders and cuBLAS algorithms, so 10x the CPU bounds.
+// GPU BF16: 8-bit mantissas for parameters and activations (relative rounding 4e-3 per operation,
+//   compounding through the layers): losses 2e-2, gradients 5e-2.
+typedef struct {
+    double logits, loss, grads, params;
+} Tolerances;
+
+#if defined(LLMC_CPU)
+static const Tolerances TOL = {1e-5, 1e-5, 1e-4, 1e-5};
+#elif defined(ENABLE_BF16)
+static const Tolerances TOL = {5e-2, 2e-2, 5e-2, 5e-2};
+#else
+static const Tolerances TOL = {1e-4, 1e-4, 1e-3, 1e-4};
+#endif
+
+static int failures = 0;
+
+static void check(const char* what, double error, double tolerance) {
+    int ok = error <= tolerance;  // NaN fails too
+    printf("  %-34s rel. error %.3e  (tolerance %.0e)  %s\n", what, error, tolerance, ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+}
+
+static double rel_diff(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
+
+// ||a - b|| / ||b||
+static double rel_norm_diff(const float* a, const float* b, size_t n) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        diff += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        ref += (double)b[i] * b[i];
+    }
+    return ref > 0 ? sqrt(diff / ref) : sqrt(diff);
+}
+
+typedef struct {
+    int B, T, V, Vp, L, NH, C, maxT, nsteps;
+    size_t num_params;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    int *inputs, *targets;  // (B, T)
+    float* logits;          // (B, T, V)
+    float loss, grad_norm;
+    float* grads;           // (num_params) file order
+    float* losses;          // (nsteps)
+    float* params_after;    // (num_params) file order
+} Reference;
+
+static void read_reference(Reference* r, const char* path) {
+    FILE* f = fopen_check(path, "rb");
+    int h[256];
+    fread_check(h, sizeof(int), 256, f, path);
+    if (h[0] != 20261122 || h[1] != 1) fatal("'%s' is not a reference debug state (magic %d version %d)", path, h[0], h[1]);
+    r->B = h[2], r->T = h[3], r->V = h[4], r->Vp = h[5], r->L = h[6], r->NH = h[7], r->C = h[8], r->maxT = h[9];
+    r->nsteps = h[10];
+    r->num_params = (size_t)h[11];
+    float hp[8];
+    fread_check(hp, sizeof(float), 8, f, path);
+    r->lr = hp[0], r->beta1 = hp[1], r->beta2 = hp[2], r->eps = hp[3], r->weight_decay = hp[4], r->grad_clip = hp[5];
+    size_t BT = (size_t)r->B * r->T;
+    r->inputs = (int*)malloc_check(BT * sizeof(int));
+    r->targets = (int*)malloc_check(BT * sizeof(int));
+    r->logits = (float*)malloc_check(BT * r->V * sizeof(float));
+    r->grads = (float*)malloc_check(r->num_params * sizeof(float));
+    r->losses = (float*)malloc_check(r->nsteps * sizeof(float));
+    r->params_after = (float*)malloc_check(r->num_params * sizeof(float));
+    fread_check(r->inputs, sizeof(int), BT, f, path);
+    fread_check(r->targets, sizeof(int), BT, f, path);
+    fread_check(r->logits, sizeof(float), BT * r->V, f, path);
+    fread_check(&r->loss, sizeof(float), 1, f, path);
+    fread_check(r->grads, sizeof(float), r->num_params, f, path);
+    fread_check(&r->grad_norm, sizeof(float), 1, f, path);
+    fread_check(r->losses, sizeof(float), r->nsteps, f, path);
+    fread_check(r->params_after, sizeof(float), r->num_params, f, path);
+    fclose(f);
+}
+
+static void load_model(GPT2* model, const char* path) {
+    GPT2Config c;
+    float* p = NULL;
+    model_file_read(path, &c, &p);
+    gpt2_build(model, &c);
+    gpt2_set_parameters(model, p);
+    free(p);
+}
+
+// compares a file-order buffer tensor by tensor (each tensor over all its layers), except skip_kind
+static void check_tensors(const char* what, const GPT2Config* c, const float* ours, const float* ref, double tol, int skip_kind) {
+    size_t pos = 0;
+    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
+        size_t n = file_tensor_numel(c, kind) * (file_tensor_is_per_layer(kind) ? c->L : 1);
+        if (kind == skip_kind) {
+            pos += n;
+            continue;
+        }
+        char name[64];
+        snprintf(name, sizeof(name), "%s %s", what, FILE_TENSOR_NAMES[kind]);
+        check(name, rel_norm_diff(ours + pos, ref + pos, n), tol);
+        pos += n;
+    }
+}
+
+// The key bias is the one parameter whose exact gradient is zero: adding a constant to every score of
+// a softmax row changes nothing, and q . bk is such a constant. Its computed gradient is pure rounding
+// noise (~1e-17 in the float64 reference, ~1e-10 in float32), which Adam then normalizes into updates
+// of up to lr per step. So after training, the key bias is compared in absolute terms against that
+// bound (nsteps * lr) and the query and value biases by relative norm as usual.
+static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const float* ref, double tol, int nsteps, float lr) {
+    size_t pos = 0;
+    for (int kind = 0; kind < 5; kind++) pos += file_tensor_numel(c, kind) * (file_tensor_is_per_layer(kind) ? c->L : 1);
+    size_t C = c->C, qv = 0;
+    float *ours_qv = (float*)malloc_check(2 * C * c->L * sizeof(float)), *ref_qv = (float*)malloc_check(2 * C * c->L * sizeof(float));
+    double kmax = 0.0;
+    for (int l = 0; l < c->L; l++) {
+        const float *o = ours + pos + l * 3 * C, *r = ref + pos + l * 3 * C;
+        memcpy(ours_qv + qv, o, C * sizeof(float)), memcpy(ref_qv + qv, r, C * sizeof(float));
+        memcpy(ours_qv + qv + C, o + 2 * C, C * sizeof(float)), memcpy(ref_qv + qv + C, r + 2 * C, C * sizeof(float));
+        qv += 2 * C;
+        for (size_t i = C; i < 2 * C; i++) kmax = fmax(kmax, fabs((double)o[i] - r[i]));
+    }
+    check("params after qkvb (q and v parts)", rel_norm_diff(ours_qv, ref_qv, qv), tol);
+    int ok = kmax <= nsteps * lr;
+    printf("  %-34s max abs. diff %.3e  (bound nsteps*lr = %.0e)  %s\n", "params after qkvb (k part)", kmax, nsteps * lr, ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+    free(ours_qv), free(ref_qv);
+}
+
+static void test_against_reference(const char* dir, const char* name) {
+    char model_path[4096], debug_path[4096];
+    snprintf(model_path, sizeof(model_path), "%s/ref_%s_model.bin", dir, name);
+    snprintf(debug_path, sizeof(debug_path), "%s/ref_%s_debug.bin", dir, name);
+    Reference r;
+    read_reference(&r, debug_path);
+    GPT2 model;
+    load_model(&model, model_path);
+    const GPT2Config* c = &model.config;
+    printf("reference '%s': L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, B=%d T=%d\n", name, c->L, c->C, c->NH, c->V, c->Vp, c->maxT, r.B, r.T);
+    if (c->V != r.V || c->Vp != r.Vp || c->L != r.L || c->C != r.C || model.num_parameters != r.num_params)
+        fatal("'%s' and '%s' describe different models", model_path, debug_path);
+    size_t BT = (size_t)r.B * r.T;
+    gpt2_allocate_activations(&model, r.B, r.T);
+
+    // logits (inference forward), only the V real columns
+    gpt2_forward(&model, r.inputs, NULL, r.B, r.T, 0.0f);
+    float* logits = (float*)malloc_check(BT * c->Vp * sizeof(float));
+    download_floats(logits, model.acts.logits, BT * c->Vp);
+    float* real = (float*)malloc_check(BT * c->V * sizeof(float));
+    for (size_t i = 0; i < BT; i++) memcpy(real + i * c->V, logits + i * c->Vp, c->V * sizeof(float));
+    check("logits", rel_norm_diff(real, r.logits, BT * c->V), TOL.logits);
+
+    // loss and gradients
+    gpt2_zero_grad(&model);
+    float loss = gpt2_forward(&model, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
+    check("loss", rel_diff(loss, r.loss), TOL.loss);
+    gpt2_backward(&model, r.B, r.T);
+    float* grads = (float*)malloc_check(r.num_params * sizeof(float));
+    gpt2_export(&model, model.grads_memory, 1, grads);
+    check_tensors("grad", c, grads, r.grads, TOL.grads, -1);
+    float norm = global_norm(model.grads_memory, model.layout.total);
+    check("grad norm", rel_diff(norm, r.grad_norm), TOL.grads);
+    gpt2_free(&model);
+
+    // 10 AdamW steps on the same batch, from the same start
+    load_model(&model, model_path);
+    gpt2_allocate_activations(&model, r.B, r.T);
+    OptimizerConfig opt = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip};
+    for (int step = 0; step < r.nsteps; step++) {
+        gpt2_zero_grad(&model);
+        float l = gpt2_forward(&model, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
+        char what[64];
+        snprintf(what, sizeof(what), "loss at step %d (ref %.6f)", step, r.losses[step]);
+        check(what, rel_diff(l, r.losses[step]), TOL.loss);
+        gpt2_backward(&model, r.B, r.T);
+        gpt2_update(&model, &opt, r.lr, step + 1);
+    }
+    float* params = (float*)malloc_check(r.num_params * sizeof(float));
+    gpt2_export(&model, model.master, 0, params);
+    check_tensors("params after", c, params, r.params_after, TOL.params, 5);  // qkvb: see below
+    check_qkvb_after_adam(c, params, r.params_after, TOL.params, r.nsteps, r.lr);
+    gpt2_free(&model);
+    free(logits), free(real), free(grads), free(params);
+    free(r.inputs), free(r.targets), free(r.logits), free(r.grads), free(r.losses), free(r.params_after);
+}
+
+// writes a token file of n random ids below V
+static void write_random_tokens(const char* path, long long n, int V, uint64_t seed) {
+    FILE* f = fopen_check(path, "wb");
+    int header[256] = {TOKENS_MAGIC, 1, (int)n};
+    fwrite_check(header, sizeof(int), 256, f, path);
+    Rng rng = {seed};
+    for (long long i = 0; i < n; i++) {
+        uint16_t t = (uint16_t)(rng_next_u64(&rng) % V);
+        fwrite_check(&t, sizeof(t), 1, f, path);
+    }
+    fclose(f);
+}
+
+// 20 steps in one go == 10 steps, checkpoint, resume, 10 more: every loss bit, and the final model file.
+static void test_resume(const char* dir) {
+    printf("resume determinism (cosine schedule with warmup, grad accumulation 2, shuffled data)\n");
+    char tmp[] = "/tmp/test_gpt_XXXXXX";
+    if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
+    char data[4200], ckpt[4200], model_a[4200], model_b[4200], model_path[4096];
+    snprintf(data, sizeof(data), "%s/tokens.bin", tmp);
+    snprintf(ckpt, sizeof(ckpt), "%s/ckpt", tmp);
+    snprintf(model_a, sizeof(model_a), "%s/a.bin", tmp);
+    snprintf(model_b, sizeof(model_b), "%s/b.bin", tmp);
+    snprintf(model_path, sizeof(model_path), "%s/ref_odd_model.bin", dir);
+    write_random_tokens(data, 20000, 1000, 7);
+
+    TrainConfig tc;
+    default_train_config(&tc);
+    tc.train_data = data;
+    tc.val_data = "";
+    tc.tokenizer = "";
+    tc.shuffle = 1;
+    tc.model_file = model_path;
+    tc.B = 2;
+    tc.T = 24;
+    tc.grad_accum = 2;
+    tc.steps = 20;
+    tc.warmup = 3;
+    tc.quiet = 1;
+    tc.checkpoint_dir = ckpt;
+    float straight[20], resumed[20];
+    memset(resumed, 0xff, sizeof(resumed));
+
+    tc.save_model = model_a;
+    train(&tc, straight, 20);  // one run of 20 steps
+
+    tc.save_model = NULL;
+    tc.stop_after = 10;
+    tc.save_every = 5;
+    train(&tc, resumed, 20);  // 10 steps, checkpoints at 5 and 10, stop
+    tc.stop_after = 0;
+    tc.model_file = NULL;
+    tc.resume = ckpt;
+    tc.save_model = model_b;
+    train(&tc, resumed, 20);  // resumes at 10 (the newest checkpoint), runs 10 more
+
+    int same = memcmp(straight, resumed, sizeof(straight)) == 0;
+    for (int i = 0; i < 20; i++) printf("    step %2d: %.9g %.9g%s\n", i + 1, straight[i], resumed[i], straight[i] == resumed[i] ? "" : "  <- differs");
+    printf("  %-34s %s\n", "losses bit-identical", same ? "ok" : "FAIL");
+    if (!same) failures++;
+    GPT2Config ca, cb;
+    float *pa = NULL, *pb = NULL;
+    model_file_read(model_a, &ca, &pa);
+    model_file_read(model_b, &cb, &pb);
+    int same_params = memcmp(pa, pb, gpt2_num_parameters(&ca) * sizeof(float)) == 0;
+    printf("  %-34s %s\n", "final parameters bit-identical", same_params ? "ok" : "FAIL");
+    if (!same_params) failures++;
+    free(pa), free(pb);
+    char cmd[4300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
+}
+
+int main(int argc, char** argv) {
+    const char* dir = argc > 1 ? argv[1] : "build/ref";
+    printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
+    test_against_reference(dir, "small");
+    test_against_reference(dir, "odd");
+    test_resume(dir);
+    if (failures) {
+        printf("FAILED: %d check(s)\n", failures);
+        return 1;
+    }
+    printf("all checks passed\n");
+    return 0;
+}
