@@ -729,14 +729,14 @@ static void default_train_config(TrainConfig* tc) {
     tc->B = 8;
     tc->T = 64;
     tc->grad_accum = 1;
-    tc->steps = 200;
+    tc->steps = 150;
     tc->opt = (OptimizerConfig){3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     tc->warmup = 20;
     tc->schedule = "cosine";
     tc->lr_min_frac = 0.1f;
     tc->val_every = 50;
-    tc->val_batches = 20;
-    tc->sample_every = 100;
+    tc->val_batches = 10;
+    tc->sample_every = 75;
     tc->sample_len = 48;
     tc->checkpoint_dir = "checkpoints";
 }

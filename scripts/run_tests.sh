@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# run_tests.sh: everything `make test` runs, in order. Whatever this machine can run, it runs:
+#   1. install missing Debian packages (scripts/install_deps.sh)
+#   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
+#   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
+#   4. CPU target: build, test_gpt against the references, bad-input tests, the default training job
+#      (its final validation loss must be at least 2 nats below the first)
+#   5. GPU target: both precisions always compile where nvcc exists; with a GPU, test_gpt runs on it
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3
+
+step() { printf '\n==== %s\n' "$*"; }
+
+step "dependencies"
+bash scripts/install_deps.sh
+
+step "default dataset rebuilds byte for byte"
+bash scripts/check_data.sh
+
+step "PyTorch reference (float64) -> build/ref"
+$PY scripts/gpt2_reference.py --out-dir build/ref
+
+step "CPU target: build"
+make -j2 cpu
+
+step "CPU target: test_gpt against the reference"
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} ./build/cpu/test_gpt build/ref
+
+step "CPU target: bad input"
+bash scripts/test_cli.sh build/cpu/train_gpt
+
+step "CPU target: the default training job"
+bash scripts/test_train.sh build/cpu/train_gpt
+
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+    step "GPU target: build FP32 and BF16"
+    make -j2 gpu
+    if nvidia-smi -L >/dev/null 2>&1; then
+        step "GPU target: test_gpt FP32"
+        ./build/gpu-fp32/test_gpt build/ref
+        step "GPU target: test_gpt BF16"
+        ./build/gpu-bf16/test_gpt build/ref
+    else
+        echo "no GPU here: the GPU target was compiled but not run"
+    fi
+else
+    echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"
+fi
+
+printf '\nall tests passed\n'

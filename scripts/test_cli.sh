@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Bad input must end in one clear line on stderr ("error: ...") and exit code 1: never a crash (a
+# signal), a hang (timeout), silent garbage (exit 0) or a wall of text. Each case below feeds the trainer
+# one kind of bad input and checks all of that, plus a word of the expected message.
+#
+# usage: scripts/test_cli.sh [path/to/train_gpt]   (default build/cpu/train_gpt; needs build/ref from
+#        scripts/gpt2_reference.py for the model-file cases)
+set -u
+BIN=${1:-build/cpu/train_gpt}
+PY=${PYTHON:-/usr/bin/python3}
+REF=build/ref/ref_small_model.bin
+[ -x "$BIN" ] || { echo "no trainer at $BIN"; exit 1; }
+[ -f "$REF" ] || { echo "no reference model at $REF (run scripts/gpt2_reference.py first)"; exit 1; }
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+
+# a small model and data that are fine, so each case changes exactly one thing
+TINY=(--layers 1 --channels 16 --heads 2 --vocab 512 --max-seq-len 16 --batch-size 2 --seq-len 8 --steps 2
+      --val-every 0 --sample-every 0)
+
+# token files: good (1000 ids < 512), short (10 ids), one id too large, wrong magic, truncated
+"$PY" - "$TMP" <<'PYEOF'
+import struct, sys, os
+d = sys.argv[1]
+def tokens(path, ids, magic=20240520, version=1, count=None):
+    with open(path, "wb") as f:
+        hdr = [magic, version, len(ids) if count is None else count] + [0] * 253
+        f.write(struct.pack("<256i", *hdr))
+        f.write(struct.pack("<%dH" % len(ids), *ids))
+tokens(f"{d}/good.bin", [i * 7 % 512 for i in range(1000)])
+tokens(f"{d}/short.bin", list(range(10)))
+tokens(f"{d}/bigid.bin", [1] * 500 + [600] + [1] * 499)
+tokens(f"{d}/magic.bin", list(range(100)), magic=12345)
+tokens(f"{d}/version.bin", list(range(100)), version=9)
+tokens(f"{d}/trunc.bin", list(range(100)), count=200)
+ref = open("build/ref/ref_small_model.bin", "rb").read()
+open(f"{d}/model_trunc.bin", "wb").write(ref[: len(ref) // 2])
+open(f"{d}/model_version.bin", "wb").write(ref[:4] + struct.pack("<i", 7) + ref[8:])
+open(f"{d}/tok_bad.bin", "wb").write(struct.pack("<256i", *([1, 2] + [0] * 254)))
+PYEOF
+GOOD=(--train-data "$TMP/good.bin" --val-data "$TMP/good.bin" --tokenizer "")
+
+# expect_error NAME PATTERN ARGS...: runs the trainer, checks exit code 1, one stderr line with PATTERN
+expect_error() {
+    local name=$1 pattern=$2
+    shift 2
+    timeout 60 "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    local lines
+    lines=$(grep -c . "$TMP/err")
+    if [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$pattern" "$TMP/err"; then
+        printf '  ok    %-28s %s\n' "$name" "$(cat "$TMP/err")"
+    else
+        printf '  FAIL  %-28s exit %d (want 1), %d stderr lines (want 1), pattern "%s"\n' "$name" $rc "$lines" "$pattern"
+        sed 's/^/        /' "$TMP/err" | head -5
+        fails=$((fails + 1))
+    fi
+}
+
+echo "command line"
+expect_error "unknown flag" "unknown flag --bogus" "${TINY[@]}" "${GOOD[@]}" --bogus 1
+expect_error "flag without value" "needs a value" "${TINY[@]}" "${GOOD[@]}" --steps
+expect_error "non-numeric integer" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --steps ten
+expect_error "non-numeric float" "expects a number" "${TINY[@]}" "${GOOD[@]}" --lr fast
+expect_error "trailing garbage" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --batch-size 4x
+expect_error "out of range" "must be between" "${TINY[@]}" "${GOOD[@]}" --batch-size 0
+expect_error "bad schedule" "lr-schedule" "${TINY[@]}" "${GOOD[@]}" --lr-schedule sawtooth
+expect_error "C not divisible by NH" "not divisible" "${TINY[@]}" "${GOOD[@]}" --channels 18 --heads 4
+expect_error "T > maxT (scratch)" "longer than maxT" "${TINY[@]}" "${GOOD[@]}" --seq-len 32
+expect_error "T > maxT (model file)" "longer than the model's maxT" --model "$REF" --seq-len 100 "${GOOD[@]}" --steps 1 --val-every 0 --sample-every 0
+expect_error "sizes and --model" "do not give both" --model "$REF" --layers 3 "${GOOD[@]}"
+echo "model files"
+expect_error "missing model" "cannot open" --model "$TMP/nope.bin" "${GOOD[@]}"
+expect_error "truncated model" "truncated" --model "$TMP/model_trunc.bin" "${GOOD[@]}"
+expect_error "wrong model magic" "not a GPT-2 model file" --model "$TMP/good.bin" "${GOOD[@]}"
+expect_error "wrong model version" "unsupported model file version 7" --model "$TMP/model_version.bin" "${GOOD[@]}"
+echo "data files"
+expect_error "no matching data" "no token file matches" "${TINY[@]}" --train-data "$TMP/none_*.bin" --tokenizer ""
+expect_error "data shorter than a batch" "fewer than one batch" "${TINY[@]}" --train-data "$TMP/short.bin" --val-data "" --tokenizer ""
+expect_error "token id >= V" "token id 600 .* vocabulary size 512" "${TINY[@]}" --train-data "$TMP/bigid.bin" --val-data "" --tokenizer ""
+expect_error "wrong data magic" "not a token file" "${TINY[@]}" --train-data "$TMP/magic.bin" --val-data "" --tokenizer ""
+expect_error "wrong data version" "unsupported token file version 9" "${TINY[@]}" --train-data "$TMP/version.bin" --val-data "" --tokenizer ""
+expect_error "truncated data" "truncated" "${TINY[@]}" --train-data "$TMP/trunc.bin" --val-data "" --tokenizer ""
+expect_error "wrong tokenizer magic" "not a tokenizer file" "${TINY[@]}" "${GOOD[@]}" --tokenizer "$TMP/tok_bad.bin" --sample-every 1
+echo "checkpoints"
+"$BIN" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --checkpoint-dir "$TMP/ck" >/dev/null 2>&1 || { echo "  FAIL  could not write a checkpoint"; fails=$((fails + 1)); }
+"$BIN" --layers 1 --channels 32 --heads 2 --vocab 512 --max-seq-len 16 --batch-size 2 --seq-len 8 --steps 1 \
+    --val-every 0 --sample-every 0 "${GOOD[@]}" --save-every 1 --checkpoint-dir "$TMP/other" >/dev/null 2>&1
+expect_error "resume: no checkpoint" "no checkpoint" "${GOOD[@]}" --resume "$TMP/empty" --batch-size 2 --seq-len 8
+cp -r "$TMP/ck" "$TMP/ck_swap" && cp "$TMP/other/model_00000001.bin" "$TMP/ck_swap/model_00000002.bin"
+expect_error "resume: another model" "not the model saved" "${GOOD[@]}" --resume "$TMP/ck_swap" --batch-size 2 --seq-len 8 --steps 4
+cp -r "$TMP/ck" "$TMP/ck_flip" && printf '\x01' | dd of="$TMP/ck_flip/state_00000002.bin" bs=1 seek=2000 conv=notrunc status=none
+expect_error "resume: corrupt state" "checksum mismatch" "${GOOD[@]}" --resume "$TMP/ck_flip" --batch-size 2 --seq-len 8 --steps 4
+cp -r "$TMP/ck" "$TMP/ck_trunc" && truncate -s 3000 "$TMP/ck_trunc/state_00000002.bin"
+expect_error "resume: truncated state" "truncated" "${GOOD[@]}" --resume "$TMP/ck_trunc" --batch-size 2 --seq-len 8 --steps 4
+expect_error "resume: other batch shape" "resume needs the same" "${GOOD[@]}" --resume "$TMP/ck" --batch-size 4 --seq-len 8 --steps 4
+expect_error "resume with --model" "do not also give --model" "${GOOD[@]}" --resume "$TMP/ck" --model "$REF"
+
+echo "help"
+if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
+
+if [ $fails -ne 0 ]; then echo "test_cli: $fails FAILED"; exit 1; fi
+echo "test_cli: all passed"
