@@ -7,8 +7,9 @@
  * runs the same computation and compares:
  *   logits, every gradient tensor and the final parameters by relative norm of the difference
  *   ||ours - ref|| / ||ref||; the loss, grad norm and each of the 10 losses by relative difference.
- * Then it checks resume determinism: 20 training steps in one run equal 10 steps, a checkpoint, and 10
- * resumed steps, in every bit of every loss.
+ * Then it checks resume determinism (20 training steps in one run equal 10 steps, a checkpoint, and 10
+ * resumed steps, in every bit of every loss), gradient accumulation against one larger batch, and
+ * loading a bf16 (version 5) model file.
  *
  * usage: test_gpt [reference folder, default build/ref]    exit code 0 = all passed
  */
@@ -276,12 +277,80 @@ static void test_resume(const char* dir) {
     if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
 }
 
+// Gradient accumulation: by the data-order contract, B=2 with 2 micro-steps reads exactly the tokens
+// of B=4 with 1, and the loss weights 1/(B*T*accum) make the gradients equal; so the two runs must
+// give the same losses to rounding (sums over 2 micro-batches instead of one batch: ~1e-7).
+static void test_grad_accumulation(const char* dir) {
+    printf("gradient accumulation: B=4 x 1 micro-step == B=2 x 2 micro-steps\n");
+    char tmp[] = "/tmp/test_gpt_XXXXXX";
+    if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
+    char data[4200], model_path[4096];
+    snprintf(data, sizeof(data), "%s/tokens.bin", tmp);
+    snprintf(model_path, sizeof(model_path), "%s/ref_small_model.bin", dir);
+    write_random_tokens(data, 5000, 512, 11);
+    TrainConfig tc;
+    default_train_config(&tc);
+    tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
+    tc.T = 32, tc.steps = 8, tc.warmup = 2;
+    float whole[8], accumulated[8];
+    tc.B = 4, tc.grad_accum = 1;
+    train(&tc, whole, 8);
+    tc.B = 2, tc.grad_accum = 2;
+    train(&tc, accumulated, 8);
+    for (int i = 0; i < 8; i++) {
+        char what[64];
+        snprintf(what, sizeof(what), "loss at step %d", i + 1);
+        check(what, rel_diff(accumulated[i], whole[i]), TOL.loss);
+    }
+    unlink(data);
+    rmdir(tmp);
+}
+
+// A version 5 (bf16) model file loads as the bf16 values of its parameters: every element read back
+// equals the float32 -> bf16 -> float32 round trip of the reference parameter, exactly.
+static void test_bf16_model_file(const char* dir) {
+    printf("bf16 model file (version 5)\n");
+    char path[4096], tmp_path[] = "/tmp/test_gpt_bf16_XXXXXX";
+    snprintf(path, sizeof(path), "%s/ref_small_model.bin", dir);
+    GPT2Config c;
+    float* p = NULL;
+    model_file_read(path, &c, &p);
+    size_t n = gpt2_num_parameters(&c);
+    int fd = mkstemp(tmp_path);
+    if (fd < 0) fatal("cannot create a temporary file: %s", strerror(errno));
+    close(fd);
+    FILE* f = fopen_check(tmp_path, "wb");
+    int header[256] = {MODEL_MAGIC, 5, c.maxT, c.V, c.L, c.NH, c.C, c.Vp};
+    fwrite_check(header, sizeof(int), 256, f, tmp_path);
+    uint16_t* bf = (uint16_t*)malloc_check(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {  // round to nearest even, as PyTorch's .bfloat16() does
+        uint32_t u;
+        memcpy(&u, &p[i], 4);
+        bf[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+    fwrite_check(bf, sizeof(uint16_t), n, f, tmp_path);
+    fclose(f);
+    GPT2 model;
+    load_model(&model, tmp_path);
+    float* back = (float*)malloc_check(n * sizeof(float));
+    gpt2_export(&model, model.master, 0, back);
+    size_t mismatches = 0;
+    for (size_t i = 0; i < n; i++) mismatches += back[i] != bf16_bits_to_float(bf[i]);
+    printf("  %-34s %zu of %zu differ  %s\n", "parameters == bf16(reference)", mismatches, n, mismatches ? "FAIL" : "ok");
+    if (mismatches) failures++;
+    gpt2_free(&model);
+    free(p), free(bf), free(back);
+    unlink(tmp_path);
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
     test_against_reference(dir, "small");
     test_against_reference(dir, "odd");
     test_resume(dir);
+    test_grad_accumulation(dir);
+    test_bf16_model_file(dir);
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

@@ -663,7 +663,8 @@ static float train(const TrainConfig* tc, float* losses, long long max_losses) {
         }
         if (have_tok && step > 0 && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len);
         int stopping = tc->stop_after > 0 && step == tc->stop_after;
-        if (tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last || stopping)) {
+        int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
+        if (periodic || (stopping && step > start_step)) {
             state.config = *c;
             state.B = tc->B;
             state.T = tc->T;

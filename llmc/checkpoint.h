@@ -35,7 +35,7 @@ typedef struct {
 } GPT2Config;
 
 #define NUM_FILE_TENSORS 16
-static const char* FILE_TENSOR_NAMES[NUM_FILE_TENSORS] = {"wte",  "wpe",      "ln1w",     "ln1b", "qkvw", "qkvb",
+[[maybe_unused]] static const char* FILE_TENSOR_NAMES[NUM_FILE_TENSORS] = {"wte",  "wpe",      "ln1w",     "ln1b", "qkvw", "qkvb",
                                                           "attprojw", "attprojb", "ln2w", "ln2b", "fcw",  "fcb",
                                                           "fcprojw", "fcprojb", "lnfw", "lnfb"};
 

@@ -17,16 +17,30 @@ static void logger_open(Logger* lg, const char* path, int append) {
     lg->f = path != NULL && path[0] != '\0' ? fopen_check(path, append ? "a" : "w") : NULL;
 }
 
+// JSON has no NaN or infinity: such a value is written as null
+static void json_number(FILE* f, const char* key, double v, const char* fmt) {
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(v)) fprintf(f, fmt, v);
+    else fprintf(f, "null");
+}
+
 static void logger_step(Logger* lg, long long step, float loss, float lr, float grad_norm, double tokens_per_s, double ms) {
     if (!lg->f) return;
-    fprintf(lg->f, "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"ms\": %.3f}\n",
-            step, loss, lr, grad_norm, tokens_per_s, ms);
+    fprintf(lg->f, "{\"step\": %lld", step);
+    json_number(lg->f, "loss", loss, "%.6f");
+    json_number(lg->f, "lr", lr, "%.6e");
+    json_number(lg->f, "grad_norm", grad_norm, "%.6f");
+    json_number(lg->f, "tokens_per_s", tokens_per_s, "%.1f");
+    json_number(lg->f, "ms", ms, "%.3f");
+    fprintf(lg->f, "}\n");
     fflush(lg->f);
 }
 
 static void logger_eval(Logger* lg, long long step, float val_loss) {
     if (!lg->f) return;
-    fprintf(lg->f, "{\"step\": %lld, \"val_loss\": %.6f}\n", step, val_loss);
+    fprintf(lg->f, "{\"step\": %lld", step);
+    json_number(lg->f, "val_loss", val_loss, "%.6f");
+    fprintf(lg->f, "}\n");
     fflush(lg->f);
 }
 

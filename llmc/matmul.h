@@ -133,6 +133,13 @@ static void matmul_init(void) {
     cublaslt_workspace = device_malloc(CUBLASLT_WORKSPACE_BYTES);
 }
 
+// the largest power of two (up to 256) that divides the address
+static uint32_t pointer_alignment(const void* p) {
+    uint32_t align = 256;
+    while (align > 1 && ((uintptr_t)p % align) != 0) align /= 2;
+    return align;
+}
+
 // Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ bias (m) broadcast over n].
 // A row-major matrix seen column-major is its transpose, which is how the row-major products above map
 // onto this call (see matmul_forward / matmul_backward).
@@ -159,6 +166,16 @@ static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &CUBLASLT_WORKSPACE_BYTES, sizeof(CUBLASLT_WORKSPACE_BYTES)));
+    // heuristics assume 256-byte aligned pointers unless told otherwise; ours may be less (a layer's slice
+    // of an activation buffer, a short sampling batch), so state the real alignment of each
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const void* ptrs[4] = {a, b, d, d};
+    for (int i = 0; i < 4; i++) {
+        uint32_t align = pointer_alignment(ptrs[i]);
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align, sizeof(align)));
+    }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
