@@ -108,26 +108,26 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
 // CUDA kernels
 
 #ifndef LLMC_CPU
-// dst (B,NH,T,hs) <- src rows of `row_stride` elements, head h at column offset + h*hs
-__global__ void heads_split_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * NH * T * hs) return;
+// Moves heads between the (B,T,...) row layout and (B,NH,T,hs). Element idx of the (B,NH,T,hs) tensor
+// lives in the row layout at the offset returned here (rows of `row_stride`, head h at offset + h*hs).
+__device__ static inline size_t head_row_offset(size_t idx, int T, int NH, int hs, int row_stride, int offset) {
     int i = idx % hs;
     int t = (idx / hs) % T;
     int h = (idx / ((size_t)hs * T)) % NH;
-    int b = idx / ((size_t)hs * T * NH);
-    dst[idx] = src[((size_t)b * T + t) * row_stride + offset + h * hs + i];
+    size_t b = idx / ((size_t)hs * T * NH);
+    return (b * T + t) * row_stride + offset + h * hs + i;
+}
+
+// dst (B,NH,T,hs) <- src rows
+__global__ void heads_split_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < (size_t)B * NH * T * hs) dst[idx] = src[head_row_offset(idx, T, NH, hs, row_stride, offset)];
 }
 
 // the inverse: dst rows <- src (B,NH,T,hs)
 __global__ void heads_merge_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * NH * T * hs) return;
-    int i = idx % hs;
-    int t = (idx / hs) % T;
-    int h = (idx / ((size_t)hs * T)) % NH;
-    int b = idx / ((size_t)hs * T * NH);
-    dst[((size_t)b * T + t) * row_stride + offset + h * hs + i] = src[idx];
+    if (idx < (size_t)B * NH * T * hs) dst[head_row_offset(idx, T, NH, hs, row_stride, offset)] = src[idx];
 }
 
 // one warp per row of (B*NH*T, T): att = causal softmax(scale * preatt), zeros above the diagonal

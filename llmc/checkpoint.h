@@ -130,12 +130,9 @@ static float bf16_bits_to_float(uint16_t b) {
 // Reads a model file: its config, and (if params != NULL) a malloc'ed float array in llm.c order.
 // Returns the file's FNV-1a hash when params are read.
 static uint64_t model_file_read(const char* path, GPT2Config* c, float** params) {
-    FILE* f = fopen_check(path, "rb");
-    long long size = file_size_check(f, path);
     int header[HEADER_INTS];
-    if (size < (long long)sizeof(header)) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
-    fread_check(header, sizeof(int), HEADER_INTS, f, path);
-    if (header[0] != MODEL_MAGIC) fatal("'%s' is not a GPT-2 model file (magic %d, expected %d)", path, header[0], MODEL_MAGIC);
+    long long size;
+    FILE* f = open_with_header(path, MODEL_MAGIC, "GPT-2 model file", header, &size);
     int version = header[1];
     if (version != 3 && version != 5) fatal("'%s': unsupported model file version %d (3 = fp32 and 5 = bf16 are known)", path, version);
     c->maxT = header[2];
@@ -220,12 +217,9 @@ static void state_file_write(const char* path, const RunState* s, const float* m
 
 // Reads a state file, verifying magic, version, size and checksum. m and v are malloc'ed (llm.c order).
 static void state_file_read(const char* path, RunState* s, float** m, float** v) {
-    FILE* f = fopen_check(path, "rb");
-    long long size = file_size_check(f, path);
     int header[HEADER_INTS];
-    if (size < (long long)sizeof(header)) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
-    fread_check(header, sizeof(int), HEADER_INTS, f, path);
-    if (header[0] != STATE_MAGIC) fatal("'%s' is not a training state file (magic %d, expected %d)", path, header[0], STATE_MAGIC);
+    long long size;
+    FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
     if (header[1] != 1) fatal("'%s': unsupported state file version %d (expected 1)", path, header[1]);
     s->config = (GPT2Config){header[2], header[3], header[7], header[4], header[5], header[6]};
     validate_config(&s->config, path);

@@ -75,6 +75,17 @@ static inline long long file_size_check(FILE* f, const char* path) {
     return size;
 }
 
+// All our file formats start with a 256-int32 header whose first entry is a magic number. Opens `path`,
+// reads the header, checks the magic; returns the open file (positioned after the header) and its size.
+static inline FILE* open_with_header(const char* path, int magic, const char* kind, int header[256], long long* size) {
+    FILE* f = fopen_check(path, "rb");
+    *size = file_size_check(f, path);
+    if (*size < 1024) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, *size);
+    fread_check(header, sizeof(int), 256, f, path);
+    if (header[0] != magic) fatal("'%s' is not a %s (magic %d, expected %d)", path, kind, header[0], magic);
+    return f;
+}
+
 static inline void* malloc_check(size_t bytes) {
     void* p = malloc(bytes > 0 ? bytes : 1);
     if (p == NULL) fatal("out of host memory allocating %zu bytes", bytes);

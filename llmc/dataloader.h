@@ -69,13 +69,9 @@ static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, i
     for (int i = 0; i < dl->n_files; i++) {  // glob sorts the names
         const char* path = g.gl_pathv[i];
         dl->paths[i] = strdup(path);
-        FILE* f = fopen_check(path, "rb");
-        long long size = file_size_check(f, path);
         int header[256];
-        if (size < (long long)sizeof(header)) fatal("'%s' is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
-        fread_check(header, sizeof(int), 256, f, path);
-        fclose(f);
-        if (header[0] != TOKENS_MAGIC) fatal("'%s' is not a token file (magic %d, expected %d)", path, header[0], TOKENS_MAGIC);
+        long long size;
+        fclose(open_with_header(path, TOKENS_MAGIC, "token file", header, &size));
         if (header[1] != 1) fatal("'%s': unsupported token file version %d (expected 1)", path, header[1]);
         long long n = (unsigned int)header[2];
         long long expected = (long long)sizeof(header) + 2 * n;

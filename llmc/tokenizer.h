@@ -19,10 +19,9 @@ typedef struct {
 } Tokenizer;
 
 static void tokenizer_init(Tokenizer* tok, const char* path) {
-    FILE* f = fopen_check(path, "rb");
     int header[256];
-    fread_check(header, sizeof(int), 256, f, path);
-    if (header[0] != TOKENIZER_MAGIC) fatal("'%s' is not a tokenizer file (magic %d, expected %d)", path, header[0], TOKENIZER_MAGIC);
+    long long size;
+    FILE* f = open_with_header(path, TOKENIZER_MAGIC, "tokenizer file", header, &size);
     if (header[1] != 1 && header[1] != 2) fatal("'%s': unsupported tokenizer version %d (1 or 2 are known)", path, header[1]);
     tok->V = header[2];
     if (tok->V < 1 || tok->V > 65536) fatal("'%s': implausible vocabulary size %d", path, tok->V);
