@@ -10,7 +10,15 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 PRECISION ?= BF16
 PYTHON ?= /usr/bin/python3
 
-CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function -x c++ -DLLMC_CPU
+# MPI (Open MPI): from the environment if set (e.g. a portable build's env.sh), else from mpicxx;
+# without it the trainer still builds, for one rank (or, on GPUs, torchrun-style launches with NCCL)
+MPI_CFLAGS ?= $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_LIBS ?= $(shell mpicxx --showme:link 2>/dev/null)
+ifneq ($(strip $(MPI_LIBS)),)
+MPI_DEFINE = -DUSE_MPI
+endif
+
+CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -DLLMC_CPU
 HEADERS = $(wildcard llmc/*.h)
 
 # sm_80 and sm_90 unless a local GPU says otherwise
@@ -20,8 +28,9 @@ GPU_ARCH ?= -gencode arch=compute_$(LOCAL_CC),code=sm_$(LOCAL_CC)
 else
 GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 endif
-NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas
-NVCC_LIBS = -lcublasLt -lcublas
+NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
+             $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS))
+NVCC_LIBS = -lcublasLt -lcublas -lnccl $(filter -L% -l%,$(MPI_LIBS))
 
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
@@ -33,7 +42,7 @@ cpu: build/cpu/train_gpt build/cpu/test_gpt
 
 build/cpu/%: %.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_FLAGS) $< -o $@
+	$(CXX) $(CPU_FLAGS) $< $(MPI_LIBS) -o $@
 
 gpu: build/gpu-bf16/train_gpt build/gpu-bf16/test_gpt build/gpu-fp32/train_gpt build/gpu-fp32/test_gpt
 

@@ -101,7 +101,7 @@ static void load_model(GPT2* model, const char* path) {
     GPT2Config c;
     float* p = NULL;
     model_file_read(path, &c, &p);
-    gpt2_build(model, &c);
+    gpt2_build(model, &c, comm_single(), 0, 1, 0);
     gpt2_set_parameters(model, p);
     free(p);
 }
@@ -174,7 +174,7 @@ static void test_against_reference(const char* dir, const char* name) {
     gpt2_zero_grad(&model);
     float loss = gpt2_forward(&model, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
     check("loss", rel_diff(loss, r.loss), TOL.loss);
-    gpt2_backward(&model, r.B, r.T);
+    gpt2_backward(&model, r.B, r.T, 1);
     float* grads = (float*)malloc_check(r.num_params * sizeof(float));
     gpt2_export(&model, model.grads_memory, 1, grads);
     check_tensors("grad", c, grads, r.grads, TOL.grads, -1);
@@ -192,11 +192,11 @@ static void test_against_reference(const char* dir, const char* name) {
         char what[64];
         snprintf(what, sizeof(what), "loss at step %d (ref %.6f)", step, r.losses[step]);
         check(what, rel_diff(l, r.losses[step]), TOL.loss);
-        gpt2_backward(&model, r.B, r.T);
+        gpt2_backward(&model, r.B, r.T, 1);
         gpt2_update(&model, &opt, r.lr, step + 1);
     }
     float* params = (float*)malloc_check(r.num_params * sizeof(float));
-    gpt2_export(&model, model.master, 0, params);
+    gpt2_export_master(&model, params);
     check_tensors("params after", c, params, r.params_after, TOL.params, 5);  // qkvb: see below
     check_qkvb_after_adam(c, params, r.params_after, TOL.params, r.nsteps, r.lr);
     gpt2_free(&model);
@@ -248,17 +248,17 @@ static void test_resume(const char* dir) {
     memset(resumed, 0xff, sizeof(resumed));
 
     tc.save_model = model_a;
-    train(&tc, straight, 20);  // one run of 20 steps
+    train(&tc, comm_single(), straight, 20);  // one run of 20 steps
 
     tc.save_model = NULL;
     tc.stop_after = 10;
     tc.save_every = 5;
-    train(&tc, resumed, 20);  // 10 steps, checkpoints at 5 and 10, stop
+    train(&tc, comm_single(), resumed, 20);  // 10 steps, checkpoints at 5 and 10, stop
     tc.stop_after = 0;
     tc.model_file = NULL;
     tc.resume = ckpt;
     tc.save_model = model_b;
-    train(&tc, resumed, 20);  // resumes at 10 (the newest checkpoint), runs 10 more
+    train(&tc, comm_single(), resumed, 20);  // resumes at 10 (the newest checkpoint), runs 10 more
 
     int same = memcmp(straight, resumed, sizeof(straight)) == 0;
     for (int i = 0; i < 20; i++) printf("    step %2d: %.9g %.9g%s\n", i + 1, straight[i], resumed[i], straight[i] == resumed[i] ? "" : "  <- differs");
@@ -294,9 +294,9 @@ static void test_grad_accumulation(const char* dir) {
     tc.T = 32, tc.steps = 8, tc.warmup = 2;
     float whole[8], accumulated[8];
     tc.B = 4, tc.grad_accum = 1;
-    train(&tc, whole, 8);
+    train(&tc, comm_single(), whole, 8);
     tc.B = 2, tc.grad_accum = 2;
-    train(&tc, accumulated, 8);
+    train(&tc, comm_single(), accumulated, 8);
     for (int i = 0; i < 8; i++) {
         char what[64];
         snprintf(what, sizeof(what), "loss at step %d", i + 1);
@@ -333,7 +333,7 @@ static void test_bf16_model_file(const char* dir) {
     GPT2 model;
     load_model(&model, tmp_path);
     float* back = (float*)malloc_check(n * sizeof(float));
-    gpt2_export(&model, model.master, 0, back);
+    gpt2_export_master(&model, back);
     size_t mismatches = 0;
     for (size_t i = 0; i < n; i++) mismatches += back[i] != bf16_bits_to_float(bf[i]);
     printf("  %-34s %zu of %zu differ  %s\n", "parameters == bf16(reference)", mismatches, n, mismatches ? "FAIL" : "ok");
@@ -341,6 +341,47 @@ static void test_bf16_model_file(const char* dir) {
     gpt2_free(&model);
     free(p), free(bf), free(back);
     unlink(tmp_path);
+}
+
+// Per-rank memory of D data-parallel ranks against the ZeRO formulas, with Psi = the parameter buffer's
+// elements (alignment and bucket padding included), in the bytes of this build's precision:
+//   parameters  Psi*sizeof(floatX) at every stage
+//   gradients   Psi*sizeof(floatX) at stages 0 and 1;  Psi/D*sizeof(floatX) at stage 2, plus a workspace
+//               of the embedding and final-LayerNorm buckets and two layer buckets
+//   optimizer   k*Psi*4 at stage 0, k*Psi/D*4 at stages 1 and 2 (k = 2: m, v; k = 3 with the fp32
+//               master weights of a BF16 build)
+// The allocation is real (the model is built for rank d of D); no communication is needed to build it.
+static void test_zero_memory(const char* dir) {
+    printf("ZeRO memory per rank (odd config: its parameter count is divisible by nothing in particular)\n");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/ref_odd_model.bin", dir);
+    GPT2Config c;
+    model_file_read(path, &c, NULL);
+    size_t fx = sizeof(floatX), k = master_is_params() ? 2 : 3;
+    for (int D = 1; D <= 4; D++) {
+        for (int stage = 0; stage <= 2; stage++) {
+            for (int d = 0; d < D; d++) {
+                GPT2 model;
+                gpt2_build(&model, &c, comm_single(), stage, D, d);
+                size_t psi = model.layout.total;
+                size_t largest_layer = 0;
+                for (int b = 1; b <= c.L; b++) largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size : largest_layer;
+                size_t workspace = (model.layout.buckets[0].size + model.layout.buckets[c.L + 1].size + 2 * largest_layer) * fx;
+                int ok = psi % D == 0 && psi >= model.num_parameters && model.bytes_params == psi * fx &&
+                         model.bytes_grads == (stage < 2 ? psi : psi / D) * fx &&
+                         model.bytes_optimizer == k * (stage == 0 ? psi : psi / D) * 4 &&
+                         model.bytes_workspace == (stage == 2 ? workspace : 0) &&
+                         model.bytes_comm == (stage == 2 ? psi / D * fx : 0);
+                if (d == 0 || !ok) {
+                    printf("  D=%d stage %d rank %d: Psi %zu | params %zu | grads %zu | optimizer %zu | workspace %zu | comm %zu  %s\n", D,
+                           stage, d, psi, model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_workspace,
+                           model.bytes_comm, ok ? "ok" : "FAIL");
+                }
+                if (!ok) failures++;
+                gpt2_free(&model);
+            }
+        }
+    }
 }
 
 int main(int argc, char** argv) {
@@ -351,6 +392,7 @@ int main(int argc, char** argv) {
     test_resume(dir);
     test_grad_accumulation(dir);
     test_bf16_model_file(dir);
+    test_zero_memory(dir);
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

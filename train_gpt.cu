@@ -32,7 +32,9 @@
 #include "llmc/matmul.h"
 #include "llmc/residual.h"
 #include "llmc/tokenizer.h"
+#include "llmc/zero.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 
 // ----------------------------------------------------------------------------------------------------
@@ -63,13 +65,20 @@ typedef struct {
 typedef struct {
     int kind;   // file tensor index 0..15 (see FILE_TENSOR_NAMES)
     int layer;  // 0..L-1 for per-layer tensors, 0 otherwise
+    int bucket; // the communication bucket it belongs to (see below)
     size_t offset, numel;
+    size_t file_offset;  // where it starts in the file order
     int decay;  // weight decay applies (2-D weights: wte, wpe, qkvw, attprojw, fcw, fcprojw)
 } TensorSlot;
 
+// Buckets group the tensors that become final together in backward, and are what data parallelism
+// communicates: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. Each bucket is
+// padded to a multiple of 64 * D elements so that it splits into D aligned chunks (llmc/zero.h).
 typedef struct {
     int num_slots;  // 12 L + 4, in memory order
     TensorSlot* slots;
+    int num_buckets;  // L + 2
+    Bucket* buckets;
     size_t total;  // elements of the flat buffer, gaps included
 } ParamLayout;
 
@@ -80,62 +89,85 @@ static int slot_index(const GPT2Config* c, int kind, int layer) {
     return 2 + layer * NUM_LAYER_TENSORS + (kind - 2);
 }
 
-static ParamLayout build_layout(const GPT2Config* c) {
+static ParamLayout build_layout(const GPT2Config* c, int dp) {
     ParamLayout lay;
     lay.num_slots = NUM_LAYER_TENSORS * c->L + 4;
     lay.slots = (TensorSlot*)malloc_check(lay.num_slots * sizeof(TensorSlot));
+    size_t file_offset = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
         int layers = file_tensor_is_per_layer(kind) ? c->L : 1;
         for (int l = 0; l < layers; l++) {
             TensorSlot* s = &lay.slots[slot_index(c, kind, l)];
             s->kind = kind;
             s->layer = l;
+            s->bucket = kind < 2 ? 0 : kind >= 14 ? c->L + 1 : 1 + l;
             s->numel = file_tensor_numel(c, kind);
+            s->file_offset = file_offset;
             s->decay = kind == 0 || kind == 1 || kind == 4 || kind == 6 || kind == 10 || kind == 12;
+            file_offset += s->numel;
         }
     }
+    lay.num_buckets = c->L + 2;
+    lay.buckets = (Bucket*)calloc_check(lay.num_buckets * sizeof(Bucket));
     size_t offset = 0;
     for (int i = 0; i < lay.num_slots; i++) {
-        lay.slots[i].offset = offset;
-        offset = round_up(offset + lay.slots[i].numel, 64);
+        TensorSlot* s = &lay.slots[i];
+        if (i == 0 || s->bucket != lay.slots[i - 1].bucket) {  // a new bucket starts
+            offset = round_up(offset, 64 * (size_t)dp);
+            lay.buckets[s->bucket].offset = offset;
+        }
+        s->offset = offset;
+        offset = round_up(offset + s->numel, 64);
+        lay.buckets[s->bucket].size = round_up(offset, 64 * (size_t)dp) - lay.buckets[s->bucket].offset;
     }
-    lay.total = offset;
+    lay.total = round_up(offset, 64 * (size_t)dp);
     return lay;
 }
 
-static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* base) {
+static void free_layout(ParamLayout* lay) {
+    free(lay->slots);
+    free(lay->buckets);
+}
+
+// Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
+// offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
+// buckets into a workspace instead.
+static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
     Weights w;
-    w.wte = base + lay->slots[slot_index(c, 0, 0)].offset;
-    w.wpe = base + lay->slots[slot_index(c, 1, 0)].offset;
-    w.lnfw = base + lay->slots[slot_index(c, 14, 0)].offset;
-    w.lnfb = base + lay->slots[slot_index(c, 15, 0)].offset;
     w.layers = (LayerWeights*)malloc_check(c->L * sizeof(LayerWeights));
-    for (int l = 0; l < c->L; l++) {
-        floatX** table = (floatX**)&w.layers[l];
-        for (int j = 0; j < NUM_LAYER_TENSORS; j++) table[j] = base + lay->slots[slot_index(c, 2 + j, l)].offset;
+    for (int i = 0; i < lay->num_slots; i++) {
+        const TensorSlot* s = &lay->slots[i];
+        floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
+        if (s->kind == 0) w.wte = p;
+        else if (s->kind == 1) w.wpe = p;
+        else if (s->kind == 14) w.lnfw = p;
+        else if (s->kind == 15) w.lnfb = p;
+        else ((floatX**)&w.layers[s->layer])[s->kind - 2] = p;  // LayerWeights is a table in file order
     }
     return w;
 }
 
-// memory layout <-> llm.c file order, for float buffers on the host
-static void layout_to_file_order(const GPT2Config* c, const ParamLayout* lay, const float* mem, float* file) {
-    size_t pos = 0;
-    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
-        for (int l = 0; l < (file_tensor_is_per_layer(kind) ? c->L : 1); l++) {
-            const TensorSlot* s = &lay->slots[slot_index(c, kind, l)];
-            memcpy(file + pos, mem + s->offset, s->numel * sizeof(float));
-            pos += s->numel;
-        }
+static Weights point_weights_flat(const GPT2Config* c, const ParamLayout* lay, floatX* base) {
+    floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
+    for (int b = 0; b < lay->num_buckets; b++) bases[b] = base + lay->buckets[b].offset;
+    Weights w = point_weights(c, lay, bases);
+    free(bases);
+    return w;
 }
-static void file_order_to_layout(const GPT2Config* c, const ParamLayout* lay, const float* file, float* mem) {
+
+// memory layout <-> llm.c file order, for float buffers on the host
+static void layout_to_file_order(const ParamLayout* lay, const float* mem, float* file) {
+    for (int i = 0; i < lay->num_slots; i++) {
+        const TensorSlot* s = &lay->slots[i];
+        memcpy(file + s->file_offset, mem + s->offset, s->numel * sizeof(float));
+    }
+}
+static void file_order_to_layout(const ParamLayout* lay, const float* file, float* mem) {
     memset(mem, 0, lay->total * sizeof(float));
-    size_t pos = 0;
-    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
-        for (int l = 0; l < (file_tensor_is_per_layer(kind) ? c->L : 1); l++) {
-            const TensorSlot* s = &lay->slots[slot_index(c, kind, l)];
-            memcpy(mem + s->offset, file + pos, s->numel * sizeof(float));
-            pos += s->numel;
-        }
+    for (int i = 0; i < lay->num_slots; i++) {
+        const TensorSlot* s = &lay->slots[i];
+        memcpy(mem + s->offset, file + s->file_offset, s->numel * sizeof(float));
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -192,76 +224,183 @@ typedef struct {
     GPT2Config config;
     ParamLayout layout;
     size_t num_parameters;  // real parameters (padding of Vp included, alignment gaps not)
-    floatX* params_memory;  // (layout.total) what forward and backward read
-    floatX* grads_memory;   // (layout.total)
-    float* master;          // (layout.total) fp32 master weights; == params_memory in FP32 builds
-    float *m, *v;           // (layout.total) AdamW moments
+    Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
+    ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
+    floatX* params_memory;  // (layout.total) what forward and backward read, always whole
+    floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stage 2
+    floatX* grad_shard;     // (zero.shard_total) stage 2: this rank's reduced gradient chunks, accumulated
+    floatX* grad_incoming;  // (zero.shard_total) stage 2: the chunks reduce-scattered in this micro-step
+    floatX* grad_workspace; // stage 2: the embedding and final-LayerNorm buckets, and two layer slots
+    Zero2Workspace zero2;
+    float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
+                            // where the parameters are their own master copy
+    float *m, *v;           // (zero.shard_total) AdamW moments
     Weights params, grads;
     Activations acts;
     void* acts_memory;
     int B, T;  // the batch shape activations were allocated for (0: not yet)
-    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations;
+    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
     int* host_inputs;   // (B, T) the last forward's token ids (the GPU encoder backward groups them)
     float* host_losses; // (B, T)
 } GPT2;
 
 static int master_is_params(void) { return sizeof(floatX) == sizeof(float); }
 
-static void gpt2_build(GPT2* model, const GPT2Config* c) {
+// A one-rank world, for single-process runs and tests.
+static Comm* comm_single(void) {
+    static Comm single;
+    memset(&single, 0, sizeof(single));
+    single.world_size = single.dp = single.tp = single.pp = 1;
+    single.world.size = single.dp_group.size = 1;
+    return &single;
+}
+
+static void* zeroed_device_buffer(size_t bytes, size_t* account) {
+    void* p = device_malloc(bytes);
+    device_memset_zero(p, bytes);
+    *account += bytes;
+    return p;
+}
+
+// Allocates the parameters, gradients and optimizer state of one rank of a DP group of size dp,
+// sharded per ZeRO stage `zero_stage` (llmc/zero.h).
+static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, int zero_stage, int dp, int dp_rank) {
     memset(model, 0, sizeof(*model));
     validate_config(c, "model");
     model->config = *c;
-    model->layout = build_layout(c);
+    model->comm = comm;
+    model->layout = build_layout(c, dp);
     model->num_parameters = gpt2_num_parameters(c);
-    size_t n = model->layout.total;
-    model->params_memory = (floatX*)device_malloc(n * sizeof(floatX));
-    model->grads_memory = (floatX*)device_malloc(n * sizeof(floatX));
-    model->master = master_is_params() ? (float*)model->params_memory : (float*)device_malloc(n * sizeof(float));
-    model->m = (float*)device_malloc(n * sizeof(float));
-    model->v = (float*)device_malloc(n * sizeof(float));
-    device_memset_zero(model->params_memory, n * sizeof(floatX));
-    device_memset_zero(model->grads_memory, n * sizeof(floatX));
-    device_memset_zero(model->master, n * sizeof(float));
-    device_memset_zero(model->m, n * sizeof(float));
-    device_memset_zero(model->v, n * sizeof(float));
-    model->params = point_weights(c, &model->layout, model->params_memory);
-    model->grads = point_weights(c, &model->layout, model->grads_memory);
-    model->bytes_params = n * sizeof(floatX);
-    model->bytes_grads = n * sizeof(floatX);
-    model->bytes_optimizer = (master_is_params() ? 2 : 3) * n * sizeof(float);
+    ParamLayout* lay = &model->layout;
+    zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
+    size_t n = lay->total, shard = model->zero.shard_total, fx = sizeof(floatX);
+
+    model->params_memory = (floatX*)zeroed_device_buffer(n * fx, &model->bytes_params);
+    model->params = point_weights_flat(c, lay, model->params_memory);
+    if (zero_stage < 2) {
+        model->grads_memory = (floatX*)zeroed_device_buffer(n * fx, &model->bytes_grads);
+        model->grads = point_weights_flat(c, lay, model->grads_memory);
+    } else {
+        model->grad_shard = (floatX*)zeroed_device_buffer(shard * fx, &model->bytes_grads);
+        model->grad_incoming = (floatX*)zeroed_device_buffer(shard * fx, &model->bytes_comm);
+        // workspace: [embeddings | final LayerNorm | layer slot 0 | layer slot 1]
+        size_t largest_layer = 0;
+        for (int b = 1; b <= c->L; b++) largest_layer = lay->buckets[b].size > largest_layer ? lay->buckets[b].size : largest_layer;
+        size_t emb = lay->buckets[0].size, lnf = lay->buckets[c->L + 1].size;
+        model->grad_workspace = (floatX*)zeroed_device_buffer((emb + lnf + 2 * largest_layer) * fx, &model->bytes_workspace);
+        model->zero2.layer_slot[0] = model->grad_workspace + emb + lnf;
+        model->zero2.layer_slot[1] = model->zero2.layer_slot[0] + largest_layer;
+        floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
+        bases[0] = model->grad_workspace;
+        bases[c->L + 1] = model->grad_workspace + emb;
+        for (int l = 0; l < c->L; l++) bases[1 + l] = model->zero2.layer_slot[l % 2];
+        model->grads = point_weights(c, lay, bases);
+        free(bases);
+    }
+    if (!master_is_params()) model->master = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
+    model->m = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
+    model->v = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
 }
 
 static void gpt2_free(GPT2* model) {
     device_free(model->params_memory);
-    device_free(model->grads_memory);
-    if (!master_is_params()) device_free(model->master);
+    if (model->grads_memory) device_free(model->grads_memory);
+    if (model->grad_shard) device_free(model->grad_shard);
+    if (model->grad_incoming) device_free(model->grad_incoming);
+    if (model->grad_workspace) device_free(model->grad_workspace);
+    if (model->master) device_free(model->master);
     device_free(model->m);
     device_free(model->v);
     if (model->acts_memory) device_free(model->acts_memory);
     free(model->params.layers);
     free(model->grads.layers);
-    free(model->layout.slots);
+    free_layout(&model->layout);
+    zero_plan_free(&model->zero);
     free(model->host_inputs);
     free(model->host_losses);
 }
 
-// parameters from a host float array in file order (into the master weights, and their floatX copy)
+// The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
+// themselves in FP32 builds.
+static float* master_of_bucket(GPT2* model, int b) {
+    if (master_is_params()) return (float*)model->params_memory + owned_start(&model->zero, b);
+    return model->master + model->zero.owned_offset[b];
+}
+
+// The reduced gradients of bucket b's owned range.
+static floatX* grads_of_bucket(GPT2* model, int b) {
+    if (model->zero.stage == 2) return model->grad_shard + model->zero.owned_offset[b];
+    return model->grads_memory + owned_start(&model->zero, b);
+}
+
+// host buffer in memory layout (layout.total) <-> this rank's shard of it (zero.shard_total)
+static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard) {
+    for (int b = 0; b < z->num_buckets; b++)
+        memcpy(shard + z->owned_offset[b], mem + owned_start(z, b), owned_size(z, b) * sizeof(float));
+}
+
+// parameters from a host float array in file order: the whole floatX copy, and our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
-    file_order_to_layout(&model->config, &model->layout, file_order, mem);
-    if (!master_is_params()) copy_to_device(model->master, mem, model->layout.total * sizeof(float));
+    file_order_to_layout(&model->layout, file_order, mem);
     upload_floats(model->params_memory, mem, model->layout.total);
+    if (!master_is_params()) {
+        float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
+        shard_from_layout(&model->zero, mem, shard);
+        copy_to_device(model->master, shard, model->zero.shard_total * sizeof(float));
+        free(shard);
+    }
     free(mem);
 }
 
-// a float buffer laid out like the parameters (floatX or float) -> host float array in file order
+// AdamW moments from host float arrays in file order (resume), into our shard
+static void gpt2_set_optimizer_state(GPT2* model, const float* m_file, const float* v_file) {
+    float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
+    float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
+    const float* src[2] = {m_file, v_file};
+    float* dst[2] = {model->m, model->v};
+    for (int i = 0; i < 2; i++) {
+        file_order_to_layout(&model->layout, src[i], mem);
+        shard_from_layout(&model->zero, mem, shard);
+        copy_to_device(dst[i], shard, model->zero.shard_total * sizeof(float));
+    }
+    free(mem);
+    free(shard);
+}
+
+// a buffer laid out like the parameters (floatX or float, whole) -> host float array in file order
 static void gpt2_export(const GPT2* model, const void* buffer, int is_floatX, float* file_order) {
     size_t n = model->layout.total;
     float* mem = (float*)malloc_check(n * sizeof(float));
     if (is_floatX) download_floats(mem, (const floatX*)buffer, n);
     else copy_to_host(mem, buffer, n * sizeof(float));
-    layout_to_file_order(&model->config, &model->layout, mem, file_order);
+    layout_to_file_order(&model->layout, mem, file_order);
     free(mem);
+}
+
+// The fp32 master weights, whole, in file order (collective: every DP rank must call it). In BF16
+// builds with sharded state, the shards are all-gathered into a temporary buffer first.
+static void gpt2_export_master(GPT2* model, float* file_order) {
+    if (master_is_params()) {
+        gpt2_export(model, model->params_memory, 1, file_order);
+        return;
+    }
+    const ZeroPlan* z = &model->zero;
+    float* whole = (float*)device_malloc(model->layout.total * sizeof(float));
+    device_memset_zero(whole, model->layout.total * sizeof(float));
+    for (int b = 0; b < z->num_buckets; b++) {
+        float* src = model->master + z->owned_offset[b];
+        float* dst = whole + owned_start(z, b);
+#ifdef LLMC_CPU
+        memcpy(dst, src, owned_size(z, b) * sizeof(float));
+#else
+        cudaCheck(cudaMemcpyAsync(dst, src, owned_size(z, b) * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+#endif
+        if (z->stage > 0) comm_all_gather(model->comm, &model->comm->dp_group, whole + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
+    }
+    comm_join(model->comm);
+    gpt2_export(model, whole, 0, file_order);
+    device_free(whole);
 }
 
 // GPT-2 initialization: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
@@ -373,24 +512,51 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     return (float)(sum / BT);
 }
 
-static void gpt2_zero_grad(GPT2* model) { device_memset_zero(model->grads_memory, model->layout.total * sizeof(floatX)); }
+// Clears the gradients at the start of an optimizer step (the accumulated ones: the full buffer at
+// stages 0 and 1, the shard at stage 2).
+static void gpt2_zero_grad(GPT2* model) {
+    if (model->grads_memory) device_memset_zero(model->grads_memory, model->layout.total * sizeof(floatX));
+    if (model->grad_shard) device_memset_zero(model->grad_shard, model->zero.shard_total * sizeof(floatX));
+}
+
+// The gradient buffer of bucket b as backward writes it (in the flat buffer, or a ZeRO-2 workspace).
+static floatX* bucket_grads(GPT2* model, int b) {
+    const GPT2Config* c = &model->config;
+    if (b == 0) return model->grads.wte;
+    if (b == c->L + 1) return model->grads.lnfw;
+    return model->grads.layers[b - 1].ln1w;
+}
+
+// Bucket b's gradients are final for this micro-step: start their reduction across the DP group
+// (all-reduce, or reduce-scatter at ZeRO 1 and 2; see llmc/zero.h). On the GPU with NCCL this runs on
+// the communication stream while backward continues with the layers below.
+static void gradients_ready(GPT2* model, int b, int communicate) {
+    if (communicate) zero_reduce_bucket(model->comm, &model->zero, b, bucket_grads(model, b), model->grad_incoming);
+}
 
 // Backward pass for the last gpt2_forward (which must have had targets and dloss != 0). Gradients are
-// accumulated (+=) into model->grads, so micro-steps of gradient accumulation simply add up.
-static void gpt2_backward(GPT2* model, int B, int T) {
+// accumulated (+=), so micro-steps of gradient accumulation simply add up. `communicate`: reduce the
+// gradients across the DP group as they become final (on the last micro-step; at ZeRO-2 on every one).
+static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
     int L = c->L, C = c->C, NH = c->NH, Vp = c->Vp;
     size_t BT = (size_t)B * T;
     Activations* a = &model->acts;
     Weights* p = &model->params;
     Weights* g = &model->grads;
-
+    int zero2 = model->zero.stage == 2;
+    if (zero2) communicate = 1;  // the workspace holds one micro-step only: reduce every time
+    if (zero2) {  // this micro-step's embedding and final-LayerNorm gradients start from zero
+        size_t emb = model->layout.buckets[0].size, lnf = model->layout.buckets[L + 1].size;
+        device_memset_zero(model->grad_workspace, (emb + lnf) * sizeof(floatX));
+    }
     // classifier: the fused kernel already turned logits into dlogits
     matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vp);  // dlnf (=), dwte (+=)
     // final LayerNorm: it writes (+=) into dresidual, which starts at zero
     device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
     layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (L - 1) * BT * C, p->lnfw, a->lnf_mean,
                        a->lnf_rstd, BT, C);
+    gradients_ready(model, L + 1, communicate);
 
     for (int l = L - 1; l >= 0; l--) {
         const LayerWeights* w = &p->layers[l];
@@ -404,6 +570,7 @@ static void gpt2_backward(GPT2* model, int B, int T) {
         floatX* ln2 = a->ln2 + l * BT * C;
         floatX* fch = a->fch + l * BT * 4 * C;
         floatX* fch_gelu = a->fch_gelu + l * BT * 4 * C;
+        if (zero2) zero2_acquire_slot(model->comm, &model->zero2, l % 2, model->layout.buckets[1 + l].size);
 
         // MLP block; dresidual holds d(residual3) and flows through the residual add unchanged
         matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, fch_gelu, w->fcprojw, BT, 4 * C, C);  // dfch_gelu =
@@ -417,10 +584,14 @@ static void gpt2_backward(GPT2* model, int B, int T) {
         matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, ln1, w->qkvw, BT, C, 3 * C);                  // dln1 =
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, residual, w->ln1w, a->ln1_mean + l * BT,
                            a->ln1_rstd + l * BT, BT, C);                                                        // dresidual +=
-        // Layer l's parameter gradients are final here (for this micro-step): the point where data
-        // parallelism can start reducing them while the layers below are still in backward.
+        gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
+        if (zero2) zero2_release_slot(model->comm, &model->zero2, l % 2);
     }
     encoder_backward(g->wte, g->wpe, a->dresidual, a->inputs, model->host_inputs, B, T, C);
+    gradients_ready(model, 0, communicate);
+    comm_join(model->comm);
+    if (zero2)  // this micro-step's reduced chunks join the ones accumulated so far
+        residual_forward(model->grad_shard, model->grad_shard, model->grad_incoming, model->zero.shard_total);
 }
 
 typedef struct {
@@ -428,51 +599,129 @@ typedef struct {
 } OptimizerConfig;
 
 // Clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0 disables) and takes
-// one AdamW step number t (1-based). Returns the norm before clipping.
+// one AdamW step number t (1-based) on the part of the parameters this rank owns (all of them at ZeRO
+// stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
+// clipping.
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t) {
-    float norm = global_norm(model->grads_memory, model->layout.total);
+    ZeroPlan* z = &model->zero;
+    double sumsq = 0.0;  // of the reduced gradients this rank owns
+    for (int b = 0; b < z->num_buckets; b++) sumsq += sum_squares(grads_of_bucket(model, b), owned_size(z, b));
+    if (z->stage > 0) comm_all_reduce_host(model->comm, &model->comm->dp_group, &sumsq, 1, REDUCE_SUM);
+    float norm = (float)sqrt(sumsq);
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
     AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, clip_coef < 1.0f ? clip_coef : 1.0f, t};
-    floatX* copy = master_is_params() ? NULL : model->params_memory;
-    for (int i = 0; i < model->layout.num_slots; i++) {
+    for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with the owned range
         const TensorSlot* s = &model->layout.slots[i];
+        size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
+        size_t lo = s->offset > start ? s->offset : start, hi = s->offset + s->numel < end ? s->offset + s->numel : end;
+        if (lo >= hi) continue;
+        size_t k = lo - start, shard_k = z->owned_offset[s->bucket] + k;
         args.weight_decay = s->decay ? o->weight_decay : 0.0f;
-        adamw_update(model->master + s->offset, copy ? copy + s->offset : NULL, model->grads_memory + s->offset,
-                     model->m + s->offset, model->v + s->offset, s->numel, args);
+        adamw_update(master_of_bucket(model, s->bucket) + k, master_is_params() ? NULL : model->params_memory + lo,
+                     grads_of_bucket(model, s->bucket) + k, model->m + shard_k, model->v + shard_k, hi - lo, args);
     }
+    zero_gather_params(model->comm, z, model->params_memory);
+    comm_join(model->comm);
     return norm;
 }
 
 // ----------------------------------------------------------------------------------------------------
 // 4. checkpoints and sampling
 
-// Saves model (llm.c format, fp32 master weights) and state (optimizer, data position, RNG), each atomically.
-static void save_checkpoint(const GPT2* model, const char* dir, RunState* state) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
-    char model_path[4096], state_path[4096];
-    snprintf(model_path, sizeof(model_path), "%s/model_%08lld.bin", dir, state->step);
-    snprintf(state_path, sizeof(state_path), "%s/state_%08lld.bin", dir, state->step);
-    size_t n = model->num_parameters;
-    float* buf = (float*)malloc_check(n * sizeof(float));
-    float* buf2 = (float*)malloc_check(n * sizeof(float));
-    gpt2_export(model, model->master, 0, buf);
-    state->model_hash = model_file_write(model_path, &model->config, buf);
-    gpt2_export(model, model->m, 0, buf);
-    gpt2_export(model, model->v, 0, buf2);
-    state_file_write(state_path, state, buf, buf2);
-    free(buf);
-    free(buf2);
-    printf("saved checkpoint %s and %s\n", model_path, state_path);
+// Saves a checkpoint (collective: every rank calls it): the model in llm.c format (fp32 master weights,
+// written by rank 0) and the optimizer state, one file per shard (written by the rank that owns it),
+// each file atomically. The data position is the step; the state records the RNG and batch shape.
+static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
+    Comm* comm = model->comm;
+    const ZeroPlan* z = &model->zero;
+    int writes_model = comm->world_rank == 0;
+    if (writes_model && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
+    comm_barrier(comm, &comm->world);  // the folder exists for everyone
+    char path[4200];
+    float* master = (float*)malloc_check(model->num_parameters * sizeof(float));
+    gpt2_export_master(model, master);
+    state->model_hash = model_file_hash(&model->config, master);
+    if (writes_model) {
+        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, state->step);
+        model_file_write(path, &model->config, master);
+    }
+    free(master);
+
+    // shards: stage 0 keeps the whole state on every rank (DP rank 0 writes it); otherwise each DP rank
+    // writes the file-order ranges of its chunks
+    state->num_shards = z->stage == 0 ? 1 : z->D;
+    state->shard = z->stage == 0 ? 0 : z->d;
+    if (state->shard == z->d && comm->tp_rank == 0 && comm->pp_rank == 0) {
+        int64_t* ranges = (int64_t*)malloc_check(2 * model->layout.num_slots * sizeof(int64_t));
+        int64_t n_ranges = 0;
+        size_t count = 0;
+        float* m_host = (float*)malloc_check(z->shard_total * sizeof(float));
+        float* v_host = (float*)malloc_check(z->shard_total * sizeof(float));
+        float* m_out = (float*)malloc_check(z->shard_total * sizeof(float));
+        float* v_out = (float*)malloc_check(z->shard_total * sizeof(float));
+        copy_to_host(m_host, model->m, z->shard_total * sizeof(float));
+        copy_to_host(v_host, model->v, z->shard_total * sizeof(float));
+        for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with what we own
+            const TensorSlot* t = &model->layout.slots[i];
+            size_t start = owned_start(z, t->bucket), end = start + owned_size(z, t->bucket);
+            size_t lo = t->offset > start ? t->offset : start, hi = t->offset + t->numel < end ? t->offset + t->numel : end;
+            if (lo >= hi) continue;
+            size_t shard_k = z->owned_offset[t->bucket] + (lo - start);
+            ranges[2 * n_ranges] = (int64_t)(t->file_offset + (lo - t->offset));
+            ranges[2 * n_ranges + 1] = (int64_t)(hi - lo);
+            memcpy(m_out + count, m_host + shard_k, (hi - lo) * sizeof(float));
+            memcpy(v_out + count, v_host + shard_k, (hi - lo) * sizeof(float));
+            count += hi - lo;
+            n_ranges++;
+        }
+        snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, state->step, state->shard);
+        state_file_write(path, state, ranges, n_ranges, m_out, v_out);
+        free(ranges), free(m_host), free(v_host), free(m_out), free(v_out);
+    }
+    comm_barrier(comm, &comm->world);  // the checkpoint is complete when every rank is past here
+    if (writes_model) printf("saved checkpoint %s/model_%08lld.bin and %d state shard(s)\n", dir, state->step, state->num_shards);
 }
 
-// the state file of the newest checkpoint in dir (the highest step), or fatal if there is none
-static void find_latest_checkpoint(const char* dir, char* state_path, size_t size) {
-    char pattern[4096];
-    snprintf(pattern, sizeof(pattern), "%s/state_*.bin", dir);
+// Reads the newest complete checkpoint in dir: its model file into *params (file order) and the
+// optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
+// there (a crash during a save) is skipped for the one before it.
+static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
+    char pattern[4096], path[4200];
+    snprintf(pattern, sizeof(pattern), "%s/state_*_00000.bin", dir);
     glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) fatal("no checkpoint (state_*.bin) found in '%s'", dir);
-    snprintf(state_path, size, "%s", g.gl_pathv[g.gl_pathc - 1]);  // zero-padded steps: sorted by name = by step
-    globfree(&g);
+    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) fatal("no checkpoint (state_*_00000.bin) found in '%s'", dir);
+    for (int i = (int)g.gl_pathc - 1; i >= 0; i--) {  // zero-padded steps: sorted by name = by step
+        long long step;
+        if (sscanf(g.gl_pathv[i] + strlen(dir), "/state_%lld_00000.bin", &step) != 1) continue;
+        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
+        int complete = access(path, R_OK) == 0;
+        *m = *v = NULL;
+        RunState first;
+        state_file_read(g.gl_pathv[i], &first, m, v);
+        for (int s = 1; complete && s < first.num_shards; s++) {
+            snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
+            complete = access(path, R_OK) == 0;
+        }
+        if (!complete) {
+            printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
+            free(*m), free(*v);
+            continue;
+        }
+        for (int s = 1; s < first.num_shards; s++) {
+            snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
+            state_file_read(path, state, m, v);
+            if (state->step != first.step || state->model_hash != first.model_hash || state->num_shards != first.num_shards)
+                fatal("'%s' does not belong to the same checkpoint as '%s'", path, g.gl_pathv[i]);
+        }
+        *state = first;
+        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
+        uint64_t hash = model_file_read(path, config, params);
+        if (hash != state->model_hash) fatal("'%s' is not the model saved with its state file (checksum mismatch)", path);
+        if (memcmp(config, &state->config, sizeof(*config)) != 0) fatal("'%s' does not match the sizes in its state file", path);
+        globfree(&g);
+        return;
+    }
+    fatal("no complete checkpoint found in '%s'", dir);
 }
 
 // Generates `len` tokens after an end-of-text token and prints them. Reads logits at the last position
@@ -521,9 +770,16 @@ typedef struct {
     // model: from a file, or from scratch with these sizes
     const char* model_file;
     GPT2Config arch;
+    int arch_given;  // bit mask of the sizes given on the command line: 1 L, 2 C, 4 NH, 8 V, 16 maxT
     uint64_t seed;
-    // batch
+    // batch (B is per rank: the global batch of a micro-step is dp x B sequences)
     int B, T, grad_accum;
+    // parallelism
+    int dp;              // data-parallel ranks (0: the world size)
+    int zero;            // ZeRO stage 0, 1, 2
+    const char* engine;  // auto | mpi | nccl
+    const char* nccl_id_dir;
+    int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
     // optimization
     long long steps;
     long long stop_after;  // end this run after this step (0: run to --steps); the schedule still plans for steps
@@ -552,14 +808,19 @@ static float learning_rate(const TrainConfig* tc, long long step) {
     return lr_min + (lr - lr_min) * 0.5f * (1.0f + cosf((float)M_PI * progress));  // cosine
 }
 
+// Mean validation loss over max_batches global micro-batches: DP rank d of D evaluates micro-batches
+// i*D + d (the data-order contract), and the means are averaged across the DP group.
 static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
+    Comm* comm = model->comm;
     long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
     double sum = 0.0;
-    for (long long k = 0; k < n; k++) {
-        dataloader_load(val, k);
+    for (long long i = 0; i < n; i++) {
+        dataloader_load(val, i * comm->dp + comm->dp_rank);
         sum += gpt2_forward(model, val->inputs, val->targets, val->B, val->T, 0.0f);
     }
-    return (float)(sum / n);
+    double mean = sum / n;
+    comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
+    return (float)mean;
 }
 
 // peak dense BF16 tensor throughput of known GPUs, for MFU (0: unknown, MFU not printed)
@@ -575,90 +836,82 @@ static double gpu_peak_flops(void) {
 #endif
 }
 
-// Trains as configured. If losses != NULL, the mean training loss of each step is stored there (at
-// index step, up to max_losses) so tests can compare runs. Returns the last validation loss (or NAN).
-static float train(const TrainConfig* tc, float* losses, long long max_losses) {
+// Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
+// (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
+// Returns the last validation loss (or NAN).
+static float train(const TrainConfig* tc, Comm* comm, float* losses, long long max_losses) {
+    int main_rank = comm->world_rank == 0;  // prints, logs, samples
+    int D = comm->dp;
     GPT2 model;
+    GPT2Config config = tc->arch;
+    float *params = NULL, *resume_m = NULL, *resume_v = NULL;
     RunState state;
     memset(&state, 0, sizeof(state));
-    float *resume_m = NULL, *resume_v = NULL;
-    char resume_model_path[4200] = "";
     if (tc->resume) {
-        char state_path[4096];
-        find_latest_checkpoint(tc->resume, state_path, sizeof(state_path));
-        state_file_read(state_path, &state, &resume_m, &resume_v);
-        snprintf(resume_model_path, sizeof(resume_model_path), "%s/model_%08lld.bin", tc->resume, state.step);
-        if (state.B != tc->B || state.T != tc->T || state.grad_accum != tc->grad_accum || state.shuffle != tc->shuffle)
-            fatal("checkpoint '%s' was saved with B=%d T=%d grad_accum=%d shuffle=%d; resume needs the same (got B=%d T=%d grad_accum=%d shuffle=%d)",
-                  state_path, state.B, state.T, state.grad_accum, state.shuffle, tc->B, tc->T, tc->grad_accum, tc->shuffle);
-        printf("resuming from %s (step %lld)\n", state_path, state.step);
+        load_checkpoint(tc->resume, &state, &config, &params, &resume_m, &resume_v);
+        if (state.B != D * tc->B || state.T != tc->T || state.grad_accum != tc->grad_accum || state.shuffle != tc->shuffle)
+            fatal("the checkpoint in '%s' was saved with %d sequences per micro-step (dp x B), T=%d, grad_accum=%d, shuffle=%d; "
+                  "resume needs the same (got dp=%d x B=%d, T=%d, grad_accum=%d, shuffle=%d)",
+                  tc->resume, state.B, state.T, state.grad_accum, state.shuffle, D, tc->B, tc->T, tc->grad_accum, tc->shuffle);
+        if (main_rank) printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state.step, tc->resume, state.dp, state.zero_stage);
+    } else if (tc->model_file) {
+        model_file_read(tc->model_file, &config, &params);
     }
-    const char* model_path = tc->resume ? resume_model_path : tc->model_file;
-    if (model_path) {
-        GPT2Config c;
-        float* p = NULL;
-        uint64_t hash = model_file_read(model_path, &c, &p);
-        if (tc->resume) {
-            if (hash != state.model_hash) fatal("'%s' is not the model saved with its state file (checksum mismatch)", model_path);
-            if (memcmp(&c, &state.config, sizeof(c)) != 0) fatal("'%s' does not match the sizes in its state file", model_path);
-        }
-        gpt2_build(&model, &c);
-        gpt2_set_parameters(&model, p);
-        free(p);
-    } else {
-        gpt2_build(&model, &tc->arch);
-        gpt2_init_random(&model, tc->seed);
-    }
+    const GPT2Config* a = &tc->arch;
+    if (((tc->arch_given & 1) && a->L != config.L) || ((tc->arch_given & 2) && a->C != config.C) ||
+        ((tc->arch_given & 4) && a->NH != config.NH) || ((tc->arch_given & 8) && a->V != config.V) ||
+        ((tc->arch_given & 16) && a->maxT != config.maxT))
+        fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config.L,
+              config.C, config.NH, config.V, config.maxT);
+    gpt2_build(&model, &config, comm, tc->zero, D, comm->dp_rank);
+    if (params) gpt2_set_parameters(&model, params);
+    else gpt2_init_random(&model, tc->seed);
+    if (resume_m) gpt2_set_optimizer_state(&model, resume_m, resume_v);
+    free(params), free(resume_m), free(resume_v);
     const GPT2Config* c = &model.config;
     if (tc->T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, c->maxT);
-    if (resume_m) {  // optimizer state, file order -> memory layout
-        float* mem = (float*)malloc_check(model.layout.total * sizeof(float));
-        file_order_to_layout(c, &model.layout, resume_m, mem);
-        copy_to_device(model.m, mem, model.layout.total * sizeof(float));
-        file_order_to_layout(c, &model.layout, resume_v, mem);
-        copy_to_device(model.v, mem, model.layout.total * sizeof(float));
-        free(mem);
-        free(resume_m);
-        free(resume_v);
-    }
 
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, tc->train_data, tc->B, tc->T, c->V, tc->shuffle, tc->seed);
+    dataloader_init(&train_loader, tc->train_data, tc->B, tc->T, D, c->V, tc->shuffle, tc->seed);
     int have_val = tc->val_data != NULL && tc->val_data[0] != '\0' && tc->val_every > 0;
-    if (have_val) dataloader_init(&val_loader, tc->val_data, tc->B, tc->T, c->V, 0, 0);
+    if (have_val) {
+        dataloader_init(&val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
+    }
     Tokenizer tok = {0, 0, NULL};
-    int have_tok = tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
+    int have_tok = main_rank && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
     if (have_tok) tokenizer_init(&tok, tc->tokenizer);
     gpt2_allocate_activations(&model, tc->B, tc->T);
 
     Rng sample_rng = {tc->resume ? state.sample_rng : tc->seed + 1};
     long long start_step = tc->resume ? state.step : 0;
-    Logger logger;
-    logger_open(&logger, tc->log_file, tc->resume != NULL);
+    Logger logger = {NULL};
+    if (main_rank) logger_open(&logger, tc->log_file, tc->resume != NULL);
 
-    size_t BT = (size_t)tc->B * tc->T;
+    size_t tokens_per_step = (size_t)D * tc->B * tc->T * tc->grad_accum;
     double flops_per_token = 6.0 * model.num_parameters + 6.0 * c->L * c->C * tc->T;
     double peak = gpu_peak_flops();
-    if (!tc->quiet) {
-        printf("target %s, precision %s\n", TARGET_NAME, PRECISION_NAME);
+    if (main_rank && !tc->quiet) {
+        printf("target %s, precision %s, %d rank(s): dp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME, comm->world_size, D,
+               tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
                c->maxT, model.num_parameters);
-        printf("batch: B=%d T=%d grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
-               BT * tc->grad_accum, tc->steps);
-        printf("train data: %lld tokens (%lld micro-batches per epoch, shuffle %s)\n", train_loader.total_tokens,
+        printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
+               tokens_per_step, tc->steps);
+        printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train_loader.total_tokens,
                train_loader.n_batches, tc->shuffle ? "on" : "off");
-        printf("memory: parameters %.1f MiB, gradients %.1f MiB, optimizer state %.1f MiB, activations %.1f MiB\n",
+        printf("memory per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | activations %.2f | "
+               "workspace %.2f | communication %.2f\n",
                model.bytes_params / 1048576.0, model.bytes_grads / 1048576.0, model.bytes_optimizer / 1048576.0,
-               model.bytes_activations / 1048576.0);
+               model.bytes_activations / 1048576.0, model.bytes_workspace / 1048576.0, model.bytes_comm / 1048576.0);
     }
 
     float val_loss = NAN;
-    float dloss = 1.0f / (float)(BT * tc->grad_accum);
+    float dloss = 1.0f / (float)tokens_per_step;  // each position's weight in the mean loss of the global batch
     for (long long step = start_step; step <= tc->steps; step++) {
         int last = step == tc->steps;
         if (have_val && (step % tc->val_every == 0 || last)) {
             val_loss = evaluate(&model, &val_loader, tc->val_batches);
-            printf("step %lld: val loss %.4f\n", step, val_loss);
+            if (main_rank) printf("step %lld: val loss %.4f\n", step, val_loss);
             logger_eval(&logger, step, val_loss);
         }
         if (have_tok && step > 0 && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len);
@@ -666,37 +919,45 @@ static float train(const TrainConfig* tc, float* losses, long long max_losses) {
         int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
         if (periodic || (stopping && step > start_step)) {
             state.config = *c;
-            state.B = tc->B;
+            state.B = D * tc->B;
             state.T = tc->T;
             state.grad_accum = tc->grad_accum;
             state.shuffle = tc->shuffle;
             state.step = step;
             state.sample_rng = sample_rng.state;
             state.data_seed = tc->seed;
+            state.zero_stage = tc->zero;
+            state.dp = D;
             save_checkpoint(&model, tc->checkpoint_dir, &state);
         }
         if (last || stopping) break;
+        if (comm->world_rank == tc->fault_rank && step == tc->fault_step) {
+            fprintf(stderr, "rank %d: --fault-rank: killing myself at step %lld\n", comm->world_rank, step);
+            raise(SIGKILL);
+        }
 
         double t0 = wall_seconds();
         gpt2_zero_grad(&model);
         double loss = 0.0;
         for (int micro = 0; micro < tc->grad_accum; micro++) {
-            dataloader_load(&train_loader, step * tc->grad_accum + micro);  // data-order contract, D = 1
+            // data-order contract: micro-step s reads micro-batch s * D + d
+            dataloader_load(&train_loader, (step * tc->grad_accum + micro) * D + comm->dp_rank);
             loss += gpt2_forward(&model, train_loader.inputs, train_loader.targets, tc->B, tc->T, dloss);
-            gpt2_backward(&model, tc->B, tc->T);
+            gpt2_backward(&model, tc->B, tc->T, micro == tc->grad_accum - 1);  // reduce on the last micro-step
         }
         loss /= tc->grad_accum;
+        comm_all_reduce_host(comm, &comm->dp_group, &loss, 1, REDUCE_AVG);
         float lr = learning_rate(tc, step);
         float norm = gpt2_update(&model, &tc->opt, lr, (int)(step + 1));
         device_synchronize();
         double ms = 1000.0 * (wall_seconds() - t0);
-        double tokens_per_s = BT * tc->grad_accum / (ms / 1000.0);
+        double tokens_per_s = tokens_per_step / (ms / 1000.0);
         if (losses && step < max_losses) losses[step] = (float)loss;
         if (!isfinite(loss)) fatal("loss is %f at step %lld: training diverged", loss, step + 1);
-        if (!tc->quiet) {
+        if (main_rank && !tc->quiet) {
             printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, tc->steps, loss,
                    norm, lr, ms, tokens_per_s);
-            if (peak > 0) printf(" | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / peak);
+            if (peak > 0) printf(" | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / (peak * comm->world_size));
             printf("\n");
         }
         logger_step(&logger, step + 1, (float)loss, lr, norm, tokens_per_s, ms);
@@ -704,10 +965,12 @@ static float train(const TrainConfig* tc, float* losses, long long max_losses) {
 
     if (tc->save_model) {
         float* buf = (float*)malloc_check(model.num_parameters * sizeof(float));
-        gpt2_export(&model, model.master, 0, buf);
-        model_file_write(tc->save_model, c, buf);
+        gpt2_export_master(&model, buf);
+        if (main_rank) {
+            model_file_write(tc->save_model, c, buf);
+            printf("wrote %s\n", tc->save_model);
+        }
         free(buf);
-        printf("wrote %s\n", tc->save_model);
     }
     logger_close(&logger);
     if (have_tok) tokenizer_free(&tok);
@@ -740,6 +1003,9 @@ static void default_train_config(TrainConfig* tc) {
     tc->sample_every = 75;
     tc->sample_len = 48;
     tc->checkpoint_dir = "checkpoints";
+    tc->engine = "auto";
+    tc->fault_rank = -1;
+    tc->fault_step = -1;
 }
 
 static void print_usage(void) {
@@ -758,9 +1024,15 @@ static void print_usage(void) {
         "  --layers L            [%d]   --channels C   [%d]   --heads NH   [%d]\n"
         "  --vocab V             [%d]   --max-seq-len maxT [%d]   --seed N   [%llu]\n"
         "batch\n"
-        "  --batch-size B        sequences per micro-batch            [%d]\n"
+        "  --batch-size B        sequences per micro-batch, per rank  [%d]\n"
         "  --seq-len T           tokens per sequence (<= maxT)        [%d]\n"
         "  --grad-accum N        micro-batches per optimizer step     [%d]\n"
+        "parallelism (launch with mpirun -np W, or torchrun-style RANK/WORLD_SIZE/LOCAL_RANK on GPUs)\n"
+        "  --dp D                data-parallel ranks                  [world size]\n"
+        "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
+        "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
+        "  --nccl-id-dir DIR     shared folder for the NCCL id when launched without mpirun\n"
+        "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
         "optimization\n"
         "  --steps N             optimizer steps                      [%lld]\n"
         "  --stop-after N        end this run after step N (checkpointing there); resume later\n"
@@ -808,7 +1080,6 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
 
 static void parse_args(TrainConfig* tc, int argc, char** argv) {
     default_train_config(tc);
-    int arch_given = 0;
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
@@ -824,15 +1095,23 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--tokenizer")) tc->tokenizer = v;
         else if (!strcmp(f, "--shuffle")) tc->shuffle = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--model")) tc->model_file = v;
-        else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); arch_given = 1; }
-        else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); arch_given = 1; }
-        else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); arch_given = 1; }
-        else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); arch_given = 1; }
-        else if (!strcmp(f, "--max-seq-len")) { tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20); arch_given = 1; }
+        else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= 1; }
+        else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 2; }
+        else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 4; }
+        else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 8; }
+        else if (!strcmp(f, "--max-seq-len")) { tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20); tc->arch_given |= 16; }
         else if (!strcmp(f, "--seed")) tc->seed = (uint64_t)parse_int(f, v, 0, BIG);
         else if (!strcmp(f, "--batch-size")) tc->B = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--seq-len")) tc->T = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--grad-accum")) tc->grad_accum = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--dp")) tc->dp = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
+        else if (!strcmp(f, "--comm")) {
+            if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
+            tc->engine = v;
+        } else if (!strcmp(f, "--nccl-id-dir")) tc->nccl_id_dir = v;
+        else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
         else if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, BIG);
         else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, BIG);
         else if (!strcmp(f, "--lr")) tc->opt.lr = parse_float(f, v, 0.0, 10.0);
@@ -858,8 +1137,6 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--log")) tc->log_file = v;
         else fatal("unknown flag %s (see --help)", f);
     }
-    if ((tc->model_file || tc->resume) && arch_given)
-        fatal("model sizes (--layers, --channels, ...) come from the model file; do not give both");
     if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
     tc->arch.Vp = padded_vocab(tc->arch.V);
     if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
@@ -872,11 +1149,16 @@ int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(&tc, argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    Comm comm;
+    comm_init(&comm, &argc, &argv, tc.dp, tc.engine, tc.nccl_id_dir);
     double t0 = wall_seconds();
-    float val = train(&tc, NULL, 0);
-    printf("done in %.1f s", wall_seconds() - t0);
-    if (!isnan(val)) printf(", final val loss %.4f", val);
-    printf("\n");
+    float val = train(&tc, &comm, NULL, 0);
+    if (comm.world_rank == 0) {
+        printf("done in %.1f s", wall_seconds() - t0);
+        if (!isnan(val)) printf(", final val loss %.4f", val);
+        printf("\n");
+    }
+    comm_finalize(&comm);
     return 0;
 }
 #endif

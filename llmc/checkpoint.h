@@ -7,12 +7,17 @@
  *   ln2w ln2b (L,C)  fcw (L,4C,C)  fcb (L,4C)  fcprojw (L,C,4C)  fcprojb (L,C)  lnfw lnfb (C)
  * We always write version 3 (the fp32 master weights), and read both.
  *
- * State file (ours), little-endian: 256 int32 header
- *   [0] 20261123 magic   [1] 1 version   [2..7] maxT V L NH C Vp   [8] B  [9] T  [10] grad_accum
- *   [11] shuffle  [12..13] step (int64)  [14..15] num_params (int64)  [16..17] sampling rng state (uint64)
- *   [18..19] FNV-1a hash of the companion model file (uint64)   [20..21] data seed (uint64)
- * then AdamW's m and v (float32, num_params each, llm.c order), then the FNV-1a hash (uint64) of all the
- * bytes before it. The model hash ties the pair together: a state file never resumes another model.
+ * State files (ours), one per shard of the optimizer state (one in all when it is not sharded), named
+ * state_<step>_<shard>.bin, little-endian: 256 int32 header
+ *   [0] 20261123 magic   [1] 1 version   [2..7] maxT V L NH C Vp   [8] B (sequences per micro-step, all
+ *   DP ranks together)  [9] T  [10] grad_accum  [11] shuffle  [12..13] step (int64)
+ *   [14..15] num_params (int64)  [16..17] sampling rng state (uint64)  [18..19] FNV-1a hash of the
+ *   companion model file (uint64)  [20..21] data seed (uint64)  [22] shard  [23] number of shards
+ *   [24] ZeRO stage  [25] DP size  [26..27] number of ranges R (int64)
+ * then R pairs (offset in file order, count) as int64, then AdamW's m for those ranges (float32), then
+ * v, then the FNV-1a hash (uint64) of all the bytes before it. Shards of any DP size can be read by any
+ * other: a resume reassembles the whole state and takes its own chunks (re-sharding). The model hash
+ * ties state and model together: a state file never resumes another model.
  *
  * Every write goes to "<path>.tmp", is flushed and fsync'ed, then renamed over <path>, so a crash in the
  * middle of a save leaves the previous checkpoint intact.
@@ -101,9 +106,8 @@ static void atomic_commit(AtomicFile* a) {
 // ----------------------------------------------------------------------------------------------------
 // model file
 
-// Writes params (llm.c order, float32) as a version 3 model file; returns the file's FNV-1a hash.
-static uint64_t model_file_write(const char* path, const GPT2Config* c, const float* params) {
-    int header[HEADER_INTS] = {0};
+static void model_file_header(const GPT2Config* c, int* header) {
+    memset(header, 0, HEADER_INTS * sizeof(int));
     header[0] = MODEL_MAGIC;
     header[1] = 3;
     header[2] = c->maxT;
@@ -112,12 +116,26 @@ static uint64_t model_file_write(const char* path, const GPT2Config* c, const fl
     header[5] = c->NH;
     header[6] = c->C;
     header[7] = c->Vp;
+}
+
+// Writes params (llm.c order, float32) as a version 3 model file; returns the file's FNV-1a hash.
+static uint64_t model_file_write(const char* path, const GPT2Config* c, const float* params) {
+    int header[HEADER_INTS];
+    model_file_header(c, header);
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, header, sizeof(header));
     atomic_write(&a, params, gpt2_num_parameters(c) * sizeof(float));
     atomic_commit(&a);
     return a.hash;
+}
+
+// the hash model_file_write would return, without writing (for the ranks that do not write)
+static uint64_t model_file_hash(const GPT2Config* c, const float* params) {
+    int header[HEADER_INTS];
+    model_file_header(c, header);
+    uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
+    return fnv1a_update(hash, params, gpt2_num_parameters(c) * sizeof(float));
 }
 
 static float bf16_bits_to_float(uint16_t b) {
@@ -167,15 +185,18 @@ static uint64_t model_file_read(const char* path, GPT2Config* c, float** params)
 }
 
 // ----------------------------------------------------------------------------------------------------
-// state file
+// state file: one per shard of the optimizer state
 
 typedef struct {
     GPT2Config config;
-    int B, T, grad_accum, shuffle;
-    long long step;          // optimizer steps completed
-    uint64_t sample_rng;     // state of the sampling generator
-    uint64_t model_hash;     // FNV-1a of the model file saved with this state
-    uint64_t data_seed;      // seed of the shuffled data order
+    int B;             // sequences per micro-step over the whole DP group (dp x per-rank batch)
+    int T, grad_accum, shuffle;
+    long long step;    // optimizer steps completed
+    uint64_t sample_rng;  // state of the sampling generator
+    uint64_t model_hash;  // FNV-1a of the model file saved with this state
+    uint64_t data_seed;   // seed of the shuffled data order
+    int shard, num_shards;  // which shard of the optimizer state this file holds
+    int zero_stage, dp;     // how the run that saved it was sharded (informational)
 } RunState;
 
 static void put_u64(int* h, uint64_t v) { memcpy(h, &v, sizeof(v)); }
@@ -185,8 +206,12 @@ static uint64_t get_u64(const int* h) {
     return v;
 }
 
-static void state_file_write(const char* path, const RunState* s, const float* m, const float* v) {
-    size_t n = gpt2_num_parameters(&s->config);
+// Writes one shard: the AdamW moments of `n_ranges` ranges of the parameters, given as (offset in file
+// order, count) pairs, values concatenated in the same order.
+static void state_file_write(const char* path, const RunState* s, const int64_t* ranges, int64_t n_ranges,
+                             const float* m, const float* v) {
+    int64_t count = 0;
+    for (int64_t r = 0; r < n_ranges; r++) count += ranges[2 * r + 1];
     int header[HEADER_INTS] = {0};
     header[0] = STATE_MAGIC;
     header[1] = 1;
@@ -201,22 +226,29 @@ static void state_file_write(const char* path, const RunState* s, const float* m
     header[10] = s->grad_accum;
     header[11] = s->shuffle;
     put_u64(header + 12, (uint64_t)s->step);
-    put_u64(header + 14, (uint64_t)n);
+    put_u64(header + 14, (uint64_t)gpt2_num_parameters(&s->config));
     put_u64(header + 16, s->sample_rng);
     put_u64(header + 18, s->model_hash);
     put_u64(header + 20, s->data_seed);
+    header[22] = s->shard;
+    header[23] = s->num_shards;
+    header[24] = s->zero_stage;
+    header[25] = s->dp;
+    put_u64(header + 26, (uint64_t)n_ranges);
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, header, sizeof(header));
-    atomic_write(&a, m, n * sizeof(float));
-    atomic_write(&a, v, n * sizeof(float));
+    atomic_write(&a, ranges, 2 * n_ranges * sizeof(int64_t));
+    atomic_write(&a, m, count * sizeof(float));
+    atomic_write(&a, v, count * sizeof(float));
     uint64_t checksum = a.hash;
     atomic_write(&a, &checksum, sizeof(checksum));
     atomic_commit(&a);
 }
 
-// Reads a state file, verifying magic, version, size and checksum. m and v are malloc'ed (llm.c order).
-static void state_file_read(const char* path, RunState* s, float** m, float** v) {
+// Reads one shard, verifying magic, version, sizes and checksum, and scatters its moments into the
+// whole-model arrays m_full and v_full (file order; allocated, zeroed, on the first call).
+static void state_file_read(const char* path, RunState* s, float** m_full, float** v_full) {
     int header[HEADER_INTS];
     long long size;
     FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
@@ -232,19 +264,48 @@ static void state_file_read(const char* path, RunState* s, float** m, float** v)
     s->sample_rng = get_u64(header + 16);
     s->model_hash = get_u64(header + 18);
     s->data_seed = get_u64(header + 20);
+    s->shard = header[22];
+    s->num_shards = header[23];
+    s->zero_stage = header[24];
+    s->dp = header[25];
+    uint64_t n_ranges = get_u64(header + 26);
     if (n != gpt2_num_parameters(&s->config)) fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
-    long long expected = (long long)sizeof(header) + 2LL * (long long)n * 4 + 8;
+    if (s->num_shards < 1 || s->shard < 0 || s->shard >= s->num_shards) fatal("'%s': bad shard %d of %d", path, s->shard, s->num_shards);
+    if (n_ranges > n + 1024 || (long long)(1024 + 16 * n_ranges) > size) fatal("'%s' is truncated or corrupt (%llu ranges)", path, (unsigned long long)n_ranges);
+    int64_t* ranges = (int64_t*)malloc_check(2 * n_ranges * sizeof(int64_t));
+    fread_check(ranges, sizeof(int64_t), 2 * n_ranges, f, path);
+    uint64_t count = 0;
+    for (uint64_t r = 0; r < n_ranges; r++) {
+        if (ranges[2 * r] < 0 || ranges[2 * r + 1] < 0 || (uint64_t)(ranges[2 * r] + ranges[2 * r + 1]) > n)
+            fatal("'%s' is corrupt: range %llu is outside the model", path, (unsigned long long)r);
+        count += ranges[2 * r + 1];
+    }
+    long long expected = 1024LL + 16LL * (long long)n_ranges + 8LL * (long long)count + 8;
     if (size != expected)
         fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected, size < expected ? "truncated" : "trailing bytes");
-    *m = (float*)malloc_check(n * sizeof(float));
-    *v = (float*)malloc_check(n * sizeof(float));
-    fread_check(*m, sizeof(float), n, f, path);
-    fread_check(*v, sizeof(float), n, f, path);
+    float* m = (float*)malloc_check(count * sizeof(float));
+    float* v = (float*)malloc_check(count * sizeof(float));
+    fread_check(m, sizeof(float), count, f, path);
+    fread_check(v, sizeof(float), count, f, path);
     uint64_t stored;
     fread_check(&stored, sizeof(stored), 1, f, path);
     fclose(f);
     uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
-    hash = fnv1a_update(hash, *m, n * sizeof(float));
-    hash = fnv1a_update(hash, *v, n * sizeof(float));
+    hash = fnv1a_update(hash, ranges, 2 * n_ranges * sizeof(int64_t));
+    hash = fnv1a_update(hash, m, count * sizeof(float));
+    hash = fnv1a_update(hash, v, count * sizeof(float));
     if (hash != stored) fatal("'%s' is corrupt: checksum mismatch", path);
+    if (*m_full == NULL) {
+        *m_full = (float*)calloc_check(n * sizeof(float));
+        *v_full = (float*)calloc_check(n * sizeof(float));
+    }
+    size_t pos = 0;
+    for (uint64_t r = 0; r < n_ranges; r++) {
+        memcpy(*m_full + ranges[2 * r], m + pos, ranges[2 * r + 1] * sizeof(float));
+        memcpy(*v_full + ranges[2 * r], v + pos, ranges[2 * r + 1] * sizeof(float));
+        pos += ranges[2 * r + 1];
+    }
+    free(ranges);
+    free(m);
+    free(v);
 }

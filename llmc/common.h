@@ -25,6 +25,10 @@
 // ----------------------------------------------------------------------------------------------------
 // errors
 
+// Set by the communicator when there are several ranks: takes every rank down (MPI_Abort), so that one
+// rank's error never leaves the others waiting in a collective.
+static void (*fatal_hook)(void) = NULL;
+
 [[noreturn]] static inline void fatal(const char* fmt, ...) {
     fflush(stdout);
     fprintf(stderr, "error: ");
@@ -33,6 +37,8 @@
     vfprintf(stderr, fmt, args);
     va_end(args);
     fprintf(stderr, "\n");
+    fflush(stderr);
+    if (fatal_hook) fatal_hook();
     exit(1);
 }
 

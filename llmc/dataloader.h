@@ -7,9 +7,11 @@
  * Data-order contract (shuffling off): micro-batch k is the B*T+1 tokens starting at token k*B*T of the
  * stream; inputs are the first B*T, targets the same shifted by one. The training loop asks for
  * k = s*D + d (micro-step s, data-parallel rank d of D), so dp=D with batch B reads exactly the tokens of
- * dp=1 with batch D*B. One epoch is n_batches = floor((n_tokens - 1) / (B*T)) micro-batches; k wraps
- * around modulo n_batches. With shuffling on (--shuffle 1) the micro-batches of every epoch are visited
- * in a seeded random permutation, which is a pure function of (seed, epoch): resuming needs only k.
+ * dp=1 with batch D*B. The D micro-batches of one micro-step form a global batch; one epoch is
+ * floor((n_tokens - 1) / (D*B*T)) global batches, after which k wraps around. With shuffling on
+ * (--shuffle 1) the global batches of every epoch are visited in a seeded random permutation, a pure
+ * function of (seed, epoch): so the contract between dp=D and dp=1 holds with shuffling too, and
+ * resuming needs only k.
  *
  * Every token id is checked against the vocabulary size when the files are opened (one sequential read,
  * about a second per GB), so bad data fails at start-up, not hours into a run.
@@ -29,7 +31,8 @@ typedef struct {
     long long* file_start;   // position of each file's first token in the stream
     long long total_tokens;
     int B, T;
-    long long n_batches;  // micro-batches per epoch
+    int D;                // micro-batches per global batch (the DP size)
+    long long n_batches;  // global batches per epoch
     int shuffle;
     uint64_t seed;
     long long perm_epoch;  // epoch whose permutation is in perm (-1: none)
@@ -57,7 +60,7 @@ static void check_token_ids(const char* path, long long n, int V) {
     fclose(f);
 }
 
-static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int V, int shuffle, uint64_t seed) {
+static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int D, int V, int shuffle, uint64_t seed) {
     memset(dl, 0, sizeof(*dl));
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
@@ -86,10 +89,12 @@ static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, i
     globfree(&g);
     dl->B = B;
     dl->T = T;
-    long long need = (long long)B * T + 1;
+    long long need = (long long)D * B * T + 1;
     if (dl->total_tokens < need)
-        fatal("'%s' holds %lld tokens, fewer than one batch needs (B*T+1 = %lld)", pattern, dl->total_tokens, need);
-    dl->n_batches = (dl->total_tokens - 1) / ((long long)B * T);
+        fatal("'%s' holds %lld tokens, fewer than one batch needs (dp*B*T+1 = %lld)", pattern, dl->total_tokens, need);
+    dl->D = D;
+    dl->n_batches = (dl->total_tokens - 1) / ((long long)D * B * T);
+    need = (long long)B * T + 1;
     dl->shuffle = shuffle;
     dl->seed = seed;
     dl->perm_epoch = -1;
@@ -133,10 +138,11 @@ static void dataloader_read(DataLoader* dl, long long pos, long long n, uint16_t
     }
 }
 
-// the micro-batch visited k-th, after shuffling
+// the position (in micro-batches of B*T tokens) of the micro-batch visited k-th
 static long long dataloader_batch_position(DataLoader* dl, long long k) {
-    long long epoch = k / dl->n_batches, j = k % dl->n_batches;
-    if (!dl->shuffle) return j;
+    long long g = k / dl->D, r = k % dl->D;  // global batch g, part r of it
+    long long epoch = g / dl->n_batches, j = g % dl->n_batches;
+    if (!dl->shuffle) return j * dl->D + r;
     if (dl->perm_epoch != epoch) {  // Fisher-Yates with a generator seeded by (seed, epoch)
         if (dl->perm == NULL) dl->perm = (long long*)malloc_check(dl->n_batches * sizeof(long long));
         for (long long i = 0; i < dl->n_batches; i++) dl->perm[i] = i;
@@ -149,7 +155,7 @@ static long long dataloader_batch_position(DataLoader* dl, long long k) {
         }
         dl->perm_epoch = epoch;
     }
-    return dl->perm[j];
+    return dl->perm[j] * dl->D + r;
 }
 
 // fills dl->inputs and dl->targets with micro-batch k

@@ -1,5 +1,6 @@
 /*
  * global_norm.h: the L2 norm of all gradients together, sqrt(sum g^2), as clip_grad_norm_ computes it.
+ * sum_squares() is the part a sharded optimizer computes per rank before summing across ranks.
  *
  * Sums are taken per fixed chunk and the chunks added in order (in double on the host), so the result
  * does not depend on the number of threads or blocks that ran.
@@ -10,7 +11,7 @@
 
 #define NORM_CHUNK 65536
 
-static float global_norm_cpu(const float* x, size_t n) {
+static double sum_squares_cpu(const float* x, size_t n) {
     size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
     double* partial = (double*)malloc_check(chunks * sizeof(double));
 #pragma omp parallel for
@@ -23,7 +24,7 @@ static float global_norm_cpu(const float* x, size_t n) {
     double total = 0.0;
     for (size_t c = 0; c < chunks; c++) total += partial[c];
     free(partial);
-    return (float)sqrt(total);
+    return total;
 }
 
 #ifndef LLMC_CPU
@@ -48,9 +49,10 @@ __global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
 static Scratch norm_scratch = {NULL, 0};
 #endif
 
-static float global_norm(const floatX* x, size_t n) {
+// sum of x^2, in double
+static double sum_squares(const floatX* x, size_t n) {
 #ifdef LLMC_CPU
-    return global_norm_cpu(x, n);
+    return sum_squares_cpu(x, n);
 #else
     float* partial = (float*)scratch_get(&norm_scratch, NORM_BLOCKS * sizeof(float));
     sum_squares_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(partial, x, n);
@@ -59,6 +61,8 @@ static float global_norm(const floatX* x, size_t n) {
     copy_to_host(host, partial, sizeof(host));
     double total = 0.0;
     for (int i = 0; i < NORM_BLOCKS; i++) total += host[i];
-    return (float)sqrt(total);
+    return total;
 #endif
 }
+
+static float global_norm(const floatX* x, size_t n) { return (float)sqrt(sum_squares(x, n)); }

@@ -27,9 +27,9 @@ static void json_number(FILE* f, const char* key, double v, const char* fmt) {
 static void logger_step(Logger* lg, long long step, float loss, float lr, float grad_norm, double tokens_per_s, double ms) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld", step);
-    json_number(lg->f, "loss", loss, "%.6f");
+    json_number(lg->f, "loss", loss, "%.9g");
     json_number(lg->f, "lr", lr, "%.6e");
-    json_number(lg->f, "grad_norm", grad_norm, "%.6f");
+    json_number(lg->f, "grad_norm", grad_norm, "%.9g");
     json_number(lg->f, "tokens_per_s", tokens_per_s, "%.1f");
     json_number(lg->f, "ms", ms, "%.3f");
     fprintf(lg->f, "}\n");
@@ -39,7 +39,7 @@ static void logger_step(Logger* lg, long long step, float loss, float lr, float 
 static void logger_eval(Logger* lg, long long step, float val_loss) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld", step);
-    json_number(lg->f, "val_loss", val_loss, "%.6f");
+    json_number(lg->f, "val_loss", val_loss, "%.9g");
     fprintf(lg->f, "}\n");
     fflush(lg->f);
 }

@@ -3,8 +3,8 @@
 #   1. install missing Debian packages (scripts/install_deps.sh)
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
-#   4. CPU target: build, test_gpt against the references, bad-input tests, the default training job
-#      (its final validation loss must be at least 2 nats below the first)
+#   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism and ZeRO
+#      under mpirun, the default training job (its final validation loss must be 2 nats below the first)
 #   5. GPU target: both precisions always compile where nvcc exists; with a GPU, test_gpt runs on it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,9 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} ./build/cpu/test_gpt build/ref
 
 step "CPU target: bad input"
 bash scripts/test_cli.sh build/cpu/train_gpt
+
+step "CPU target: data parallelism and ZeRO under mpirun"
+bash scripts/test_dp.sh build/cpu/train_gpt
 
 step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt

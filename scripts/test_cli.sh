@@ -70,7 +70,7 @@ expect_error "bad schedule" "lr-schedule" "${TINY[@]}" "${GOOD[@]}" --lr-schedul
 expect_error "C not divisible by NH" "not divisible" "${TINY[@]}" "${GOOD[@]}" --channels 18 --heads 4
 expect_error "T > maxT (scratch)" "longer than maxT" "${TINY[@]}" "${GOOD[@]}" --seq-len 32
 expect_error "T > maxT (model file)" "longer than the model's maxT" --model "$REF" --seq-len 100 "${GOOD[@]}" --steps 1 --val-every 0 --sample-every 0
-expect_error "sizes and --model" "do not give both" --model "$REF" --layers 3 "${GOOD[@]}"
+expect_error "sizes differ from --model" "differ from the model file" --model "$REF" --layers 3 "${GOOD[@]}"
 echo "model files"
 expect_error "missing model" "cannot open" --model "$TMP/nope.bin" "${GOOD[@]}"
 expect_error "truncated model" "truncated" --model "$TMP/model_trunc.bin" "${GOOD[@]}"
@@ -91,9 +91,9 @@ echo "checkpoints"
 expect_error "resume: no checkpoint" "no checkpoint" "${GOOD[@]}" --resume "$TMP/empty" --batch-size 2 --seq-len 8
 cp -r "$TMP/ck" "$TMP/ck_swap" && cp "$TMP/other/model_00000001.bin" "$TMP/ck_swap/model_00000002.bin"
 expect_error "resume: another model" "not the model saved" "${GOOD[@]}" --resume "$TMP/ck_swap" --batch-size 2 --seq-len 8 --steps 4
-cp -r "$TMP/ck" "$TMP/ck_flip" && printf '\x01' | dd of="$TMP/ck_flip/state_00000002.bin" bs=1 seek=2000 conv=notrunc status=none
+cp -r "$TMP/ck" "$TMP/ck_flip" && printf '\x01' | dd of="$TMP/ck_flip/state_00000002_00000.bin" bs=1 seek=2000 conv=notrunc status=none
 expect_error "resume: corrupt state" "checksum mismatch" "${GOOD[@]}" --resume "$TMP/ck_flip" --batch-size 2 --seq-len 8 --steps 4
-cp -r "$TMP/ck" "$TMP/ck_trunc" && truncate -s 3000 "$TMP/ck_trunc/state_00000002.bin"
+cp -r "$TMP/ck" "$TMP/ck_trunc" && truncate -s 3000 "$TMP/ck_trunc/state_00000002_00000.bin"
 expect_error "resume: truncated state" "truncated" "${GOOD[@]}" --resume "$TMP/ck_trunc" --batch-size 2 --seq-len 8 --steps 4
 expect_error "resume: other batch shape" "resume needs the same" "${GOOD[@]}" --resume "$TMP/ck" --batch-size 4 --seq-len 8 --steps 4
 expect_error "resume with --model" "do not also give --model" "${GOOD[@]}" --resume "$TMP/ck" --model "$REF"

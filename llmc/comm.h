@@ -1,0 +1,498 @@
+/*
+ * comm.h: ranks, process groups and collectives, over two engines.
+ *
+ * The world of W ranks is a grid dp x tp x pp. Rank order: tp varies fastest, then dp, then pp, so
+ *     world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+ * and a tensor-parallel group (consecutive ranks) sits inside one node. A process group is the set of
+ * ranks that differ in one coordinate only: the DP group of a rank is every rank with its tp_rank and
+ * pp_rank, and so on. (tp = pp = 1 until tensor and pipeline parallelism arrive; the grid is general.)
+ *
+ * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, broadcast, send, recv,
+ * barrier, over buffers in device memory (host memory on the CPU target), of type floatX or float.
+ * Two engines:
+ *   NCCL  GPU buffers, one GPU per rank, the production path. Collectives are queued on a
+ *         communication stream after the work already queued on the main stream, so they overlap what
+ *         the main stream does next; comm_join() makes the main stream wait for them.
+ *   MPI   the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that): data is staged
+ *         through host memory, in float. Calls complete before they return.
+ * Launch: mpirun (Open MPI); or, for the GPU target, without MPI through RANK / WORLD_SIZE / LOCAL_RANK
+ * (torchrun) or SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, with the NCCL id passed through a file in a
+ * shared folder (--nccl-id-dir).
+ *
+ * Failure: any error on any rank goes through fatal(), which under MPI calls MPI_Abort so mpirun ends
+ * every rank; a rank that dies is noticed by mpirun, which ends the others. NCCL waits poll for
+ * asynchronous errors and give up after a timeout.
+ */
+#pragma once
+
+#include "device.h"
+
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+#ifndef LLMC_CPU
+#include <nccl.h>
+#endif
+
+typedef enum { REDUCE_SUM, REDUCE_AVG, REDUCE_MAX } ReduceOp;
+typedef enum { DT_FLOATX, DT_FLOAT } DType;
+typedef enum { ENGINE_NONE, ENGINE_MPI, ENGINE_NCCL } Engine;
+
+typedef struct {
+    int rank, size;  // this rank's index in the group, and the group's size
+#ifdef USE_MPI
+    MPI_Comm mpi;
+#endif
+#ifndef LLMC_CPU
+    ncclComm_t nccl;
+#endif
+} Group;
+
+typedef struct {
+    int world_rank, world_size, local_rank;
+    int dp, tp, pp;                 // grid dimensions
+    int dp_rank, tp_rank, pp_rank;  // this rank's coordinates
+    Engine engine;                  // ENGINE_NONE when world_size == 1
+    int mpi_initialized;
+    Group world, dp_group;
+#ifndef LLMC_CPU
+    cudaStream_t stream;  // NCCL work runs here
+    cudaEvent_t event;
+#endif
+} Comm;
+
+static Comm* g_comm = NULL;  // for fatal(): abort every rank
+
+static size_t dtype_size(DType t) { return t == DT_FLOATX ? sizeof(floatX) : sizeof(float); }
+
+// ----------------------------------------------------------------------------------------------------
+// checks
+
+#ifdef USE_MPI
+static void mpi_check(int err, const char* file, int line) {
+    if (err != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(err, msg, &len);
+        fatal("MPI error at %s:%d: %s", file, line, msg);
+    }
+}
+#define mpiCheck(err) mpi_check((err), __FILE__, __LINE__)
+static MPI_Op mpi_op(ReduceOp op) { return op == REDUCE_MAX ? MPI_MAX : MPI_SUM; }
+#endif
+
+#ifndef LLMC_CPU
+static void nccl_check(ncclResult_t r, const char* file, int line) {
+    if (r != ncclSuccess) fatal("NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
+}
+#define ncclCheck(r) nccl_check((r), __FILE__, __LINE__)
+static ncclDataType_t nccl_type(DType t) {
+#if defined(ENABLE_BF16)
+    if (t == DT_FLOATX) return ncclBfloat16;
+#endif
+    return ncclFloat;
+}
+static ncclRedOp_t nccl_op(ReduceOp op) { return op == REDUCE_MAX ? ncclMax : op == REDUCE_AVG ? ncclAvg : ncclSum; }
+
+static const double NCCL_TIMEOUT_SECONDS = 120.0;
+
+// Waits for the communication stream, watching for NCCL's asynchronous errors (a peer that died, a
+// network failure): a collective that never completes must end the run, not hang it.
+static void nccl_wait(Comm* c) {
+    double start = wall_seconds();
+    for (;;) {
+        cudaError_t q = cudaStreamQuery(c->stream);
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) cudaCheck(q);
+        ncclResult_t async_err;
+        ncclCheck(ncclCommGetAsyncError(c->world.nccl, &async_err));
+        if (async_err != ncclSuccess) {
+            ncclCommAbort(c->world.nccl);
+            fatal("NCCL failed on rank %d: %s", c->world_rank, ncclGetErrorString(async_err));
+        }
+        if (wall_seconds() - start > NCCL_TIMEOUT_SECONDS) {
+            ncclCommAbort(c->world.nccl);
+            fatal("rank %d: a collective did not complete in %.0f s (a peer rank is gone?)", c->world_rank, NCCL_TIMEOUT_SECONDS);
+        }
+        usleep(100);
+    }
+}
+#endif
+
+// fatal() calls this first (through g_comm): under MPI, take every rank down with this one
+static void comm_abort_all(void) {
+#ifdef USE_MPI
+    if (g_comm && g_comm->mpi_initialized && g_comm->world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// setup
+
+static int env_int(const char* name, int fallback) {
+    const char* v = getenv(name);
+    return v ? atoi(v) : fallback;
+}
+
+static int launched_by_mpirun(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
+}
+
+#ifndef LLMC_CPU
+// torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id to <dir>/nccl_id, the others poll for it
+static ncclUniqueId nccl_id_through_file(const char* dir, int rank) {
+    ncclUniqueId id;
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/nccl_id", dir);
+    if (rank == 0) {
+        ncclCheck(ncclGetUniqueId(&id));
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE* f = fopen_check(tmp, "wb");
+        fwrite_check(&id, sizeof(id), 1, f, tmp);
+        fclose(f);
+        if (rename(tmp, path) != 0) fatal("cannot rename '%s': %s", tmp, strerror(errno));
+        return id;
+    }
+    double start = wall_seconds();
+    for (;;) {
+        FILE* f = fopen(path, "rb");
+        if (f && fread(&id, sizeof(id), 1, f) == 1) {
+            fclose(f);
+            return id;
+        }
+        if (f) fclose(f);
+        if (wall_seconds() - start > 60.0) fatal("rank %d: no NCCL id appeared in '%s' within 60 s (is rank 0 running? is the folder shared?)", rank, path);
+        usleep(100000);
+    }
+}
+#endif
+
+// engine: "auto", "mpi" or "nccl". dp: 0 means world_size / (tp * pp).
+static void comm_init(Comm* c, int* argc, char*** argv, int dp, const char* engine, const char* nccl_id_dir) {
+    memset(c, 0, sizeof(*c));
+    c->tp = 1;
+    c->pp = 1;
+    c->world_size = 1;
+    int use_mpi = 0;
+    if (launched_by_mpirun()) {
+#ifdef USE_MPI
+        mpiCheck(MPI_Init(argc, argv));
+        c->mpi_initialized = 1;
+        g_comm = c;
+        fatal_hook = comm_abort_all;
+        mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank));
+        mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &c->world_size));
+        MPI_Comm local;
+        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->world_rank, MPI_INFO_NULL, &local));
+        mpiCheck(MPI_Comm_rank(local, &c->local_rank));
+        mpiCheck(MPI_Comm_free(&local));
+        use_mpi = 1;
+#else
+        fatal("launched by mpirun, but this build has no MPI (install libopenmpi-dev and rebuild)");
+#endif
+    } else if (getenv("WORLD_SIZE") || getenv("SLURM_NTASKS")) {
+        c->world_size = env_int("WORLD_SIZE", env_int("SLURM_NTASKS", 1));
+        c->world_rank = env_int("RANK", env_int("SLURM_PROCID", 0));
+        c->local_rank = env_int("LOCAL_RANK", env_int("SLURM_LOCALID", 0));
+        if (c->world_rank < 0 || c->world_rank >= c->world_size) fatal("RANK=%d is outside WORLD_SIZE=%d", c->world_rank, c->world_size);
+    }
+    (void)argc, (void)argv;
+
+    // grid
+    c->dp = dp > 0 ? dp : c->world_size / (c->tp * c->pp);
+    if (c->dp * c->tp * c->pp != c->world_size)
+        fatal("world size %d does not equal dp x tp x pp = %d x %d x %d", c->world_size, c->dp, c->tp, c->pp);
+    c->tp_rank = c->world_rank % c->tp;
+    c->dp_rank = (c->world_rank / c->tp) % c->dp;
+    c->pp_rank = c->world_rank / (c->tp * c->dp);
+    c->world.rank = c->world_rank;
+    c->world.size = c->world_size;
+    c->dp_group.rank = c->dp_rank;
+    c->dp_group.size = c->dp;
+    if (c->world_size == 1) {
+        c->engine = ENGINE_NONE;
+        return;
+    }
+
+    // engine
+#ifdef LLMC_CPU
+    if (strcmp(engine, "nccl") == 0) fatal("--comm nccl needs the GPU target");
+    if (!use_mpi) fatal("the CPU target runs several ranks only under mpirun");
+    c->engine = ENGINE_MPI;
+#else
+    int devices = 0;
+    cudaCheck(cudaGetDeviceCount(&devices));
+    if (devices == 0) fatal("no GPU found");
+    cudaCheck(cudaSetDevice(c->local_rank % devices));
+    int local_size = use_mpi ? env_int("OMPI_COMM_WORLD_LOCAL_SIZE", c->local_rank + 1) : env_int("LOCAL_WORLD_SIZE", c->local_rank + 1);
+    int sharing = local_size > devices;  // NCCL refuses two ranks on one GPU
+    if (strcmp(engine, "nccl") == 0) {
+        if (sharing) fatal("--comm nccl: %d ranks share %d GPU(s) on this node; NCCL needs one GPU per rank (use --comm mpi)", local_size, devices);
+        c->engine = ENGINE_NCCL;
+    } else if (strcmp(engine, "mpi") == 0) {
+        c->engine = ENGINE_MPI;
+    } else {
+        c->engine = sharing ? ENGINE_MPI : ENGINE_NCCL;
+    }
+    if (c->engine == ENGINE_MPI && !use_mpi) fatal("the MPI engine needs a launch by mpirun");
+    if (c->engine == ENGINE_NCCL) {
+        ncclUniqueId id;
+        if (use_mpi) {
+#ifdef USE_MPI
+            if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
+            mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
+#endif
+        } else {
+            if (nccl_id_dir == NULL) fatal("launching without mpirun needs --nccl-id-dir (a folder every rank can read)");
+            id = nccl_id_through_file(nccl_id_dir, c->world_rank);
+        }
+        ncclCheck(ncclCommInitRank(&c->world.nccl, c->world_size, id, c->world_rank));
+        ncclCheck(ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, NULL));
+        cudaCheck(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
+    }
+#endif
+#ifdef USE_MPI
+    if (use_mpi) {
+        c->world.mpi = MPI_COMM_WORLD;
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.mpi));
+    }
+#endif
+}
+
+static void comm_finalize(Comm* c) {
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        nccl_wait(c);
+        ncclCheck(ncclCommDestroy(c->dp_group.nccl));
+        ncclCheck(ncclCommDestroy(c->world.nccl));
+    }
+#endif
+#ifdef USE_MPI
+    if (c->mpi_initialized) {
+        if (c->world_size > 1) MPI_Comm_free(&c->dp_group.mpi);
+        MPI_Finalize();
+    }
+#endif
+    g_comm = NULL;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// staging for the MPI engine on the GPU target: device data <-> host float buffers
+
+#if defined(USE_MPI)
+static float* staging_buffer(size_t n) {
+    static float* buf = NULL;
+    static size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = (float*)malloc_check(n * sizeof(float));
+        cap = n;
+    }
+    return buf;
+}
+// host float view of a device buffer (on the CPU target, the buffer itself when it is float)
+static float* stage_in(const void* buf, size_t n, DType t, size_t extra) {
+#ifdef LLMC_CPU
+    (void)t, (void)n, (void)extra;
+    return (float*)buf;
+#else
+    float* h = staging_buffer(n + extra);
+    if (t == DT_FLOATX) download_floats(h, (const floatX*)buf, n);
+    else copy_to_host(h, buf, n * sizeof(float));
+    return h;
+#endif
+}
+static void stage_out(void* buf, const float* h, size_t n, DType t) {
+#ifdef LLMC_CPU
+    (void)buf, (void)h, (void)n, (void)t;
+#else
+    if (t == DT_FLOATX) upload_floats((floatX*)buf, h, n);
+    else copy_to_device(buf, h, n * sizeof(float));
+#endif
+}
+#endif
+
+#ifndef LLMC_CPU
+// queue NCCL work after what the main stream has queued so far
+static void comm_stream_follow_main(Comm* c) {
+    cudaCheck(cudaEventRecord(c->event, main_stream));
+    cudaCheck(cudaStreamWaitEvent(c->stream, c->event, 0));
+}
+#endif
+
+// the main stream waits for all communication queued so far (no-op for the MPI engine)
+static void comm_join(Comm* c) {
+#ifndef LLMC_CPU
+    if (c->engine != ENGINE_NCCL) return;
+    cudaCheck(cudaEventRecord(c->event, c->stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, c->event, 0));
+#else
+    (void)c;
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// collectives on device buffers
+
+static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, ReduceOp op) {
+    if (g->size == 1) return;
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), nccl_op(op), g->nccl, c->stream));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    float* h = stage_in(buf, n, t, 0);
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(op), g->mpi));
+    if (op == REDUCE_AVG)
+        for (size_t i = 0; i < n; i++) h[i] /= g->size;
+    stage_out(buf, h, n, t);
+#endif
+    (void)c, (void)buf, (void)n, (void)t, (void)op;
+}
+
+// recv (count) on rank r = sum over ranks of send[r*count .. (r+1)*count); recv may be send + r*count
+static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv, size_t count, DType t) {
+    if (g->size == 1) {
+        if (recv != send) {
+#ifdef LLMC_CPU
+            memmove(recv, send, count * dtype_size(t));
+#else
+            cudaCheck(cudaMemcpyAsync(recv, send, count * dtype_size(t), cudaMemcpyDeviceToDevice, main_stream));
+#endif
+        }
+        return;
+    }
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nccl, c->stream));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    size_t n = count * g->size;
+    float* h = stage_in(send, n, t, 0);
+    mpiCheck(MPI_Reduce_scatter_block(MPI_IN_PLACE, h, (int)count, MPI_FLOAT, MPI_SUM, g->mpi));
+#ifdef LLMC_CPU
+    // in place, the result lands in h[0 .. count) = the start of send
+    if ((float*)recv != h) memmove(recv, h, count * sizeof(float));
+#else
+    stage_out(recv, h, count, t);
+#endif
+#endif
+    (void)c, (void)send, (void)recv, (void)count, (void)t;
+}
+
+// buf holds count elements per rank; each rank's own part (at rank*count) is gathered into everyone's buf
+static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t) {
+    if (g->size == 1) return;
+    size_t es = dtype_size(t);
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclAllGather((char*)buf + g->rank * count * es, buf, count, nccl_type(t), g->nccl, c->stream));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    size_t n = count * g->size;
+    float* h = stage_in(buf, n, t, 0);
+    mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)count, MPI_FLOAT, g->mpi));
+    stage_out(buf, h, n, t);
+#endif
+    (void)c, (void)buf, (void)count, (void)es;
+}
+
+static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int root) {
+    if (g->size == 1) return;
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclBroadcast(buf, buf, n, nccl_type(t), root, g->nccl, c->stream));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    float* h = stage_in(buf, n, t, 0);
+    mpiCheck(MPI_Bcast(h, (int)n, MPI_FLOAT, root, g->mpi));
+    stage_out(buf, h, n, t);
+#endif
+    (void)c, (void)buf, (void)n, (void)t, (void)root;
+}
+
+static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int peer) {
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, c->stream));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    float* h = stage_in(buf, n, t, 0);
+    mpiCheck(MPI_Send(h, (int)n, MPI_FLOAT, peer, 0, g->mpi));
+#endif
+    (void)c, (void)g, (void)buf, (void)n, (void)t, (void)peer;
+}
+
+static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer) {
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, c->stream));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+#ifdef LLMC_CPU
+    float* h = (float*)buf;
+#else
+    float* h = staging_buffer(n);
+#endif
+    mpiCheck(MPI_Recv(h, (int)n, MPI_FLOAT, peer, 0, g->mpi, MPI_STATUS_IGNORE));
+    stage_out(buf, h, n, t);
+#endif
+    (void)c, (void)g, (void)buf, (void)n, (void)t, (void)peer;
+}
+
+// Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines.
+static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
+    if (g->size == 1) return;
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        static double* dev = NULL;
+        if (dev == NULL) dev = (double*)device_malloc(64 * sizeof(double));
+        check_internal(n <= 64, "too many host scalars");
+        copy_to_device(dev, values, n * sizeof(double));
+        comm_stream_follow_main(c);
+        ncclCheck(ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, c->stream));
+        nccl_wait(c);
+        copy_to_host(values, dev, n * sizeof(double));
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), g->mpi));
+    if (op == REDUCE_AVG)
+        for (int i = 0; i < n; i++) values[i] /= g->size;
+#endif
+    (void)c, (void)values, (void)n, (void)op;
+}
+
+static void comm_barrier(Comm* c, Group* g) {
+    double x = 0.0;
+    comm_all_reduce_host(c, g, &x, 1, REDUCE_SUM);
+}
+
+// blocks until all queued communication is done (the host will read its results)
+static void comm_synchronize(Comm* c) {
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) nccl_wait(c);
+#else
+    (void)c;
+#endif
+}
