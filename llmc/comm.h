@@ -12,7 +12,7 @@
  * Two engines:
  *   NCCL  GPU buffers, one GPU per rank, the production path. Collectives are queued on a
  *         communication stream after the work already queued on the main stream, so they overlap what
- *         the main stream does next; comm_join() makes the main stream wait for them.
+ *         the main stream does next; comm_join() waits for them.
  *   MPI   the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that): data is staged
  *         through host memory, in float. Calls complete before they return.
  * Launch: mpirun (Open MPI); or, for the GPU target, without MPI through RANK / WORLD_SIZE / LOCAL_RANK
@@ -57,7 +57,7 @@ typedef struct {
     Group world, dp_group;
 #ifndef LLMC_CPU
     cudaStream_t stream;  // NCCL work runs here
-    cudaEvent_t event;
+    cudaEvent_t event;    // orders it after the main stream's work
 #endif
 } Comm;
 
@@ -321,12 +321,14 @@ static void comm_stream_follow_main(Comm* c) {
 }
 #endif
 
-// the main stream waits for all communication queued so far (no-op for the MPI engine)
+// Waits until all communication queued so far is done, so that work queued next on the main stream
+// sees its results (no-op for the MPI engine, whose calls complete before returning). The host polls
+// the communication stream with a timeout rather than blocking in CUDA, so a collective that never
+// completes (a dead peer) ends the run with an error instead of a hang. The main stream's kernels are
+// already queued, so the GPU keeps overlapping them with the communication while the host waits.
 static void comm_join(Comm* c) {
 #ifndef LLMC_CPU
-    if (c->engine != ENGINE_NCCL) return;
-    cudaCheck(cudaEventRecord(c->event, c->stream));
-    cudaCheck(cudaStreamWaitEvent(main_stream, c->event, 0));
+    if (c->engine == ENGINE_NCCL) nccl_wait(c);
 #else
     (void)c;
 #endif
@@ -488,11 +490,3 @@ static void comm_barrier(Comm* c, Group* g) {
     comm_all_reduce_host(c, g, &x, 1, REDUCE_SUM);
 }
 
-// blocks until all queued communication is done (the host will read its results)
-static void comm_synchronize(Comm* c) {
-#ifndef LLMC_CPU
-    if (c->engine == ENGINE_NCCL) nccl_wait(c);
-#else
-    (void)c;
-#endif
-}

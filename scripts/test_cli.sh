@@ -66,6 +66,7 @@ expect_error "non-numeric integer" "expects an integer" "${TINY[@]}" "${GOOD[@]}
 expect_error "non-numeric float" "expects a number" "${TINY[@]}" "${GOOD[@]}" --lr fast
 expect_error "trailing garbage" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --batch-size 4x
 expect_error "out of range" "must be between" "${TINY[@]}" "${GOOD[@]}" --batch-size 0
+expect_error "--zero out of range" "--zero must be between 0 and 2" "${TINY[@]}" "${GOOD[@]}" --zero 3
 expect_error "bad schedule" "lr-schedule" "${TINY[@]}" "${GOOD[@]}" --lr-schedule sawtooth
 expect_error "C not divisible by NH" "not divisible" "${TINY[@]}" "${GOOD[@]}" --channels 18 --heads 4
 expect_error "T > maxT (scratch)" "longer than maxT" "${TINY[@]}" "${GOOD[@]}" --seq-len 32
