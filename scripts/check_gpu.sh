@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # check_gpu.sh: the GPU truth for everything landed so far, in one go on a machine with an NVIDIA GPU.
 #   builds the GPU target in both precisions, runs test_gpt on the GPU against the PyTorch reference,
-#   runs the bad-input tests against the GPU binary, trains the default job on the GPU, and measures
-#   tokens/s of GPT-2 124M (B=16, T=1024, BF16) from scratch on random-free default data.
+#   runs the bad-input tests against the GPU binary, runs the data-parallel tests with 2 to 4 ranks
+#   sharing the one GPU (MPI engine), trains the default job on the GPU, and measures tokens/s of
+#   GPT-2 124M (B=16, T=1024) from scratch on the default data.
 # Logs go to $OUT (or ./build/gpu-check). Needs /usr/bin/python3 or python3 with torch for the reference.
+# Without a system MPI, build a portable one first (.mpi/env.sh is sourced when present).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+[ -f .mpi/env.sh ] && source .mpi/env.sh
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
 PY=$(command -v /usr/bin/python3 2>/dev/null || command -v python3)
@@ -26,6 +30,7 @@ run reference "$PY" scripts/gpt2_reference.py --out-dir build/ref
 run test_fp32 ./build/gpu-fp32/test_gpt build/ref
 run test_bf16 ./build/gpu-bf16/test_gpt build/ref
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
+run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
 run train_default ./build/gpu-bf16/train_gpt
 # GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
 # tokens = 6 micro-batches, which is plenty for a throughput measurement
