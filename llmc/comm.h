@@ -281,23 +281,14 @@ static void comm_finalize(Comm* c) {
 // staging for the MPI engine on the GPU target: device data <-> host float buffers
 
 #if defined(USE_MPI)
-static float* staging_buffer(size_t n) {
-    static float* buf = NULL;
-    static size_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        buf = (float*)malloc_check(n * sizeof(float));
-        cap = n;
-    }
-    return buf;
-}
+static HostScratch staging = {NULL, 0};
 // host float view of a device buffer (on the CPU target, the buffer itself when it is float)
-static float* stage_in(const void* buf, size_t n, DType t, size_t extra) {
+static float* stage_in(const void* buf, size_t n, DType t) {
 #ifdef LLMC_CPU
-    (void)t, (void)n, (void)extra;
+    (void)t, (void)n;
     return (float*)buf;
 #else
-    float* h = staging_buffer(n + extra);
+    float* h = host_scratch(&staging, n);
     if (t == DT_FLOATX) download_floats(h, (const floatX*)buf, n);
     else copy_to_host(h, buf, n * sizeof(float));
     return h;
@@ -347,7 +338,7 @@ static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, Red
     }
 #endif
 #ifdef USE_MPI
-    float* h = stage_in(buf, n, t, 0);
+    float* h = stage_in(buf, n, t);
     mpiCheck(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(op), g->mpi));
     if (op == REDUCE_AVG)
         for (size_t i = 0; i < n; i++) h[i] /= g->size;
@@ -377,7 +368,7 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
 #endif
 #ifdef USE_MPI
     size_t n = count * g->size;
-    float* h = stage_in(send, n, t, 0);
+    float* h = stage_in(send, n, t);
     mpiCheck(MPI_Reduce_scatter_block(MPI_IN_PLACE, h, (int)count, MPI_FLOAT, MPI_SUM, g->mpi));
 #ifdef LLMC_CPU
     // in place, the result lands in h[0 .. count) = the start of send
@@ -402,7 +393,7 @@ static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t)
 #endif
 #ifdef USE_MPI
     size_t n = count * g->size;
-    float* h = stage_in(buf, n, t, 0);
+    float* h = stage_in(buf, n, t);
     mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)count, MPI_FLOAT, g->mpi));
     stage_out(buf, h, n, t);
 #endif
@@ -419,7 +410,7 @@ static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int 
     }
 #endif
 #ifdef USE_MPI
-    float* h = stage_in(buf, n, t, 0);
+    float* h = stage_in(buf, n, t);
     mpiCheck(MPI_Bcast(h, (int)n, MPI_FLOAT, root, g->mpi));
     stage_out(buf, h, n, t);
 #endif
@@ -435,7 +426,7 @@ static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int
     }
 #endif
 #ifdef USE_MPI
-    float* h = stage_in(buf, n, t, 0);
+    float* h = stage_in(buf, n, t);
     mpiCheck(MPI_Send(h, (int)n, MPI_FLOAT, peer, 0, g->mpi));
 #endif
     (void)c, (void)g, (void)buf, (void)n, (void)t, (void)peer;
@@ -453,7 +444,7 @@ static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer)
 #ifdef LLMC_CPU
     float* h = (float*)buf;
 #else
-    float* h = staging_buffer(n);
+    float* h = host_scratch(&staging, n);
 #endif
     mpiCheck(MPI_Recv(h, (int)n, MPI_FLOAT, peer, 0, g->mpi, MPI_STATUS_IGNORE));
     stage_out(buf, h, n, t);

@@ -104,6 +104,20 @@ static inline void* calloc_check(size_t bytes) {
     return p;
 }
 
+// A host buffer that grows on demand and is kept for reuse (one per purpose).
+typedef struct {
+    float* ptr;
+    size_t cap;
+} HostScratch;
+static inline float* host_scratch(HostScratch* s, size_t n) {
+    if (n > s->cap) {
+        free(s->ptr);
+        s->ptr = (float*)malloc_check(n * sizeof(float));
+        s->cap = n;
+    }
+    return s->ptr;
+}
+
 static inline double wall_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -76,20 +76,11 @@ static void transpose_cpu(float* dst, const float* src, int rows, int cols) {
         for (int r = 0; r < rows; r++) dst[(size_t)c * rows + r] = src[(size_t)r * cols + c];
 }
 
-// a host scratch buffer for transposed operands, grown on demand
-static float* matmul_cpu_scratch(size_t n) {
-    static float* buf = NULL;
-    static size_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        buf = (float*)malloc_check(n * sizeof(float));
-        cap = n;
-    }
-    return buf;
-}
+// the transposed operand
+static HostScratch matmul_cpu_scratch = {NULL, 0};
 
 static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
-    float* wT = matmul_cpu_scratch((size_t)IC * OC);
+    float* wT = host_scratch(&matmul_cpu_scratch, (size_t)IC * OC);
     transpose_cpu(wT, weight, OC, IC);  // (IC, OC)
     gemm_cpu(out, inp, wT, N, OC, IC, 0);
     if (bias != NULL) {
@@ -102,7 +93,7 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* weight
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                 const float* weight, int N, int IC, int OC) {
     gemm_cpu(dinp, dout, weight, N, IC, OC, 0);  // (N,OC) . (OC,IC)
-    float* doutT = matmul_cpu_scratch((size_t)N * OC);
+    float* doutT = host_scratch(&matmul_cpu_scratch, (size_t)N * OC);
     transpose_cpu(doutT, dout, N, OC);  // (OC, N)
     gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
     if (dbias != NULL) {

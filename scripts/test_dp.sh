@@ -12,7 +12,7 @@
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-PY=/usr/bin/python3
+PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 command -v mpirun >/dev/null || { echo "test_dp: mpirun not found (Debian package openmpi-bin)"; exit 1; }
