@@ -281,7 +281,7 @@ static void comm_finalize(Comm* c) {
 // staging for the MPI engine on the GPU target: device data <-> host float buffers
 
 #if defined(USE_MPI)
-static HostScratch staging = {NULL, 0};
+[[maybe_unused]] static HostScratch staging = {NULL, 0};  // host copies for the MPI engine on the GPU target
 // host float view of a device buffer (on the CPU target, the buffer itself when it is float)
 static float* stage_in(const void* buf, size_t n, DType t) {
 #ifdef LLMC_CPU
