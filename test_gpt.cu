@@ -101,7 +101,7 @@ static void load_model(GPT2* model, const char* path) {
     GPT2Config c;
     float* p = NULL;
     model_file_read(path, &c, &p);
-    gpt2_build(model, &c, comm_single(), 0, 1, 0);
+    gpt2_build(model, &c, comm_single(), 0, 1, 0, 1, 0);
     gpt2_set_parameters(model, p);
     free(p);
 }
@@ -362,7 +362,7 @@ static void test_zero_memory(const char* dir) {
         for (int stage = 0; stage <= 2; stage++) {
             for (int d = 0; d < D; d++) {
                 GPT2 model;
-                gpt2_build(&model, &c, comm_single(), stage, D, d);
+                gpt2_build(&model, &c, comm_single(), stage, D, d, 1, 0);
                 size_t psi = model.layout.total;
                 size_t largest_layer = 0;
                 for (int b = 1; b <= c.L; b++) largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size : largest_layer;
@@ -384,6 +384,51 @@ static void test_zero_memory(const char* dir) {
     }
 }
 
+// Tensor parallelism: every split tensor holds exactly 1/T of the whole on each rank, the replicated ones
+// all of it, and the split activations (qkv, attention output and probabilities, MLP hidden, logits,
+// the wide backward buffer) are 1/T of the single-rank ones. Sizes are read off the real allocation:
+// a buffer's size is the distance to the next one (each rounded up to 256 bytes).
+static void test_tp_memory(void) {
+    printf("TP memory per rank (L=2 C=48 NH=12 V=700, B=4 T=16)\n");
+    GPT2Config c = {16, 700, 768, 2, 12, 48};
+    int B = 4, T = 16;
+    size_t fx = sizeof(floatX), BT = (size_t)B * T;
+    for (int tp = 1; tp <= 4; tp++) {
+        GPT2 model;
+        gpt2_build(&model, &c, comm_single(), 0, 1, 0, tp, tp - 1);
+        gpt2_allocate_activations(&model, B, T);
+        size_t split_local = 0, split_whole = 0, replicated = 0;
+        int ok = 1;
+        for (int i = 0; i < model.layout.num_slots; i++) {
+            const TensorSlot* s = &model.layout.slots[i];
+            size_t whole = s->whole.rows * s->whole.cols;
+            if (s->whole.split == SPLIT_NONE) {
+                replicated += s->numel;
+                ok &= s->numel == whole;
+            } else {
+                split_local += s->numel;
+                split_whole += whole;
+                ok &= s->numel * tp == whole;
+            }
+        }
+        ok &= model.bytes_params >= (split_local + replicated) * fx && model.bytes_params < (split_local + replicated + 64 * model.layout.num_slots) * fx;
+        const Activations* a = &model.acts;
+        size_t Cl = c.C / tp, NHl = c.NH / tp, Vpl = c.Vp / tp, L = c.L;
+#define SPAN(x, y) ((size_t)((const char*)(y) - (const char*)(x)))
+        ok &= SPAN(a->qkv, a->atty) == round_up(L * BT * 3 * Cl * fx, 256);
+        ok &= SPAN(a->atty, a->att) == round_up(L * BT * Cl * fx, 256);
+        ok &= SPAN(a->att, a->residual2) == round_up(L * B * NHl * T * T * fx, 256);
+        ok &= SPAN(a->fch, a->fch_gelu) == round_up(L * BT * 4 * Cl * fx, 256);
+        ok &= SPAN(a->logits, a->losses) == round_up(BT * Vpl * fx, 256);
+        ok &= SPAN(a->dwide, a->inputs) == round_up(BT * 4 * Cl * fx, 256);
+#undef SPAN
+        printf("  tp=%d: split tensors %zu of %zu elements (1/%d), replicated %zu | params %zu B | activations %zu B  %s\n", tp,
+               split_local, split_whole, tp, replicated, model.bytes_params, model.bytes_activations, ok ? "ok" : "FAIL");
+        if (!ok) failures++;
+        gpt2_free(&model);
+    }
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
@@ -393,6 +438,7 @@ int main(int argc, char** argv) {
     test_grad_accumulation(dir);
     test_bf16_model_file(dir);
     test_zero_memory(dir);
+    test_tp_memory();
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

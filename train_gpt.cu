@@ -31,6 +31,7 @@
 #include "llmc/logger.h"
 #include "llmc/matmul.h"
 #include "llmc/residual.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
 #include "llmc/zero.h"
 
@@ -61,13 +62,15 @@ typedef struct {
 } Weights;
 
 // One tensor's place in the flat buffer. Offsets are rounded up to 64 elements so every tensor starts
-// 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero.
+// 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero. With tensor parallelism a
+// rank holds its slice of the split tensors (see llmc/tensor_parallel.h), so numel is the local size.
 typedef struct {
     int kind;   // file tensor index 0..15 (see FILE_TENSOR_NAMES)
     int layer;  // 0..L-1 for per-layer tensors, 0 otherwise
     int bucket; // the communication bucket it belongs to (see below)
     size_t offset, numel;
-    size_t file_offset;  // where it starts in the file order
+    TensorShape whole;  // the whole tensor (all TP ranks), and how it is split
+    size_t file_base;   // where the whole tensor starts in the file order
     int decay;  // weight decay applies (2-D weights: wte, wpe, qkvw, attprojw, fcw, fcprojw)
 } TensorSlot;
 
@@ -80,6 +83,7 @@ typedef struct {
     int num_buckets;  // L + 2
     Bucket* buckets;
     size_t total;  // elements of the flat buffer, gaps included
+    int tp, tp_rank;  // the slices held: rank tp_rank of tp
 } ParamLayout;
 
 // memory order: wte, wpe, layer 0 .. layer L-1, lnfw, lnfb
@@ -89,8 +93,10 @@ static int slot_index(const GPT2Config* c, int kind, int layer) {
     return 2 + layer * NUM_LAYER_TENSORS + (kind - 2);
 }
 
-static ParamLayout build_layout(const GPT2Config* c, int dp) {
+static ParamLayout build_layout(const GPT2Config* c, int dp, int tp, int tp_rank) {
     ParamLayout lay;
+    lay.tp = tp;
+    lay.tp_rank = tp_rank;
     lay.num_slots = NUM_LAYER_TENSORS * c->L + 4;
     lay.slots = (TensorSlot*)malloc_check(lay.num_slots * sizeof(TensorSlot));
     size_t file_offset = 0;
@@ -101,10 +107,12 @@ static ParamLayout build_layout(const GPT2Config* c, int dp) {
             s->kind = kind;
             s->layer = l;
             s->bucket = kind < 2 ? 0 : kind >= 14 ? c->L + 1 : 1 + l;
-            s->numel = file_tensor_numel(c, kind);
-            s->file_offset = file_offset;
+            s->whole = file_tensor_shape(c, kind);
+            TensorShape local = local_shape(s->whole, tp);
+            s->numel = local.rows * local.cols;
+            s->file_base = file_offset;
             s->decay = kind == 0 || kind == 1 || kind == 4 || kind == 6 || kind == 10 || kind == 12;
-            file_offset += s->numel;
+            file_offset += file_tensor_numel(c, kind);
         }
     }
     lay.num_buckets = c->L + 2;
@@ -122,6 +130,16 @@ static ParamLayout build_layout(const GPT2Config* c, int dp) {
     }
     lay.total = round_up(offset, 64 * (size_t)dp);
     return lay;
+}
+
+// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of slot i held by TP rank r, in the
+// file order. Returns a malloc'ed array and its length in *n.
+static Run* slot_runs(const ParamLayout* lay, int i, int r, size_t lo, size_t hi, size_t* n) {
+    const TensorSlot* s = &lay->slots[i];
+    TensorShape local = local_shape(s->whole, lay->tp);
+    Run* runs = (Run*)malloc_check(((hi - lo) / local.cols + 2) * sizeof(Run));
+    *n = tensor_runs(s->whole, lay->tp, r, s->file_base, lo, hi, runs);
+    return runs;
 }
 
 static void free_layout(ParamLayout* lay) {
@@ -155,19 +173,26 @@ static Weights point_weights_flat(const GPT2Config* c, const ParamLayout* lay, f
     return w;
 }
 
-// memory layout <-> llm.c file order, for float buffers on the host
-static void layout_to_file_order(const ParamLayout* lay, const float* mem, float* file) {
+// memory layout of TP rank r <-> llm.c file order, for float buffers on the host (layout_to_file_order
+// writes only rank r's slices of the split tensors)
+static void copy_layout_file(const ParamLayout* lay, int r, float* mem, float* file, int to_file) {
     for (int i = 0; i < lay->num_slots; i++) {
-        const TensorSlot* s = &lay->slots[i];
-        memcpy(file + s->file_offset, mem + s->offset, s->numel * sizeof(float));
+        size_t n;
+        Run* runs = slot_runs(lay, i, r, 0, lay->slots[i].numel, &n);
+        for (size_t k = 0; k < n; k++) {
+            float* m = mem + lay->slots[i].offset + runs[k].local;
+            if (to_file) memcpy(file + runs[k].file, m, runs[k].count * sizeof(float));
+            else memcpy(m, file + runs[k].file, runs[k].count * sizeof(float));
+        }
+        free(runs);
     }
+}
+static void layout_to_file_order(const ParamLayout* lay, int r, const float* mem, float* file) {
+    copy_layout_file(lay, r, (float*)mem, file, 1);
 }
 static void file_order_to_layout(const ParamLayout* lay, const float* file, float* mem) {
     memset(mem, 0, lay->total * sizeof(float));
-    for (int i = 0; i < lay->num_slots; i++) {
-        const TensorSlot* s = &lay->slots[i];
-        memcpy(mem + s->offset, file + s->file_offset, s->numel * sizeof(float));
-    }
+    copy_layout_file(lay, lay->tp_rank, mem, (float*)file, 0);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -225,6 +250,7 @@ typedef struct {
     ParamLayout layout;
     size_t num_parameters;  // real parameters (padding of Vp included, alignment gaps not)
     Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
+    int tp, tp_rank;        // tensor parallelism: this rank holds slice tp_rank of tp of the split tensors
     ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
     floatX* params_memory;  // (layout.total) what forward and backward read, always whole
     floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stage 2
@@ -251,7 +277,7 @@ static Comm* comm_single(void) {
     static Comm single;
     memset(&single, 0, sizeof(single));
     single.world_size = single.dp = single.tp = single.pp = 1;
-    single.world.size = single.dp_group.size = 1;
+    single.world.size = single.dp_group.size = single.tp_group.size = 1;
     return &single;
 }
 
@@ -262,14 +288,24 @@ static void* zeroed_device_buffer(size_t bytes, size_t* account) {
     return p;
 }
 
-// Allocates the parameters, gradients and optimizer state of one rank of a DP group of size dp,
-// sharded per ZeRO stage `zero_stage` (llmc/zero.h).
-static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, int zero_stage, int dp, int dp_rank) {
+// Checks that the model splits over tp ranks (whole heads, whole hidden units, whole vocabulary rows).
+static void validate_tp(const GPT2Config* c, int tp) {
+    if (c->NH % tp != 0) fatal("--tp %d: the %d attention heads do not split evenly", tp, c->NH);
+    if ((4 * c->C) % tp != 0) fatal("--tp %d: the MLP's 4C=%d hidden units do not split evenly", tp, 4 * c->C);
+    if (c->Vp % tp != 0) fatal("--tp %d: the padded vocabulary Vp=%d does not split evenly", tp, c->Vp);
+}
+
+// Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
+// slices of the split tensors), DP rank dp_rank of dp, sharded per ZeRO stage `zero_stage` (llmc/zero.h).
+static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, int zero_stage, int dp, int dp_rank, int tp, int tp_rank) {
     memset(model, 0, sizeof(*model));
     validate_config(c, "model");
+    validate_tp(c, tp);
     model->config = *c;
     model->comm = comm;
-    model->layout = build_layout(c, dp);
+    model->tp = tp;
+    model->tp_rank = tp_rank;
+    model->layout = build_layout(c, dp, tp, tp_rank);
     model->num_parameters = gpt2_num_parameters(c);
     ParamLayout* lay = &model->layout;
     zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
@@ -374,32 +410,36 @@ static void gpt2_export(const GPT2* model, const void* buffer, int is_floatX, fl
     float* mem = (float*)malloc_check(n * sizeof(float));
     if (is_floatX) download_floats(mem, (const floatX*)buffer, n);
     else copy_to_host(mem, buffer, n * sizeof(float));
-    layout_to_file_order(&model->layout, mem, file_order);
+    layout_to_file_order(&model->layout, model->tp_rank, mem, file_order);
     free(mem);
 }
 
-// The fp32 master weights, whole, in file order (collective: every DP rank must call it). In BF16
-// builds with sharded state, the shards are all-gathered into a temporary buffer first.
+// The fp32 master weights, whole, in file order (collective: every rank must call it). The owned
+// chunks of the master shards are all-gathered across the DP group (stages 1 and 2), then the TP slices
+// across the TP group.
 static void gpt2_export_master(GPT2* model, float* file_order) {
-    if (master_is_params()) {
-        gpt2_export(model, model->params_memory, 1, file_order);
-        return;
-    }
     const ZeroPlan* z = &model->zero;
-    float* whole = (float*)device_malloc(model->layout.total * sizeof(float));
-    device_memset_zero(whole, model->layout.total * sizeof(float));
+    Comm* comm = model->comm;
+    size_t n = model->layout.total;
+    float* whole = (float*)device_malloc(n * model->tp * sizeof(float));  // [TP rank 0 | 1 | ...]
+    float* mine = whole + (size_t)model->tp_rank * n;
+    device_memset_zero(mine, n * sizeof(float));
     for (int b = 0; b < z->num_buckets; b++) {
-        float* src = model->master + z->owned_offset[b];
-        float* dst = whole + owned_start(z, b);
+        float* src = master_of_bucket(model, b);
+        float* dst = mine + owned_start(z, b);
 #ifdef LLMC_CPU
         memcpy(dst, src, owned_size(z, b) * sizeof(float));
 #else
         cudaCheck(cudaMemcpyAsync(dst, src, owned_size(z, b) * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
 #endif
-        if (z->stage > 0) comm_all_gather(model->comm, &model->comm->dp_group, whole + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
+        if (z->stage > 0) comm_all_gather(comm, &comm->dp_group, mine + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
     }
-    comm_join(model->comm);
-    gpt2_export(model, whole, 0, file_order);
+    comm_all_gather(comm, &comm->tp_group, whole, n, DT_FLOAT);
+    comm_join(comm);
+    float* host = (float*)malloc_check(n * model->tp * sizeof(float));
+    copy_to_host(host, whole, n * model->tp * sizeof(float));
+    for (int r = 0; r < model->tp; r++) layout_to_file_order(&model->layout, r, host + (size_t)r * n, file_order);
+    free(host);
     device_free(whole);
 }
 
@@ -431,21 +471,23 @@ static void gpt2_init_random(GPT2* model, uint64_t seed) {
 static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     const GPT2Config* c = &model->config;
     if (T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", T, c->maxT);
-    size_t L = c->L, C = c->C, NH = c->NH, Vp = c->Vp, BT = (size_t)B * T;
+    // with tensor parallelism the split activations hold this rank's heads, hidden units and vocabulary
+    size_t L = c->L, C = c->C, tp = model->tp, BT = (size_t)B * T;
+    size_t Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;
     Activations* a = &model->acts;
     size_t fx = sizeof(floatX), f = sizeof(float);
     BufferSpec specs[] = {
         {(void**)&a->encoded, BT * C * fx},       {(void**)&a->ln1, L * BT * C * fx},
         {(void**)&a->ln1_mean, L * BT * f},       {(void**)&a->ln1_rstd, L * BT * f},
-        {(void**)&a->qkv, L * BT * 3 * C * fx},   {(void**)&a->atty, L * BT * C * fx},
-        {(void**)&a->att, L * B * NH * T * T * fx}, {(void**)&a->residual2, L * BT * C * fx},
+        {(void**)&a->qkv, L * BT * 3 * Cl * fx},  {(void**)&a->atty, L * BT * Cl * fx},
+        {(void**)&a->att, L * B * NHl * T * T * fx}, {(void**)&a->residual2, L * BT * C * fx},
         {(void**)&a->ln2, L * BT * C * fx},       {(void**)&a->ln2_mean, L * BT * f},
-        {(void**)&a->ln2_rstd, L * BT * f},       {(void**)&a->fch, L * BT * 4 * C * fx},
-        {(void**)&a->fch_gelu, L * BT * 4 * C * fx}, {(void**)&a->residual3, L * BT * C * fx},
+        {(void**)&a->ln2_rstd, L * BT * f},       {(void**)&a->fch, L * BT * 4 * Cl * fx},
+        {(void**)&a->fch_gelu, L * BT * 4 * Cl * fx}, {(void**)&a->residual3, L * BT * C * fx},
         {(void**)&a->lnf, BT * C * fx},           {(void**)&a->lnf_mean, BT * f},
-        {(void**)&a->lnf_rstd, BT * f},           {(void**)&a->logits, BT * Vp * fx},
+        {(void**)&a->lnf_rstd, BT * f},           {(void**)&a->logits, BT * Vpl * fx},
         {(void**)&a->losses, BT * f},             {(void**)&a->scratch, BT * C * fx},
-        {(void**)&a->dresidual, BT * C * fx},     {(void**)&a->dwide, BT * 4 * C * fx},
+        {(void**)&a->dresidual, BT * C * fx},     {(void**)&a->dwide, BT * 4 * Cl * fx},
         {(void**)&a->inputs, BT * sizeof(int)},   {(void**)&a->targets, BT * sizeof(int)},
     };
     model->acts_memory = allocate_buffers(specs, sizeof(specs) / sizeof(specs[0]), &model->bytes_activations);
@@ -455,6 +497,24 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
     model->host_losses = (float*)malloc_check(BT * sizeof(float));
 }
 
+// out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
+// TP it is row-parallel: inp and weight hold this rank's IC = (C or 4C)/tp input channels, the partial
+// products are summed across the TP group ("g"), and the bias is added once, after the sum.
+static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
+                                 const floatX* bias, int N, int IC) {
+    Activations* a = &model->acts;
+    int C = model->config.C;
+    if (model->tp == 1) {
+        matmul_forward(a->scratch, inp, weight, bias, N, IC, C);
+        residual_forward(out, residual, a->scratch, (size_t)N * C);
+        return;
+    }
+    matmul_forward(a->scratch, inp, weight, NULL, N, IC, C);
+    comm_all_reduce(model->comm, &model->comm->tp_group, a->scratch, (size_t)N * C, DT_FLOATX, REDUCE_SUM);
+    comm_join(model->comm);
+    residual_bias_forward(out, residual, a->scratch, bias, N, C);
+}
+
 // Forward pass over inputs (B, T) (host ids). With targets, returns the mean loss; with dloss != 0 it
 // also leaves dlogits (scaled by dloss) in acts.logits for gpt2_backward. Without targets (inference)
 // acts.logits holds the logits and the return value is 0. B and T may be smaller than allocated.
@@ -462,50 +522,58 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     const GPT2Config* c = &model->config;
     if (model->B == 0) gpt2_allocate_activations(model, B, T);
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
-    int L = c->L, C = c->C, NH = c->NH, Vp = c->Vp;
+    int L = c->L, C = c->C, tp = model->tp;
+    int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
     Activations* a = &model->acts;
+    Comm* comm = model->comm;
     copy_to_device(a->inputs, inputs, BT * sizeof(int));
     memcpy(model->host_inputs, inputs, BT * sizeof(int));
     if (targets) copy_to_device(a->targets, targets, BT * sizeof(int));
 
-    encoder_forward(a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C);
+    // TP: each rank looks up the ids in its rows of wte; the sum over the group has exactly one of them
+    // (and wpe, added by rank 0 only), so the all-reduce is exact
+    encoder_forward(a->encoded, a->inputs, model->params.wte, model->tp_rank == 0 ? model->params.wpe : NULL, B, T, C,
+                    model->tp_rank * Vpl, Vpl);
+    if (tp > 1) {
+        comm_all_reduce(comm, &comm->tp_group, a->encoded, BT * C, DT_FLOATX, REDUCE_SUM);
+        comm_join(comm);
+    }
     for (int l = 0; l < L; l++) {
         const LayerWeights* w = &model->params.layers[l];
         floatX* residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BT * C;  // (B, T, C) this layer's input
         floatX* ln1 = a->ln1 + l * BT * C;
         float* ln1_mean = a->ln1_mean + l * BT;
         float* ln1_rstd = a->ln1_rstd + l * BT;
-        floatX* qkv = a->qkv + l * BT * 3 * C;
-        floatX* atty = a->atty + l * BT * C;
-        floatX* att = a->att + (size_t)l * B * NH * T * T;
+        floatX* qkv = a->qkv + l * BT * 3 * Cl;
+        floatX* atty = a->atty + l * BT * Cl;
+        floatX* att = a->att + (size_t)l * B * NHl * T * T;
         floatX* residual2 = a->residual2 + l * BT * C;
         floatX* ln2 = a->ln2 + l * BT * C;
         float* ln2_mean = a->ln2_mean + l * BT;
         float* ln2_rstd = a->ln2_rstd + l * BT;
-        floatX* fch = a->fch + l * BT * 4 * C;
-        floatX* fch_gelu = a->fch_gelu + l * BT * 4 * C;
+        floatX* fch = a->fch + l * BT * 4 * Cl;
+        floatX* fch_gelu = a->fch_gelu + l * BT * 4 * Cl;
         floatX* residual3 = a->residual3 + l * BT * C;
 
         // attention block: residual2 = residual + attproj(attention(ln1(residual)))
         layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, w->ln1w, w->ln1b, BT, C);
-        matmul_forward(qkv, ln1, w->qkvw, w->qkvb, BT, C, 3 * C);
-        attention_forward(atty, att, qkv, B, T, C, NH);
-        matmul_forward(a->scratch, atty, w->attprojw, w->attprojb, BT, C, C);
-        residual_forward(residual2, residual, a->scratch, BT * C);
+        matmul_forward(qkv, ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl);  // TP: column-parallel, our heads
+        attention_forward(atty, att, qkv, B, T, Cl, NHl);
+        row_parallel_forward(model, residual2, residual, atty, w->attprojw, w->attprojb, BT, Cl);
         // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
         layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, w->ln2w, w->ln2b, BT, C);
-        matmul_forward(fch, ln2, w->fcw, w->fcb, BT, C, 4 * C);
-        gelu_forward(fch_gelu, fch, BT * 4 * C);
-        matmul_forward(a->scratch, fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * C, C);
-        residual_forward(residual3, residual2, a->scratch, BT * C);
+        matmul_forward(fch, ln2, w->fcw, w->fcb, BT, C, 4 * Cl);  // TP: column-parallel, our hidden units
+        gelu_forward(fch_gelu, fch, BT * 4 * Cl);
+        row_parallel_forward(model, residual3, residual2, fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * Cl);
     }
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * BT * C, model->params.lnfw,
                       model->params.lnfb, BT, C);
-    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vp);  // tied: logits = lnf . wte^T
+    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
-    classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, Vp);
+    if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
+    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl);
     copy_to_host(model->host_losses, a->losses, BT * sizeof(float));
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
@@ -527,6 +595,14 @@ static floatX* bucket_grads(GPT2* model, int b) {
     return model->grads.layers[b - 1].ln1w;
 }
 
+// TP: the gradient of a column-parallel layer's input (replicated on every rank) is the sum of the
+// ranks' parts ("f" in backward); a no-op without TP.
+static void tp_sum_input_grad(GPT2* model, floatX* dinp, size_t n) {
+    if (model->tp == 1) return;
+    comm_all_reduce(model->comm, &model->comm->tp_group, dinp, n, DT_FLOATX, REDUCE_SUM);
+    comm_join(model->comm);
+}
+
 // Bucket b's gradients are final for this micro-step: start their reduction across the DP group
 // (all-reduce, or reduce-scatter at ZeRO 1 and 2; see llmc/zero.h). On the GPU with NCCL this runs on
 // the communication stream while backward continues with the layers below.
@@ -539,7 +615,8 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
 // gradients across the DP group as they become final (on the last micro-step; at ZeRO-2 on every one).
 static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
-    int L = c->L, C = c->C, NH = c->NH, Vp = c->Vp;
+    int L = c->L, C = c->C, tp = model->tp;
+    int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
     Activations* a = &model->acts;
     Weights* p = &model->params;
@@ -551,7 +628,8 @@ static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
         device_memset_zero(model->grad_workspace, (emb + lnf) * sizeof(floatX));
     }
     // classifier: the fused kernel already turned logits into dlogits
-    matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vp);  // dlnf (=), dwte (+=)
+    matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl);  // dlnf (=), dwte (+=)
+    tp_sum_input_grad(model, a->scratch, BT * C);  // TP: dlnf had only our vocabulary rows' part
     // final LayerNorm: it writes (+=) into dresidual, which starts at zero
     device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
     layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (L - 1) * BT * C, p->lnfw, a->lnf_mean,
@@ -563,31 +641,35 @@ static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
         LayerWeights* dw = &g->layers[l];
         floatX* residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BT * C;
         floatX* ln1 = a->ln1 + l * BT * C;
-        floatX* qkv = a->qkv + l * BT * 3 * C;
-        floatX* atty = a->atty + l * BT * C;
-        floatX* att = a->att + (size_t)l * B * NH * T * T;
+        floatX* qkv = a->qkv + l * BT * 3 * Cl;
+        floatX* atty = a->atty + l * BT * Cl;
+        floatX* att = a->att + (size_t)l * B * NHl * T * T;
         floatX* residual2 = a->residual2 + l * BT * C;
         floatX* ln2 = a->ln2 + l * BT * C;
-        floatX* fch = a->fch + l * BT * 4 * C;
-        floatX* fch_gelu = a->fch_gelu + l * BT * 4 * C;
+        floatX* fch = a->fch + l * BT * 4 * Cl;
+        floatX* fch_gelu = a->fch_gelu + l * BT * 4 * Cl;
         if (zero2) zero2_acquire_slot(model->comm, &model->zero2, l % 2, model->layout.buckets[1 + l].size);
 
         // MLP block; dresidual holds d(residual3) and flows through the residual add unchanged
-        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, fch_gelu, w->fcprojw, BT, 4 * C, C);  // dfch_gelu =
-        gelu_backward(a->dwide, fch, a->dwide, BT * 4 * C);                                                     // dfch = (in place)
-        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, ln2, w->fcw, BT, C, 4 * C);                     // dln2 =
+        // (TP: into a row-parallel layer, whose input gradient is local: no communication)
+        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, fch_gelu, w->fcprojw, BT, 4 * Cl, C);  // dfch_gelu =
+        gelu_backward(a->dwide, fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
+        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, ln2, w->fcw, BT, C, 4 * Cl);                     // dln2 =
+        tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, residual2, w->ln2w, a->ln2_mean + l * BT,
-                           a->ln2_rstd + l * BT, BT, C);                                                        // dresidual2 +=
+                           a->ln2_rstd + l * BT, BT, C);                                                         // dresidual2 +=
         // attention block
-        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, atty, w->attprojw, BT, C, C);    // datty =
-        attention_backward(a->dwide, a->scratch, qkv, att, B, T, C, NH);                                        // dqkv =
-        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, ln1, w->qkvw, BT, C, 3 * C);                  // dln1 =
+        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, atty, w->attprojw, BT, Cl, C);    // datty =
+        attention_backward(a->dwide, a->scratch, qkv, att, B, T, Cl, NHl);                                       // dqkv =
+        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
+        tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, residual, w->ln1w, a->ln1_mean + l * BT,
-                           a->ln1_rstd + l * BT, BT, C);                                                        // dresidual +=
+                           a->ln1_rstd + l * BT, BT, C);                                                         // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         if (zero2) zero2_release_slot(model->comm, &model->zero2, l % 2);
     }
-    encoder_backward(g->wte, g->wpe, a->dresidual, a->inputs, model->host_inputs, B, T, C);
+    // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
+    encoder_backward(g->wte, g->wpe, a->dresidual, a->inputs, model->host_inputs, B, T, C, model->tp_rank * Vpl, Vpl);
     gradients_ready(model, 0, communicate);
     comm_join(model->comm);
     if (zero2)  // this micro-step's reduced chunks join the ones accumulated so far
@@ -598,30 +680,51 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay, grad_clip;
 } OptimizerConfig;
 
+// The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
+// chunk of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
+static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t* hi, size_t* shard_k) {
+    const ZeroPlan* z = &model->zero;
+    size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
+    *lo = s->offset > start ? s->offset : start;
+    *hi = s->offset + s->numel < end ? s->offset + s->numel : end;
+    *shard_k = z->owned_offset[s->bucket] + (*lo - start);
+    return *lo < *hi;
+}
+
 // Clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0 disables) and takes
 // one AdamW step number t (1-based) on the part of the parameters this rank owns (all of them at ZeRO
 // stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
 // clipping.
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t) {
     ZeroPlan* z = &model->zero;
-    double sumsq = 0.0;  // of the reduced gradients this rank owns
-    for (int b = 0; b < z->num_buckets; b++) sumsq += sum_squares(grads_of_bucket(model, b), owned_size(z, b));
-    if (z->stage > 0) comm_all_reduce_host(model->comm, &model->comm->dp_group, &sumsq, 1, REDUCE_SUM);
+    Comm* comm = model->comm;
+    // squared norm: tensors split by TP are summed over the TP group, replicated ones counted once;
+    // with ZeRO the owned parts are summed over the DP group
+    double split = 0.0, replicated = 0.0;
+    size_t lo, hi, k;
+    for (int i = 0; i < model->layout.num_slots; i++) {
+        const TensorSlot* s = &model->layout.slots[i];
+        if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        double ss = sum_squares(grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo);
+        if (s->whole.split == SPLIT_NONE) replicated += ss;
+        else split += ss;
+    }
+    if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &split, 1, REDUCE_SUM);
+    double sumsq = split + replicated;
+    if (z->stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
     float norm = (float)sqrt(sumsq);
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
     AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, clip_coef < 1.0f ? clip_coef : 1.0f, t};
-    for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with the owned range
+    for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
-        size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
-        size_t lo = s->offset > start ? s->offset : start, hi = s->offset + s->numel < end ? s->offset + s->numel : end;
-        if (lo >= hi) continue;
-        size_t k = lo - start, shard_k = z->owned_offset[s->bucket] + k;
+        if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        size_t in_bucket = lo - owned_start(z, s->bucket);
         args.weight_decay = s->decay ? o->weight_decay : 0.0f;
-        adamw_update(master_of_bucket(model, s->bucket) + k, master_is_params() ? NULL : model->params_memory + lo,
-                     grads_of_bucket(model, s->bucket) + k, model->m + shard_k, model->v + shard_k, hi - lo, args);
+        adamw_update(master_of_bucket(model, s->bucket) + in_bucket, master_is_params() ? NULL : model->params_memory + lo,
+                     grads_of_bucket(model, s->bucket) + in_bucket, model->m + k, model->v + k, hi - lo, args);
     }
-    zero_gather_params(model->comm, z, model->params_memory);
-    comm_join(model->comm);
+    zero_gather_params(comm, z, model->params_memory);
+    comm_join(comm);
     return norm;
 }
 
@@ -647,35 +750,40 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
     }
     free(master);
 
-    // shards: stage 0 keeps the whole state on every rank (DP rank 0 writes it); otherwise each DP rank
-    // writes the file-order ranges of its chunks
-    state->num_shards = z->stage == 0 ? 1 : z->D;
-    state->shard = z->stage == 0 ? 0 : z->d;
-    if (state->shard == z->d && comm->tp_rank == 0 && comm->pp_rank == 0) {
-        int64_t* ranges = (int64_t*)malloc_check(2 * model->layout.num_slots * sizeof(int64_t));
-        int64_t n_ranges = 0;
-        size_t count = 0;
+    // shards: stage 0 keeps the whole state on every rank of a DP group (DP rank 0 writes it); otherwise
+    // each DP rank writes its chunks. TP ranks hold different slices: each writes its own shards.
+    int per_tp = z->stage == 0 ? 1 : z->D;
+    state->num_shards = model->tp * per_tp;
+    state->shard = model->tp_rank * per_tp + (z->stage == 0 ? 0 : z->d);
+    if ((z->stage > 0 || z->d == 0) && comm->pp_rank == 0) {
+        size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k;
+        int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
         float* m_host = (float*)malloc_check(z->shard_total * sizeof(float));
         float* v_host = (float*)malloc_check(z->shard_total * sizeof(float));
         float* m_out = (float*)malloc_check(z->shard_total * sizeof(float));
         float* v_out = (float*)malloc_check(z->shard_total * sizeof(float));
         copy_to_host(m_host, model->m, z->shard_total * sizeof(float));
         copy_to_host(v_host, model->v, z->shard_total * sizeof(float));
-        for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with what we own
+        for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with what we own, in file runs
             const TensorSlot* t = &model->layout.slots[i];
-            size_t start = owned_start(z, t->bucket), end = start + owned_size(z, t->bucket);
-            size_t lo = t->offset > start ? t->offset : start, hi = t->offset + t->numel < end ? t->offset + t->numel : end;
-            if (lo >= hi) continue;
-            size_t shard_k = z->owned_offset[t->bucket] + (lo - start);
-            ranges[2 * n_ranges] = (int64_t)(t->file_offset + (lo - t->offset));
-            ranges[2 * n_ranges + 1] = (int64_t)(hi - lo);
-            memcpy(m_out + count, m_host + shard_k, (hi - lo) * sizeof(float));
-            memcpy(v_out + count, v_host + shard_k, (hi - lo) * sizeof(float));
-            count += hi - lo;
-            n_ranges++;
+            if (!owned_part(model, t, &lo, &hi, &k)) continue;
+            size_t n;
+            Run* runs = slot_runs(&model->layout, i, model->tp_rank, lo - t->offset, hi - t->offset, &n);
+            for (size_t j = 0; j < n; j++) {
+                if (n_ranges == cap) ranges = (int64_t*)realloc(ranges, 2 * (cap *= 2) * sizeof(int64_t));
+                if (ranges == NULL) fatal("out of host memory");
+                size_t from = k + (runs[j].local - (lo - t->offset));
+                ranges[2 * n_ranges] = (int64_t)runs[j].file;
+                ranges[2 * n_ranges + 1] = (int64_t)runs[j].count;
+                memcpy(m_out + count, m_host + from, runs[j].count * sizeof(float));
+                memcpy(v_out + count, v_host + from, runs[j].count * sizeof(float));
+                count += runs[j].count;
+                n_ranges++;
+            }
+            free(runs);
         }
         snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, state->step, state->shard);
-        state_file_write(path, state, ranges, n_ranges, m_out, v_out);
+        state_file_write(path, state, ranges, (int64_t)n_ranges, m_out, v_out);
         free(ranges), free(m_host), free(v_host), free(m_out), free(v_out);
     }
     comm_barrier(comm, &comm->world);  // the checkpoint is complete when every rank is past here
@@ -724,19 +832,27 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
     fatal("no complete checkpoint found in '%s'", dir);
 }
 
-// Generates `len` tokens after an end-of-text token and prints them. Reads logits at the last position
-// of a full forward over the sequence so far (no KV cache: clear, and cheap at these lengths).
-static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len) {
+// Generates `len` tokens after an end-of-text token, printing them if `print`. Reads logits at the last
+// position of a full forward over the sequence so far (no KV cache: clear, and cheap at these lengths).
+// With TP it is collective over the TP group: the vocabulary slices of the logits are all-gathered, and
+// every rank draws the same token from the same generator state.
+static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len, int print) {
     const GPT2Config* c = &model->config;
     int T = len + 1 < model->T ? len + 1 : model->T;
+    int Vpl = c->Vp / model->tp;
     int* seq = (int*)calloc_check(T * sizeof(int));
     float* probs = (float*)malloc_check(c->Vp * sizeof(float));
     floatX* row = (floatX*)malloc_check(c->Vp * sizeof(floatX));
-    seq[0] = tok ? tok->eot : c->V - 1;
-    printf("sample: ");
+    floatX* gathered = (floatX*)device_malloc(c->Vp * sizeof(floatX));  // [TP rank 0's ids | 1's | ...]
+    seq[0] = tok->eot;
+    if (print) printf("sample: ");
     for (int t = 1; t < T; t++) {
         gpt2_forward(model, seq, NULL, 1, t, 0.0f);
-        copy_to_host(row, model->acts.logits + (size_t)(t - 1) * c->Vp, c->Vp * sizeof(floatX));
+        copy_to_host(row, model->acts.logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
+        copy_to_device(gathered + (size_t)model->tp_rank * Vpl, row, Vpl * sizeof(floatX));
+        comm_all_gather(model->comm, &model->comm->tp_group, gathered, Vpl, DT_FLOATX);
+        comm_join(model->comm);
+        copy_to_host(row, gathered, c->Vp * sizeof(floatX));
         float maxv = -INFINITY;
         for (int i = 0; i < c->V; i++) maxv = fmaxf(maxv, floatX_to_float(row[i]));
         double sum = 0.0;
@@ -748,11 +864,11 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len) {
             if (r < acc) { next = i; break; }
         }
         seq[t] = next;
-        if (tok) tokenizer_print(tok, next);
-        else printf("%d ", next);
+        if (print) tokenizer_print(tok, next);
         fflush(stdout);
     }
-    printf("\n");
+    if (print) printf("\n");
+    device_free(gathered);
     free(seq);
     free(probs);
     free(row);
@@ -775,7 +891,8 @@ typedef struct {
     // batch (B is per rank: the global batch of a micro-step is dp x B sequences)
     int B, T, grad_accum;
     // parallelism
-    int dp;              // data-parallel ranks (0: the world size)
+    int dp;              // data-parallel ranks (0: the world size / tp)
+    int tp;              // tensor-parallel ranks
     int zero;            // ZeRO stage 0, 1, 2
     const char* engine;  // auto | mpi | nccl
     const char* nccl_id_dir;
@@ -863,7 +980,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         ((tc->arch_given & 16) && a->maxT != config.maxT))
         fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config.L,
               config.C, config.NH, config.V, config.maxT);
-    gpt2_build(&model, &config, comm, tc->zero, D, comm->dp_rank);
+    gpt2_build(&model, &config, comm, tc->zero, D, comm->dp_rank, comm->tp, comm->tp_rank);
     if (params) gpt2_set_parameters(&model, params);
     else gpt2_init_random(&model, tc->seed);
     if (resume_m) gpt2_set_optimizer_state(&model, resume_m, resume_v);
@@ -878,7 +995,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         dataloader_init(&val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
     }
     Tokenizer tok = {0, 0, NULL};
-    int have_tok = main_rank && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
+    // the ranks of the first DP group sample (together, with TP); world rank 0 prints
+    int have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
     if (have_tok) tokenizer_init(&tok, tc->tokenizer);
     gpt2_allocate_activations(&model, tc->B, tc->T);
 
@@ -891,8 +1009,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     double flops_per_token = 6.0 * model.num_parameters + 6.0 * c->L * c->C * tc->T;
     double peak = gpu_peak_flops();
     if (main_rank && !tc->quiet) {
-        printf("target %s, precision %s, %d rank(s): dp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME, comm->world_size, D,
-               tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
+        printf("target %s, precision %s, %d rank(s): dp=%d tp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME, comm->world_size, D,
+               comm->tp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
                c->maxT, model.num_parameters);
         printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
@@ -914,7 +1032,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             if (main_rank) printf("step %lld: val loss %.4f\n", step, val_loss);
             logger_eval(&logger, step, val_loss);
         }
-        if (have_tok && step > 0 && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len);
+        if (have_tok && step > 0 && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len, main_rank);
         int stopping = tc->stop_after > 0 && step == tc->stop_after;
         int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
         if (periodic || (stopping && step > start_step)) {
@@ -1004,6 +1122,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->sample_len = 48;
     tc->checkpoint_dir = "checkpoints";
     tc->engine = "auto";
+    tc->tp = 1;
     tc->fault_rank = -1;
     tc->fault_step = -1;
 }
@@ -1028,7 +1147,8 @@ static void print_usage(void) {
         "  --seq-len T           tokens per sequence (<= maxT)        [%d]\n"
         "  --grad-accum N        micro-batches per optimizer step     [%d]\n"
         "parallelism (launch with mpirun -np W, or torchrun-style RANK/WORLD_SIZE/LOCAL_RANK on GPUs)\n"
-        "  --dp D                data-parallel ranks                  [world size]\n"
+        "  --dp D                data-parallel ranks                  [world size / tp]\n"
+        "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
         "  --nccl-id-dir DIR     shared folder for the NCCL id when launched without mpirun\n"
@@ -1105,6 +1225,7 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--seq-len")) tc->T = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--grad-accum")) tc->grad_accum = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--dp")) tc->dp = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--tp")) tc->tp = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
         else if (!strcmp(f, "--comm")) {
             if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
@@ -1150,7 +1271,7 @@ int main(int argc, char** argv) {
     parse_args(&tc, argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
     Comm comm;
-    comm_init(&comm, &argc, &argv, tc.dp, tc.engine, tc.nccl_id_dir);
+    comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.engine, tc.nccl_id_dir);
     double t0 = wall_seconds();
     float val = train(&tc, &comm, NULL, 0);
     if (comm.world_rank == 0) {

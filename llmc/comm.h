@@ -5,7 +5,7 @@
  *     world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)
  * and a tensor-parallel group (consecutive ranks) sits inside one node. A process group is the set of
  * ranks that differ in one coordinate only: the DP group of a rank is every rank with its tp_rank and
- * pp_rank, and so on. (tp = pp = 1 until tensor and pipeline parallelism arrive; the grid is general.)
+ * pp_rank, and so on. (pp = 1 until pipeline parallelism arrives; the grid is general.)
  *
  * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, broadcast, send, recv,
  * barrier, over buffers in device memory (host memory on the CPU target), of type floatX or float.
@@ -54,7 +54,7 @@ typedef struct {
     int dp_rank, tp_rank, pp_rank;  // this rank's coordinates
     Engine engine;                  // ENGINE_NONE when world_size == 1
     int mpi_initialized;
-    Group world, dp_group;
+    Group world, dp_group, tp_group;
 #ifndef LLMC_CPU
     cudaStream_t stream;  // NCCL work runs here
     cudaEvent_t event;    // orders it after the main stream's work
@@ -168,9 +168,9 @@ static ncclUniqueId nccl_id_through_file(const char* dir, int rank) {
 #endif
 
 // engine: "auto", "mpi" or "nccl". dp: 0 means world_size / (tp * pp).
-static void comm_init(Comm* c, int* argc, char*** argv, int dp, const char* engine, const char* nccl_id_dir) {
+static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, const char* engine, const char* nccl_id_dir) {
     memset(c, 0, sizeof(*c));
-    c->tp = 1;
+    c->tp = tp;
     c->pp = 1;
     c->world_size = 1;
     int use_mpi = 0;
@@ -199,6 +199,8 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, const char* engi
     (void)argc, (void)argv;
 
     // grid
+    if (c->world_size % (c->tp * c->pp) != 0)
+        fatal("world size %d is not divisible by tp x pp = %d x %d", c->world_size, c->tp, c->pp);
     c->dp = dp > 0 ? dp : c->world_size / (c->tp * c->pp);
     if (c->dp * c->tp * c->pp != c->world_size)
         fatal("world size %d does not equal dp x tp x pp = %d x %d x %d", c->world_size, c->dp, c->tp, c->pp);
@@ -209,6 +211,8 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, const char* engi
     c->world.size = c->world_size;
     c->dp_group.rank = c->dp_rank;
     c->dp_group.size = c->dp;
+    c->tp_group.rank = c->tp_rank;
+    c->tp_group.size = c->tp;
     if (c->world_size == 1) {
         c->engine = ENGINE_NONE;
         return;
@@ -248,6 +252,7 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, const char* engi
         }
         ncclCheck(ncclCommInitRank(&c->world.nccl, c->world_size, id, c->world_rank));
         ncclCheck(ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, NULL));
+        ncclCheck(ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, NULL));
         cudaCheck(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
     }
@@ -256,6 +261,7 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, const char* engi
     if (use_mpi) {
         c->world.mpi = MPI_COMM_WORLD;
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.mpi));
     }
 #endif
 }
@@ -265,12 +271,16 @@ static void comm_finalize(Comm* c) {
     if (c->engine == ENGINE_NCCL) {
         nccl_wait(c);
         ncclCheck(ncclCommDestroy(c->dp_group.nccl));
+        ncclCheck(ncclCommDestroy(c->tp_group.nccl));
         ncclCheck(ncclCommDestroy(c->world.nccl));
     }
 #endif
 #ifdef USE_MPI
     if (c->mpi_initialized) {
-        if (c->world_size > 1) MPI_Comm_free(&c->dp_group.mpi);
+        if (c->world_size > 1) {
+            MPI_Comm_free(&c->dp_group.mpi);
+            MPI_Comm_free(&c->tp_group.mpi);
+        }
         MPI_Finalize();
     }
 #endif

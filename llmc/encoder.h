@@ -9,6 +9,10 @@
  * thread whole columns (channels), so sums run in a fixed order; the GPU version groups the positions by
  * token on the host (the token ids are there anyway), then one block per distinct token sums its
  * positions in order. dwpe is a per-(t, c) loop over b.
+ *
+ * With tensor parallelism (vocab-parallel embedding) a rank holds rows [vocab_start, vocab_start +
+ * vocab_rows) of wte only: ids outside contribute zero in forward and get no gradient in backward, and
+ * wpe may be NULL in forward (added by one rank only). Without TP: vocab_start 0, vocab_rows Vp.
  */
 #pragma once
 
@@ -17,23 +21,28 @@
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
 
-// out (B,T,C), inp (B,T) token ids, wte (Vp,C), wpe (maxT,C)
-static void encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
+// out (B,T,C), inp (B,T) token ids, wte (vocab_rows,C), wpe (maxT,C) or NULL
+static void encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C,
+                                int vocab_start, int vocab_rows) {
 #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
-        const float* w = wte + (size_t)inp[bt] * C;
-        const float* p = wpe + (size_t)(bt % T) * C;
+        int row = inp[bt] - vocab_start;
         float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) o[c] = w[c] + p[c];
+        for (int c = 0; c < C; c++) {
+            float w = row >= 0 && row < vocab_rows ? wte[(size_t)row * C + c] : 0.0f;
+            o[c] = wpe ? w + wpe[(size_t)(bt % T) * C + c] : w;
+        }
     }
 }
 
-static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
+static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C,
+                                 int vocab_start, int vocab_rows) {
 #pragma omp parallel for
     for (int c = 0; c < C; c++) {  // each thread owns column c of dwte and dwpe: no races, fixed order
         for (int bt = 0; bt < B * T; bt++) {
             float d = dout[(size_t)bt * C + c];
-            dwte[(size_t)inp[bt] * C + c] += d;
+            int row = inp[bt] - vocab_start;
+            if (row >= 0 && row < vocab_rows) dwte[(size_t)row * C + c] += d;
             dwpe[(size_t)(bt % T) * C + c] += d;
         }
     }
@@ -43,13 +52,16 @@ static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, co
 // CUDA kernels
 
 #ifndef LLMC_CPU
-__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C) {
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                                       int vocab_start, int vocab_rows) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * T * C) return;
     int c = idx % C;
     int bt = idx / C;
     int t = bt % T;
-    out[idx] = float_to_floatX(floatX_to_float(wte[(size_t)inp[bt] * C + c]) + floatX_to_float(wpe[(size_t)t * C + c]));
+    int row = inp[bt] - vocab_start;
+    float w = row >= 0 && row < vocab_rows ? floatX_to_float(wte[(size_t)row * C + c]) : 0.0f;
+    out[idx] = float_to_floatX(wpe ? w + floatX_to_float(wpe[(size_t)t * C + c]) : w);
 }
 
 // one block per distinct token u: dwte[token[u]] += dout rows positions[start[u] .. start[u+1]), in order
@@ -64,12 +76,17 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, co
     }
 }
 
-// host side: group positions 0..BT-1 by token id (stable, so each group is in increasing position);
-// buf holds [token (n_unique) | start (n_unique + 1) | positions (BT)]; returns n_unique
-static int group_positions_by_token(int* buf, const int* inp, int BT) {
+// host side: group positions 0..BT-1 by token id (stable, so each group is in increasing position),
+// keeping only ids in [vocab_start, vocab_start + vocab_rows), stored as rows relative to vocab_start;
+// buf holds [row (n_unique) | start (n_unique + 1) | positions (n)]; returns n_unique, and n in *n_kept
+static int group_positions_by_token(int* buf, const int* inp, int BT, int vocab_start, int vocab_rows, int* n_kept) {
     // sorting (token << 32 | position) keys groups by token with positions ascending inside a group
     long long* keys = (long long*)malloc_check(BT * sizeof(long long));
-    for (int i = 0; i < BT; i++) keys[i] = ((long long)inp[i] << 32) | i;
+    int n = 0;
+    for (int i = 0; i < BT; i++)
+        if (inp[i] >= vocab_start && inp[i] < vocab_start + vocab_rows) keys[n++] = ((long long)(inp[i] - vocab_start) << 32) | i;
+    *n_kept = n;
+    BT = n;
     qsort(keys, BT, sizeof(long long), [](const void* a, const void* b) {
         long long x = *(const long long*)a, y = *(const long long*)b;
         return x < y ? -1 : x > y;
@@ -106,31 +123,33 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
 // ----------------------------------------------------------------------------------------------------
 // launchers: the one signature the model calls on both targets
 
-static void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C) {
+static void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                            int vocab_start, int vocab_rows) {
 #ifdef LLMC_CPU
-    encoder_forward_cpu(out, inp, wte, wpe, B, T, C);
+    encoder_forward_cpu(out, inp, wte, wpe, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = 256;
-    encoder_forward_kernel<<<grid_for((size_t)B * T * C, block), block, 0, main_stream>>>(out, inp, wte, wpe, B, T, C);
+    encoder_forward_kernel<<<grid_for((size_t)B * T * C, block), block, 0, main_stream>>>(out, inp, wte, wpe, B, T, C, vocab_start, vocab_rows);
     launchCheck();
 #endif
 }
 
 // inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there)
 static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
-                             int T, int C) {
+                             int T, int C, int vocab_start, int vocab_rows) {
 #ifdef LLMC_CPU
     (void)inp_host;
-    encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C);
+    encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = 256;
-    int BT = B * T;
+    int BT = B * T, n_kept = 0;
     int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
-    int n_unique = group_positions_by_token(host, inp_host, BT);
+    int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);
     int* dev = (int*)scratch_get(&encoder_scratch, (3 * (size_t)BT + 1) * sizeof(int));
-    copy_to_device(dev, host, (2 * (size_t)n_unique + 1 + BT) * sizeof(int));
+    copy_to_device(dev, host, (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int));
     free(host);
-    encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique, dev + 2 * n_unique + 1, C);
+    if (n_unique > 0)
+        encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique, dev + 2 * n_unique + 1, C);
     launchCheck();
     encoder_backward_wpe_kernel<<<grid_for((size_t)T * C, block), block, 0, main_stream>>>(dwpe, dout, B, T, C);
     launchCheck();

@@ -31,6 +31,7 @@ run test_fp32 ./build/gpu-fp32/test_gpt build/ref
 run test_bf16 ./build/gpu-bf16/test_gpt build/ref
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
 run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
+run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt
 run train_default ./build/gpu-bf16/train_gpt
 # GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
 # tokens = 6 micro-batches, which is plenty for a throughput measurement

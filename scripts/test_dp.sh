@@ -12,47 +12,14 @@
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-MPIRUN=(mpirun --oversubscribe --bind-to none)
-command -v mpirun >/dev/null || { echo "test_dp: mpirun not found (Debian package openmpi-bin)"; exit 1; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-fails=0
-
-"$PY" - "$TMP/tokens.bin" <<'PYEOF'
-import random, struct, sys
-random.seed(3)
-ids = [random.randrange(512) for _ in range(40000)]
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *([20240520, 1, len(ids)] + [0] * 253)))
-    f.write(struct.pack("<%dH" % len(ids), *ids))
-PYEOF
+# shellcheck source=scripts/parallel_test_lib.sh
+source "$(dirname "$0")/parallel_test_lib.sh"
+make_tokens "$TMP/tokens.bin"
 COMMON=(--layers 2 --channels 32 --heads 4 --vocab 1000 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
         --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
 B=2
-
-# compare NAME A.jsonl A.bin B.jsonl B.bin [first_step]: losses (from first_step on) and final params
-compare() {
-    if "$PY" - "$@" <<'PYEOF'
-import json, sys
-import numpy as np
-name, la, pa, lb, pb = sys.argv[1:6]
-first = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-def losses(p):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
-a, b = losses(la), losses(lb)
-steps = [s for s in sorted(b) if s >= first]
-assert steps and all(s in a for s in steps), "missing steps"
-loss_err = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
-x, y = np.fromfile(pa, "<f4", offset=1024), np.fromfile(pb, "<f4", offset=1024)
-param_err = float(np.linalg.norm(x - y) / np.linalg.norm(y))
-ok = loss_err <= 1e-5 and param_err <= 1e-5
-print(f"  {'ok  ' if ok else 'FAIL'}  {name:28s} losses {loss_err:.2e}, params {param_err:.2e} (tolerance 1e-5)")
-sys.exit(0 if ok else 1)
-PYEOF
-    then :; else fails=$((fails + 1)); fi
-}
 
 echo "1. equivalence with the single-rank run of the same global batch"
 for D in 2 3 4; do
@@ -110,10 +77,7 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] && grep -q "error: no ch
 else echo "  FAIL  an error on every rank: exit $rc after $took s"; fails=$((fails + 1)); fi
 
 echo "4. bad input"
-timeout 60 "${MPIRUN[@]}" -np 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2 >"$TMP/bad.out" 2>&1
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "error: world size 3 does not equal dp x tp x pp = 2 x 1 x 1" "$TMP/bad.out"; then echo "  ok    world size 3 with --dp 2: $(grep -m1 'error:' "$TMP/bad.out")"
-else echo "  FAIL  world size 3 with --dp 2: exit $rc"; tail -3 "$TMP/bad.out"; fails=$((fails + 1)); fi
+expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
 
 if [ $fails -ne 0 ]; then echo "test_dp: $fails FAILED"; exit 1; fi
 echo "test_dp: all passed"

@@ -1,0 +1,253 @@
+/*
+ * tensor_parallel.h: Megatron-style tensor parallelism over the T ranks of a TP group.
+ *
+ * Every transformer layer is split so that each rank does 1/T of its matmuls, with one all-reduce per
+ * block in forward and one in backward:
+ *
+ *              column-parallel                         row-parallel
+ *   x (B,T,C) ──► [ W_1 | W_2 | .. | W_T ]  ──► y_r ──► [ W_1 ; W_2 ; .. ; W_T ] ──► z_r ──► all-reduce ──► z
+ *   replicated    each rank: its columns       local   each rank: its rows           partial   sum
+ *                 of the output (heads, 4C)            of the input
+ *
+ *   attention: qkv is column-parallel (rank r owns heads [r*NH/T, (r+1)*NH/T) with their q, k, v rows
+ *              and biases), attention runs on local heads, attproj is row-parallel
+ *   MLP:       fc is column-parallel (4C/T hidden units, GELU is local), fcproj is row-parallel
+ *   forward:   the row-parallel output is all-reduced ("g"), then its bias is added on every rank
+ *   backward:  the gradient of the column-parallel input is all-reduced ("f"): each rank only has the
+ *              part that flowed through its columns
+ * The embedding is vocab-parallel: rank r owns rows [r*Vp/T, (r+1)*Vp/T) of the tied wte. The lookup
+ * masks foreign ids and the results are all-reduced; the classifier computes logits only for its rows
+ * and the cross-entropy without gathering them: the row max, the sum of exponentials and the target
+ * logit are reduced across the group, and dlogits stay local. LayerNorms, wpe and the row-parallel
+ * biases are replicated: every rank computes the same gradients for them, so they need no reduction.
+ *
+ * This file holds the rules that split each llm.c tensor (used to read and write the single-file
+ * checkpoint slice by slice), and the kernels of the vocab-parallel cross-entropy and the bias add.
+ * The calls sit in gpt2_forward / gpt2_backward in train_gpt.cu, next to "TP:" comments.
+ */
+#pragma once
+
+#include "checkpoint.h"
+#include "comm.h"
+
+// ----------------------------------------------------------------------------------------------------
+// how each file tensor is split: a (rows, cols) matrix cut along rows (in `blocks` equal blocks, each
+// cut T ways: qkv has q, k and v blocks) or along columns, or replicated
+
+typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } SplitDim;
+
+typedef struct {
+    size_t rows, cols;  // the whole tensor (one layer's part for per-layer tensors)
+    SplitDim split;
+    int blocks;
+} TensorShape;
+
+static TensorShape file_tensor_shape(const GPT2Config* c, int kind) {
+    size_t C = c->C;
+    switch (kind) {
+        case 0: return (TensorShape){(size_t)c->Vp, C, SPLIT_ROWS, 1};   // wte: vocab-parallel
+        case 1: return (TensorShape){(size_t)c->maxT, C, SPLIT_NONE, 1}; // wpe
+        case 4: return (TensorShape){3 * C, C, SPLIT_ROWS, 3};           // qkvw: heads of q, k, v
+        case 5: return (TensorShape){3 * C, 1, SPLIT_ROWS, 3};           // qkvb
+        case 6: return (TensorShape){C, C, SPLIT_COLS, 1};               // attprojw: row-parallel (input dim)
+        case 10: return (TensorShape){4 * C, C, SPLIT_ROWS, 1};          // fcw: column-parallel
+        case 11: return (TensorShape){4 * C, 1, SPLIT_ROWS, 1};          // fcb
+        case 12: return (TensorShape){C, 4 * C, SPLIT_COLS, 1};          // fcprojw: row-parallel
+        default: return (TensorShape){C, 1, SPLIT_NONE, 1};              // LayerNorms, attprojb, fcprojb
+    }
+}
+
+// this rank's (rows, cols) of the tensor
+static TensorShape local_shape(TensorShape s, int tp) {
+    if (s.split == SPLIT_ROWS) s.rows /= tp;
+    if (s.split == SPLIT_COLS) s.cols /= tp;
+    return s;
+}
+
+// position in the whole tensor of local element (lr, lc) of rank r
+static size_t whole_index(TensorShape whole, int tp, int r, size_t lr, size_t lc) {
+    TensorShape local = local_shape(whole, tp);
+    size_t fr = lr, fc = lc;
+    if (whole.split == SPLIT_ROWS) {
+        size_t per_block = local.rows / whole.blocks;  // local rows of one block
+        fr = (lr / per_block) * (whole.rows / whole.blocks) + (size_t)r * per_block + lr % per_block;
+    } else if (whole.split == SPLIT_COLS) {
+        fc = (size_t)r * local.cols + lc;
+    }
+    return fr * whole.cols + fc;
+}
+
+// A run of consecutive local elements that are also consecutive in the file.
+typedef struct {
+    size_t local, file, count;
+} Run;
+
+// The runs of local elements [lo, hi) of a tensor whose whole starts at file offset `file_base`.
+// Returns their number; `out` needs room for (hi - lo) / local cols + 2 runs.
+static size_t tensor_runs(TensorShape whole, int tp, int r, size_t file_base, size_t lo, size_t hi, Run* out) {
+    TensorShape local = local_shape(whole, tp);
+    size_t n = 0;
+    for (size_t pos = lo; pos < hi;) {
+        size_t lr = pos / local.cols, lc = pos % local.cols;
+        size_t len = local.cols - lc < hi - pos ? local.cols - lc : hi - pos;
+        size_t file = file_base + whole_index(whole, tp, r, lr, lc);
+        if (n > 0 && out[n - 1].file + out[n - 1].count == file && out[n - 1].local + out[n - 1].count == pos) out[n - 1].count += len;
+        else out[n++] = (Run){pos, file, len};
+        pos += len;
+    }
+    return n;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// vocab-parallel cross-entropy, in three passes with two reductions across the TP group in between:
+//   1. m_local = max of the row's real logits (global id < V) on this rank      -> all-reduce max
+//   2. s_local = sum exp(x - m), t_local = the target's logit if this rank has it -> all-reduce sum
+//   3. loss = log(s) + m - t; dlogits = (exp(x - m) / s - [i == target]) * dloss, 0 for padded ids
+// logits (N, Vl) hold ids [start, start + Vl) of the padded vocabulary.
+
+static void vocab_ce_max_cpu(float* m, const float* logits, int N, int Vl, int start, int V) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = logits + (size_t)n * Vl;
+        float mx = -INFINITY;
+        for (int i = 0; i < Vl && start + i < V; i++) mx = x[i] > mx ? x[i] : mx;
+        m[n] = mx;
+    }
+}
+
+// st: (N, 2) = [sum of exponentials, target logit]
+static void vocab_ce_sum_cpu(float* st, const float* logits, const float* m, const int* targets, int N, int Vl, int start, int V) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = logits + (size_t)n * Vl;
+        float s = 0.0f;
+        for (int i = 0; i < Vl && start + i < V; i++) s += expf(x[i] - m[n]);
+        int t = targets[n] - start;
+        st[2 * n] = s;
+        st[2 * n + 1] = t >= 0 && t < Vl ? x[t] : 0.0f;
+    }
+}
+
+static void vocab_ce_finish_cpu(float* logits, float* losses, const float* m, const float* st, const int* targets, float dloss,
+                                int N, int Vl, int start, int V) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        losses[n] = logf(st[2 * n]) + m[n] - st[2 * n + 1];
+        if (dloss == 0.0f) continue;
+        float* x = logits + (size_t)n * Vl;
+        float inv = 1.0f / st[2 * n];
+        for (int i = 0; i < Vl; i++) {
+            int id = start + i;
+            x[i] = id < V ? (expf(x[i] - m[n]) * inv - (id == targets[n] ? 1.0f : 0.0f)) * dloss : 0.0f;
+        }
+    }
+}
+
+#ifndef LLMC_CPU
+// one block per row for each pass
+__global__ void vocab_ce_max_kernel(float* m, const floatX* logits, int Vl, int start, int V) {
+    __shared__ float s_warp[32];
+    const floatX* x = logits + (size_t)blockIdx.x * Vl;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < Vl && start + i < V; i += blockDim.x) mx = fmaxf(mx, floatX_to_float(x[i]));
+    mx = warp_max(mx);
+    if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < blockDim.x / 32; w++) mx = fmaxf(mx, s_warp[w]);
+        m[blockIdx.x] = mx;
+    }
+}
+__global__ void vocab_ce_sum_kernel(float* st, const floatX* logits, const float* m, const int* targets, int Vl, int start, int V) {
+    __shared__ float s_warp[32];
+    int n = blockIdx.x;
+    const floatX* x = logits + (size_t)n * Vl;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < Vl && start + i < V; i += blockDim.x) s += expf(floatX_to_float(x[i]) - m[n]);
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < blockDim.x / 32; w++) s += s_warp[w];
+        int t = targets[n] - start;
+        st[2 * n] = s;
+        st[2 * n + 1] = t >= 0 && t < Vl ? floatX_to_float(x[t]) : 0.0f;
+    }
+}
+__global__ void vocab_ce_finish_kernel(floatX* logits, float* losses, const float* m, const float* st, const int* targets,
+                                       float dloss, int Vl, int start, int V) {
+    int n = blockIdx.x;
+    if (threadIdx.x == 0) losses[n] = logf(st[2 * n]) + m[n] - st[2 * n + 1];
+    if (dloss == 0.0f) return;
+    floatX* x = logits + (size_t)n * Vl;
+    float inv = 1.0f / st[2 * n];
+    for (int i = threadIdx.x; i < Vl; i += blockDim.x) {
+        int id = start + i;
+        float g = id < V ? (expf(floatX_to_float(x[i]) - m[n]) * inv - (id == targets[n] ? 1.0f : 0.0f)) * dloss : 0.0f;
+        x[i] = float_to_floatX(g);
+    }
+}
+static Scratch vocab_ce_scratch = {NULL, 0};
+#endif
+
+// the vocab-parallel classifier_forward_backward (see classifier.h); collective over the TP group
+static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* losses, const int* targets, float dloss, int N,
+                                         int V, int Vl, int start) {
+#ifdef LLMC_CPU
+    static HostScratch scratch = {NULL, 0};
+    float* m = host_scratch(&scratch, 3 * (size_t)N);
+#else
+    float* m = (float*)scratch_get(&vocab_ce_scratch, 3 * (size_t)N * sizeof(float));
+#endif
+    float* st = m + N;
+#ifdef LLMC_CPU
+    vocab_ce_max_cpu(m, logits, N, Vl, start, V);
+#else
+    vocab_ce_max_kernel<<<N, 256, 0, main_stream>>>(m, logits, Vl, start, V);
+    launchCheck();
+#endif
+    comm_all_reduce(comm, &comm->tp_group, m, N, DT_FLOAT, REDUCE_MAX);
+    comm_join(comm);
+#ifdef LLMC_CPU
+    vocab_ce_sum_cpu(st, logits, m, targets, N, Vl, start, V);
+#else
+    vocab_ce_sum_kernel<<<N, 256, 0, main_stream>>>(st, logits, m, targets, Vl, start, V);
+    launchCheck();
+#endif
+    comm_all_reduce(comm, &comm->tp_group, st, 2 * (size_t)N, DT_FLOAT, REDUCE_SUM);
+    comm_join(comm);
+#ifdef LLMC_CPU
+    vocab_ce_finish_cpu(logits, losses, m, st, targets, dloss, N, Vl, start, V);
+#else
+    vocab_ce_finish_kernel<<<N, 256, 0, main_stream>>>(logits, losses, m, st, targets, dloss, Vl, start, V);
+    launchCheck();
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// out (N, C) = a + b + bias (C): the residual add of a row-parallel layer, whose bias is added once,
+// after the all-reduce of the partial outputs b
+
+static void residual_bias_forward_cpu(float* out, const float* a, const float* b, const float* bias, int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = a[(size_t)n * C + c] + (b[(size_t)n * C + c] + bias[c]);
+}
+
+#ifndef LLMC_CPU
+__global__ void residual_bias_forward_kernel(floatX* out, const floatX* a, const floatX* b, const floatX* bias, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    float v = floatX_to_float(b[i]) + floatX_to_float(bias[i % C]);
+    out[i] = float_to_floatX(floatX_to_float(a[i]) + float_to_floatX(v));
+}
+#endif
+
+static void residual_bias_forward(floatX* out, const floatX* a, const floatX* b, const floatX* bias, int N, int C) {
+#ifdef LLMC_CPU
+    residual_bias_forward_cpu(out, a, b, bias, N, C);
+#else
+    residual_bias_forward_kernel<<<grid_for((size_t)N * C, 256), 256, 0, main_stream>>>(out, a, b, bias, N, C);
+    launchCheck();
+#endif
+}

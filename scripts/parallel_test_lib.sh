@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# parallel_test_lib.sh: shared by the tests of the parallel modes (test_dp.sh, test_tp.sh). Source it.
+#   make_tokens FILE       a token file of 40000 random ids below 512
+#   compare NAME LOG_A MODEL_A LOG_B MODEL_B [FIRST_STEP]
+#                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
+#                          1e-5 relative norm; counts a failure in $fails
+PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+command -v mpirun >/dev/null || { echo "mpirun not found (Debian package openmpi-bin)"; exit 1; }
+fails=0
+
+make_tokens() {
+    "$PY" - "$1" <<'PYEOF'
+import random, struct, sys
+random.seed(3)
+ids = [random.randrange(512) for _ in range(40000)]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *([20240520, 1, len(ids)] + [0] * 253)))
+    f.write(struct.pack("<%dH" % len(ids), *ids))
+PYEOF
+}
+
+compare() {
+    if "$PY" - "$@" <<'PYEOF'
+import json, sys
+import numpy as np
+name, la, pa, lb, pb = sys.argv[1:6]
+first = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+def losses(p):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
+a, b = losses(la), losses(lb)
+steps = [s for s in sorted(b) if s >= first]
+assert steps and all(s in a for s in steps), "missing steps"
+loss_err = max(abs(a[s] - b[s]) / abs(b[s]) for s in steps)
+x, y = np.fromfile(pa, "<f4", offset=1024), np.fromfile(pb, "<f4", offset=1024)
+param_err = float(np.linalg.norm(x - y) / np.linalg.norm(y))
+ok = loss_err <= 1e-5 and param_err <= 1e-5
+print(f"  {'ok  ' if ok else 'FAIL'}  {name:34s} losses {loss_err:.2e}, params {param_err:.2e} (tolerance 1e-5)")
+sys.exit(0 if ok else 1)
+PYEOF
+    then :; else fails=$((fails + 1)); fi
+}
+
+# expect_mpi_error NAME PATTERN NP ARGS...: a bad configuration ends every rank with PATTERN in an error line
+expect_mpi_error() {
+    local name=$1 pattern=$2 np=$3
+    shift 3
+    timeout 60 "${MPIRUN[@]}" -np "$np" "$@" >"$TMP/bad.out" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "^error: .*$pattern" "$TMP/bad.out"; then
+        echo "  ok    $name: $(grep -m1 '^error:' "$TMP/bad.out")"
+    else
+        echo "  FAIL  $name: exit $rc"; tail -3 "$TMP/bad.out"; fails=$((fails + 1))
+    fi
+}
