@@ -239,7 +239,7 @@ __global__ void residual_bias_forward_kernel(floatX* out, const floatX* a, const
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
     float v = floatX_to_float(b[i]) + floatX_to_float(bias[i % C]);
-    out[i] = float_to_floatX(floatX_to_float(a[i]) + float_to_floatX(v));
+    out[i] = float_to_floatX(floatX_to_float(a[i]) + floatX_to_float(float_to_floatX(v)));  // b + bias rounded, as a matmul output would be
 }
 #endif
 
