@@ -30,6 +30,7 @@
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
 #include "llmc/matmul.h"
+#include "llmc/pipeline.h"
 #include "llmc/residual.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
@@ -86,49 +87,73 @@ typedef struct {
     int tp, tp_rank;  // the slices held: rank tp_rank of tp
 } ParamLayout;
 
-// memory order: wte, wpe, layer 0 .. layer L-1, lnfw, lnfb
-static int slot_index(const GPT2Config* c, int kind, int layer) {
-    if (kind < 2) return kind;
-    if (kind >= 14) return 2 + NUM_LAYER_TENSORS * c->L + (kind - 14);
-    return 2 + layer * NUM_LAYER_TENSORS + (kind - 2);
+// Where a rank sits in the dp x tp x pp grid, what it owns, and how its optimizer state is sharded.
+typedef struct {
+    int zero;            // ZeRO stage
+    int dp, dp_rank;     // data parallelism
+    int tp, tp_rank;     // tensor parallelism: slice tp_rank of the split tensors
+    int pp, pp_rank;     // pipeline parallelism: this stage owns layers [l0, l1)
+    int l0, l1;
+} Placement;
+
+static Placement placement_single(const GPT2Config* c) { return (Placement){0, 1, 0, 1, 0, 1, 0, 0, c->L}; }
+static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
+static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
+
+// Which tensors a pipeline stage holds: the first stage the embeddings, the last the final LayerNorm,
+// both the tied wte, each its own layers.
+static int stage_has(const Placement* p, int kind, int layer) {
+    if (kind == 0) return is_first_stage(p) || is_last_stage(p);
+    if (kind == 1) return is_first_stage(p);
+    if (kind >= 14) return is_last_stage(p);
+    return layer >= p->l0 && layer < p->l1;
 }
 
-static ParamLayout build_layout(const GPT2Config* c, int dp, int tp, int tp_rank) {
+static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     ParamLayout lay;
-    lay.tp = tp;
-    lay.tp_rank = tp_rank;
-    lay.num_slots = NUM_LAYER_TENSORS * c->L + 4;
-    lay.slots = (TensorSlot*)malloc_check(lay.num_slots * sizeof(TensorSlot));
+    lay.tp = p->tp;
+    lay.tp_rank = p->tp_rank;
+    lay.slots = (TensorSlot*)malloc_check((NUM_LAYER_TENSORS * c->L + 4) * sizeof(TensorSlot));
+    // every tensor's place in the file order, and the slots of the ones this stage holds
+    size_t* file_base = (size_t*)malloc_check(NUM_FILE_TENSORS * c->L * sizeof(size_t));  // [kind][layer]
     size_t file_offset = 0;
-    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
-        int layers = file_tensor_is_per_layer(kind) ? c->L : 1;
-        for (int l = 0; l < layers; l++) {
-            TensorSlot* s = &lay.slots[slot_index(c, kind, l)];
-            s->kind = kind;
-            s->layer = l;
-            s->bucket = kind < 2 ? 0 : kind >= 14 ? c->L + 1 : 1 + l;
-            s->whole = file_tensor_shape(c, kind);
-            TensorShape local = local_shape(s->whole, tp);
-            s->numel = local.rows * local.cols;
-            s->file_base = file_offset;
-            s->decay = kind == 0 || kind == 1 || kind == 4 || kind == 6 || kind == 10 || kind == 12;
+    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
+        for (int l = 0; l < (file_tensor_is_per_layer(kind) ? c->L : 1); l++) {
+            file_base[kind * c->L + l] = file_offset;
             file_offset += file_tensor_numel(c, kind);
         }
+    lay.num_slots = 0;
+    for (int i = 0; i < NUM_LAYER_TENSORS * c->L + 4; i++) {  // memory order: wte, wpe, layers, lnfw, lnfb
+        int kind = i < 2 ? i : i >= 2 + NUM_LAYER_TENSORS * c->L ? 14 + (i - 2 - NUM_LAYER_TENSORS * c->L) : 2 + (i - 2) % NUM_LAYER_TENSORS;
+        int layer = i >= 2 && kind < 14 ? (i - 2) / NUM_LAYER_TENSORS : 0;
+        if (!stage_has(p, kind, layer)) continue;
+        TensorSlot* s = &lay.slots[lay.num_slots++];
+        s->kind = kind;
+        s->layer = layer;
+        s->bucket = kind < 2 ? 0 : kind >= 14 ? c->L + 1 : 1 + layer;
+        s->whole = file_tensor_shape(c, kind);
+        TensorShape local = local_shape(s->whole, p->tp);
+        s->numel = local.rows * local.cols;
+        s->file_base = file_base[kind * c->L + layer];
+        s->decay = kind == 0 || kind == 1 || kind == 4 || kind == 6 || kind == 10 || kind == 12;
     }
-    lay.num_buckets = c->L + 2;
+    lay.num_buckets = c->L + 2;  // buckets of layers on other stages stay empty
     lay.buckets = (Bucket*)calloc_check(lay.num_buckets * sizeof(Bucket));
     size_t offset = 0;
     for (int i = 0; i < lay.num_slots; i++) {
         TensorSlot* s = &lay.slots[i];
         if (i == 0 || s->bucket != lay.slots[i - 1].bucket) {  // a new bucket starts
-            offset = round_up(offset, 64 * (size_t)dp);
+            offset = round_up(offset, 64 * (size_t)p->dp);
             lay.buckets[s->bucket].offset = offset;
         }
         s->offset = offset;
         offset = round_up(offset + s->numel, 64);
-        lay.buckets[s->bucket].size = round_up(offset, 64 * (size_t)dp) - lay.buckets[s->bucket].offset;
+        lay.buckets[s->bucket].size = round_up(offset, 64 * (size_t)p->dp) - lay.buckets[s->bucket].offset;
     }
-    lay.total = round_up(offset, 64 * (size_t)dp);
+    lay.total = round_up(offset, 64 * (size_t)p->dp);
+    for (int b = 0; b < lay.num_buckets; b++)  // empty buckets sit at the end, owning nothing
+        if (lay.buckets[b].size == 0) lay.buckets[b].offset = lay.total;
+    free(file_base);
     return lay;
 }
 
@@ -152,7 +177,8 @@ static void free_layout(ParamLayout* lay) {
 // buckets into a workspace instead.
 static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
     Weights w;
-    w.layers = (LayerWeights*)malloc_check(c->L * sizeof(LayerWeights));
+    memset(&w, 0, sizeof(w));
+    w.layers = (LayerWeights*)calloc_check(c->L * sizeof(LayerWeights));  // layers of other stages stay NULL
     for (int i = 0; i < lay->num_slots; i++) {
         const TensorSlot* s = &lay->slots[i];
         floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
@@ -220,6 +246,8 @@ typedef struct {
     floatX* dresidual;                      // (B, T, C) gradient of the residual stream
     floatX* dwide;                          // (B, T, 4C) dfch / dqkv
     int *inputs, *targets;                  // (B, T) token ids on the device
+    int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
+    int* host_targets;                      // (B, T) kept for a rematerialized forward
 } Activations;
 
 typedef struct {
@@ -250,7 +278,9 @@ typedef struct {
     ParamLayout layout;
     size_t num_parameters;  // real parameters (padding of Vp included, alignment gaps not)
     Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
-    int tp, tp_rank;        // tensor parallelism: this rank holds slice tp_rank of tp of the split tensors
+    Placement place;        // this rank's grid position, its layers and its slices
+    int tp, tp_rank;        // = place.tp, place.tp_rank (used everywhere)
+    int first, last;        // this is the first / last pipeline stage (both without pipelining)
     ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
     floatX* params_memory;  // (layout.total) what forward and backward read, always whole
     floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stage 2
@@ -262,11 +292,14 @@ typedef struct {
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
     Weights params, grads;
-    Activations acts;
+    Activations acts;        // the activations forward and backward work on: one of the slots
+    Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
+    Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
+    int n_slots, rematerialize;
     void* acts_memory;
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
-    int* host_inputs;   // (B, T) the last forward's token ids (the GPU encoder backward groups them)
+    Tracer* tracer;  // spans for --trace (NULL: off)
     float* host_losses; // (B, T)
 } GPT2;
 
@@ -277,7 +310,7 @@ static Comm* comm_single(void) {
     static Comm single;
     memset(&single, 0, sizeof(single));
     single.world_size = single.dp = single.tp = single.pp = 1;
-    single.world.size = single.dp_group.size = single.tp_group.size = 1;
+    single.world.size = single.dp_group.size = single.tp_group.size = single.pp_group.size = single.emb_group.size = 1;
     return &single;
 }
 
@@ -297,15 +330,19 @@ static void validate_tp(const GPT2Config* c, int tp) {
 
 // Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
 // slices of the split tensors), DP rank dp_rank of dp, sharded per ZeRO stage `zero_stage` (llmc/zero.h).
-static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, int zero_stage, int dp, int dp_rank, int tp, int tp_rank) {
+static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place) {
     memset(model, 0, sizeof(*model));
     validate_config(c, "model");
-    validate_tp(c, tp);
+    validate_tp(c, place->tp);
     model->config = *c;
     model->comm = comm;
-    model->tp = tp;
-    model->tp_rank = tp_rank;
-    model->layout = build_layout(c, dp, tp, tp_rank);
+    model->place = *place;
+    model->tp = place->tp;
+    model->tp_rank = place->tp_rank;
+    model->first = is_first_stage(place);
+    model->last = is_last_stage(place);
+    int zero_stage = place->zero, dp = place->dp, dp_rank = place->dp_rank;
+    model->layout = build_layout(c, place);
     model->num_parameters = gpt2_num_parameters(c);
     ParamLayout* lay = &model->layout;
     zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
@@ -323,6 +360,7 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, int zero_st
         size_t largest_layer = 0;
         for (int b = 1; b <= c->L; b++) largest_layer = lay->buckets[b].size > largest_layer ? lay->buckets[b].size : largest_layer;
         size_t emb = lay->buckets[0].size, lnf = lay->buckets[c->L + 1].size;
+        check_internal(place->pp == 1, "ZeRO-2 with pipeline parallelism");
         model->grad_workspace = (floatX*)zeroed_device_buffer((emb + lnf + 2 * largest_layer) * fx, &model->bytes_workspace);
         model->zero2.layer_slot[0] = model->grad_workspace + emb + lnf;
         model->zero2.layer_slot[1] = model->zero2.layer_slot[0] + largest_layer;
@@ -348,11 +386,12 @@ static void gpt2_free(GPT2* model) {
     device_free(model->m);
     device_free(model->v);
     if (model->acts_memory) device_free(model->acts_memory);
-    free(model->params.layers);
+    for (int i = 0; i < model->n_slots; i++) free(model->slots[i].host_inputs), free(model->slots[i].host_targets);
+    free(model->work.host_inputs), free(model->work.host_targets);
+    free(model->slots);
     free(model->grads.layers);
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
-    free(model->host_inputs);
     free(model->host_losses);
 }
 
@@ -416,7 +455,7 @@ static void gpt2_export(const GPT2* model, const void* buffer, int is_floatX, fl
 
 // The fp32 master weights, whole, in file order (collective: every rank must call it). The owned
 // chunks of the master shards are all-gathered across the DP group (stages 1 and 2), then the TP slices
-// across the TP group.
+// across the TP group, then the pipeline stages' tensors are summed across the PP group.
 static void gpt2_export_master(GPT2* model, float* file_order) {
     const ZeroPlan* z = &model->zero;
     Comm* comm = model->comm;
@@ -438,9 +477,20 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     comm_join(comm);
     float* host = (float*)malloc_check(n * model->tp * sizeof(float));
     copy_to_host(host, whole, n * model->tp * sizeof(float));
+    size_t total = model->num_parameters;
+    memset(file_order, 0, total * sizeof(float));
     for (int r = 0; r < model->tp; r++) layout_to_file_order(&model->layout, r, host + (size_t)r * n, file_order);
     free(host);
     device_free(whole);
+    if (model->place.pp > 1) {  // PP: each stage filled in its own tensors; the sum over stages is the model
+        if (model->last && !model->first) memset(file_order, 0, file_tensor_numel(&model->config, 0) * sizeof(float));  // wte once
+        float* dev = (float*)device_malloc(total * sizeof(float));
+        copy_to_device(dev, file_order, total * sizeof(float));
+        comm_all_reduce(comm, &comm->pp_group, dev, total, DT_FLOAT, REDUCE_SUM);
+        comm_join(comm);
+        copy_to_host(file_order, dev, total * sizeof(float));
+        device_free(dev);
+    }
 }
 
 // GPT-2 initialization: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
@@ -468,33 +518,67 @@ static void gpt2_init_random(GPT2* model, uint64_t seed) {
     free(p);
 }
 
-static void gpt2_allocate_activations(GPT2* model, int B, int T) {
+// The activations of this rank's layers for micro-batches of (B, T): n_slots sets for the micro-batches
+// a pipeline schedule keeps in flight (1 without pipelining), plus the workspace they share. With
+// rematerialization the slots keep only each micro-batch's stage input and ids, and one full set is
+// recomputed in backward.
+static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, int rematerialize) {
     const GPT2Config* c = &model->config;
     if (T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", T, c->maxT);
     // with tensor parallelism the split activations hold this rank's heads, hidden units and vocabulary
-    size_t L = c->L, C = c->C, tp = model->tp, BT = (size_t)B * T;
-    size_t Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;
-    Activations* a = &model->acts;
+    size_t L = model->place.l1 - model->place.l0, C = c->C, tp = model->tp, BT = (size_t)B * T;
+    size_t Cl = C / tp, NHl = c->NH / tp, Vpl = model->last ? c->Vp / tp : 0, lf = model->last ? 1 : 0;
     size_t fx = sizeof(floatX), f = sizeof(float);
-    BufferSpec specs[] = {
-        {(void**)&a->encoded, BT * C * fx},       {(void**)&a->ln1, L * BT * C * fx},
-        {(void**)&a->ln1_mean, L * BT * f},       {(void**)&a->ln1_rstd, L * BT * f},
-        {(void**)&a->qkv, L * BT * 3 * Cl * fx},  {(void**)&a->atty, L * BT * Cl * fx},
-        {(void**)&a->att, L * B * NHl * T * T * fx}, {(void**)&a->residual2, L * BT * C * fx},
-        {(void**)&a->ln2, L * BT * C * fx},       {(void**)&a->ln2_mean, L * BT * f},
-        {(void**)&a->ln2_rstd, L * BT * f},       {(void**)&a->fch, L * BT * 4 * Cl * fx},
-        {(void**)&a->fch_gelu, L * BT * 4 * Cl * fx}, {(void**)&a->residual3, L * BT * C * fx},
-        {(void**)&a->lnf, BT * C * fx},           {(void**)&a->lnf_mean, BT * f},
-        {(void**)&a->lnf_rstd, BT * f},           {(void**)&a->logits, BT * Vpl * fx},
-        {(void**)&a->losses, BT * f},             {(void**)&a->scratch, BT * C * fx},
-        {(void**)&a->dresidual, BT * C * fx},     {(void**)&a->dwide, BT * 4 * Cl * fx},
-        {(void**)&a->inputs, BT * sizeof(int)},   {(void**)&a->targets, BT * sizeof(int)},
-    };
-    model->acts_memory = allocate_buffers(specs, sizeof(specs) / sizeof(specs[0]), &model->bytes_activations);
+    int n_full = rematerialize ? 1 : n_slots;
+    int n_sets = n_full + (rematerialize ? n_slots : 0);
+    model->slots = (Activations*)calloc_check(n_slots * sizeof(Activations));
+    Activations* sets = (Activations*)calloc_check(n_sets * sizeof(Activations));
+    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 24 * n_sets) * sizeof(BufferSpec));
+    int n = 0;
+    Activations shared;
+    specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
+    specs[n++] = (BufferSpec){(void**)&shared.scratch, BT * C * fx};
+    specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
+    specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
+    for (int i = 0; i < n_sets; i++) {
+        Activations* a = &sets[i];
+        int full = i < n_full;
+        size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
+        BufferSpec per[] = {
+            {(void**)&a->encoded, BT * C * fx},              {(void**)&a->ln1, k * L * BT * C * fx},
+            {(void**)&a->ln1_mean, k * L * BT * f},          {(void**)&a->ln1_rstd, k * L * BT * f},
+            {(void**)&a->qkv, k * L * BT * 3 * Cl * fx},     {(void**)&a->atty, k * L * BT * Cl * fx},
+            {(void**)&a->att, k * L * B * NHl * T * T * fx}, {(void**)&a->residual2, k * L * BT * C * fx},
+            {(void**)&a->ln2, k * L * BT * C * fx},          {(void**)&a->ln2_mean, k * L * BT * f},
+            {(void**)&a->ln2_rstd, k * L * BT * f},          {(void**)&a->fch, k * L * BT * 4 * Cl * fx},
+            {(void**)&a->fch_gelu, k * L * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * L * BT * C * fx},
+            {(void**)&a->lnf, k * lf * BT * C * fx},         {(void**)&a->lnf_mean, k * lf * BT * f},
+            {(void**)&a->lnf_rstd, k * lf * BT * f},         {(void**)&a->logits, k * BT * Vpl * fx},
+            {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
+        };
+        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j];
+    }
+    model->acts_memory = allocate_buffers(specs, n, &model->bytes_activations);
+    for (int i = 0; i < n_sets; i++) {
+        sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
+        sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
+        sets[i].host_inputs = (int*)malloc_check(BT * sizeof(int));
+        sets[i].host_targets = (int*)malloc_check(BT * sizeof(int));
+    }
+    if (rematerialize) {
+        model->work = sets[0];
+        memcpy(model->slots, sets + 1, n_slots * sizeof(Activations));
+    } else {
+        memcpy(model->slots, sets, n_slots * sizeof(Activations));
+    }
+    model->acts = rematerialize ? model->work : model->slots[0];
+    model->n_slots = n_slots;
+    model->rematerialize = rematerialize;
     model->B = B;
     model->T = T;
-    model->host_inputs = (int*)malloc_check(BT * sizeof(int));
     model->host_losses = (float*)malloc_check(BT * sizeof(float));
+    free(sets);
+    free(specs);
 }
 
 // out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
@@ -515,46 +599,49 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
     residual_bias_forward(out, residual, a->scratch, bias, N, C);
 }
 
-// Forward pass over inputs (B, T) (host ids). With targets, returns the mean loss; with dloss != 0 it
-// also leaves dlogits (scaled by dloss) in acts.logits for gpt2_backward. Without targets (inference)
-// acts.logits holds the logits and the return value is 0. B and T may be smaller than allocated.
+// Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set model->acts.
+// The first stage starts from the token ids `inputs` (host); the others from acts.encoded, which the
+// pipeline has filled with the previous stage's output. The last stage, given targets, returns the mean
+// loss (and with dloss != 0 leaves dlogits, scaled by dloss, in acts.logits for gpt2_backward); without
+// targets acts.logits holds the logits. Other stages return 0 and leave their output in
+// stage_output(). Without pipelining the one stage is first and last. B, T may be below the allocated.
 static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
     const GPT2Config* c = &model->config;
-    if (model->B == 0) gpt2_allocate_activations(model, B, T);
+    if (model->B == 0) gpt2_allocate_activations(model, B, T, 1, 0);
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
-    int L = c->L, C = c->C, tp = model->tp;
+    int C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
     Activations* a = &model->acts;
     Comm* comm = model->comm;
-    copy_to_device(a->inputs, inputs, BT * sizeof(int));
-    memcpy(model->host_inputs, inputs, BT * sizeof(int));
-    if (targets) copy_to_device(a->targets, targets, BT * sizeof(int));
-
-    // TP: each rank looks up the ids in its rows of wte; the sum over the group has exactly one of them
-    // (and wpe, added by rank 0 only), so the all-reduce is exact
-    encoder_forward(a->encoded, a->inputs, model->params.wte, model->tp_rank == 0 ? model->params.wpe : NULL, B, T, C,
-                    model->tp_rank * Vpl, Vpl);
-    if (tp > 1) {
-        comm_all_reduce(comm, &comm->tp_group, a->encoded, BT * C, DT_FLOATX, REDUCE_SUM);
-        comm_join(comm);
+    if (model->first) {
+        copy_to_device(a->inputs, inputs, BT * sizeof(int));
+        memcpy(a->host_inputs, inputs, BT * sizeof(int));
+        // TP: each rank looks up the ids in its rows of wte; the sum over the group has exactly one of
+        // them (and wpe, added by rank 0 only), so the all-reduce is exact
+        encoder_forward(a->encoded, a->inputs, model->params.wte, model->tp_rank == 0 ? model->params.wpe : NULL, B, T, C,
+                        model->tp_rank * Vpl, Vpl);
+        if (tp > 1) {
+            comm_all_reduce(comm, &comm->tp_group, a->encoded, BT * C, DT_FLOATX, REDUCE_SUM);
+            comm_join(comm);
+        }
     }
-    for (int l = 0; l < L; l++) {
-        const LayerWeights* w = &model->params.layers[l];
-        floatX* residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BT * C;  // (B, T, C) this layer's input
-        floatX* ln1 = a->ln1 + l * BT * C;
-        float* ln1_mean = a->ln1_mean + l * BT;
-        float* ln1_rstd = a->ln1_rstd + l * BT;
-        floatX* qkv = a->qkv + l * BT * 3 * Cl;
-        floatX* atty = a->atty + l * BT * Cl;
-        floatX* att = a->att + (size_t)l * B * NHl * T * T;
-        floatX* residual2 = a->residual2 + l * BT * C;
-        floatX* ln2 = a->ln2 + l * BT * C;
-        float* ln2_mean = a->ln2_mean + l * BT;
-        float* ln2_rstd = a->ln2_rstd + l * BT;
-        floatX* fch = a->fch + l * BT * 4 * Cl;
-        floatX* fch_gelu = a->fch_gelu + l * BT * 4 * Cl;
-        floatX* residual3 = a->residual3 + l * BT * C;
+    for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
+        const LayerWeights* w = &model->params.layers[l0 + li];
+        floatX* residual = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;  // (B, T, C) this layer's input
+        floatX* ln1 = a->ln1 + li * BT * C;
+        float* ln1_mean = a->ln1_mean + li * BT;
+        float* ln1_rstd = a->ln1_rstd + li * BT;
+        floatX* qkv = a->qkv + li * BT * 3 * Cl;
+        floatX* atty = a->atty + li * BT * Cl;
+        floatX* att = a->att + (size_t)li * B * NHl * T * T;
+        floatX* residual2 = a->residual2 + li * BT * C;
+        floatX* ln2 = a->ln2 + li * BT * C;
+        float* ln2_mean = a->ln2_mean + li * BT;
+        float* ln2_rstd = a->ln2_rstd + li * BT;
+        floatX* fch = a->fch + li * BT * 4 * Cl;
+        floatX* fch_gelu = a->fch_gelu + li * BT * 4 * Cl;
+        floatX* residual3 = a->residual3 + li * BT * C;
 
         // attention block: residual2 = residual + attproj(attention(ln1(residual)))
         layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, w->ln1w, w->ln1b, BT, C);
@@ -567,11 +654,13 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
         gelu_forward(fch_gelu, fch, BT * 4 * Cl);
         row_parallel_forward(model, residual3, residual2, fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * Cl);
     }
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * BT * C, model->params.lnfw,
+    if (!model->last) return 0.0f;
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (Ls - 1) * BT * C, model->params.lnfw,
                       model->params.lnfb, BT, C);
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
+    copy_to_device(a->targets, targets, BT * sizeof(int));
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl);
     copy_to_host(model->host_losses, a->losses, BT * sizeof(float));
@@ -607,7 +696,10 @@ static void tp_sum_input_grad(GPT2* model, floatX* dinp, size_t n) {
 // (all-reduce, or reduce-scatter at ZeRO 1 and 2; see llmc/zero.h). On the GPU with NCCL this runs on
 // the communication stream while backward continues with the layers below.
 static void gradients_ready(GPT2* model, int b, int communicate) {
-    if (communicate) zero_reduce_bucket(model->comm, &model->zero, b, bucket_grads(model, b), model->grad_incoming);
+    if (!communicate || model->layout.buckets[b].size == 0 || (model->place.dp == 1 && model->zero.stage < 2)) return;
+    double t0 = trace_now_us(model->tracer);
+    zero_reduce_bucket(model->comm, &model->zero, b, bucket_grads(model, b), model->grad_incoming);
+    trace_add(model->tracer, "allreduce", model->zero.stage == 0 ? "all-reduce" : "reduce-scatter", b, t0);
 }
 
 // Backward pass for the last gpt2_forward (which must have had targets and dloss != 0). Gradients are
@@ -615,7 +707,7 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
 // gradients across the DP group as they become final (on the last micro-step; at ZeRO-2 on every one).
 static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
-    int L = c->L, C = c->C, tp = model->tp;
+    int L = c->L, C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
     Activations* a = &model->acts;
@@ -627,27 +719,30 @@ static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
         size_t emb = model->layout.buckets[0].size, lnf = model->layout.buckets[L + 1].size;
         device_memset_zero(model->grad_workspace, (emb + lnf) * sizeof(floatX));
     }
-    // classifier: the fused kernel already turned logits into dlogits
-    matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl);  // dlnf (=), dwte (+=)
-    tp_sum_input_grad(model, a->scratch, BT * C);  // TP: dlnf had only our vocabulary rows' part
-    // final LayerNorm: it writes (+=) into dresidual, which starts at zero
-    device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
-    layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (L - 1) * BT * C, p->lnfw, a->lnf_mean,
-                       a->lnf_rstd, BT, C);
-    gradients_ready(model, L + 1, communicate);
+    if (model->last) {
+        // classifier: the fused kernel already turned logits into dlogits
+        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl);  // dlnf (=), dwte (+=)
+        tp_sum_input_grad(model, a->scratch, BT * C);  // TP: dlnf had only our vocabulary rows' part
+        // final LayerNorm: it writes (+=) into dresidual, which starts at zero
+        device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
+        layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (Ls - 1) * BT * C, p->lnfw, a->lnf_mean,
+                           a->lnf_rstd, BT, C);
+        gradients_ready(model, L + 1, communicate);
+    }  // other stages: the pipeline has put the next stage's input gradient in dresidual
 
-    for (int l = L - 1; l >= 0; l--) {
+    for (int li = Ls - 1; li >= 0; li--) {
+        int l = l0 + li;
         const LayerWeights* w = &p->layers[l];
         LayerWeights* dw = &g->layers[l];
-        floatX* residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * BT * C;
-        floatX* ln1 = a->ln1 + l * BT * C;
-        floatX* qkv = a->qkv + l * BT * 3 * Cl;
-        floatX* atty = a->atty + l * BT * Cl;
-        floatX* att = a->att + (size_t)l * B * NHl * T * T;
-        floatX* residual2 = a->residual2 + l * BT * C;
-        floatX* ln2 = a->ln2 + l * BT * C;
-        floatX* fch = a->fch + l * BT * 4 * Cl;
-        floatX* fch_gelu = a->fch_gelu + l * BT * 4 * Cl;
+        floatX* residual = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;
+        floatX* ln1 = a->ln1 + li * BT * C;
+        floatX* qkv = a->qkv + li * BT * 3 * Cl;
+        floatX* atty = a->atty + li * BT * Cl;
+        floatX* att = a->att + (size_t)li * B * NHl * T * T;
+        floatX* residual2 = a->residual2 + li * BT * C;
+        floatX* ln2 = a->ln2 + li * BT * C;
+        floatX* fch = a->fch + li * BT * 4 * Cl;
+        floatX* fch_gelu = a->fch_gelu + li * BT * 4 * Cl;
         if (zero2) zero2_acquire_slot(model->comm, &model->zero2, l % 2, model->layout.buckets[1 + l].size);
 
         // MLP block; dresidual holds d(residual3) and flows through the residual add unchanged
@@ -656,21 +751,24 @@ static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
         gelu_backward(a->dwide, fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
         matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, ln2, w->fcw, BT, C, 4 * Cl);                     // dln2 =
         tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel fc saw only our hidden units
-        layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, residual2, w->ln2w, a->ln2_mean + l * BT,
-                           a->ln2_rstd + l * BT, BT, C);                                                         // dresidual2 +=
+        layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, residual2, w->ln2w, a->ln2_mean + li * BT,
+                           a->ln2_rstd + li * BT, BT, C);                                                         // dresidual2 +=
         // attention block
         matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, atty, w->attprojw, BT, Cl, C);    // datty =
         attention_backward(a->dwide, a->scratch, qkv, att, B, T, Cl, NHl);                                       // dqkv =
         matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
         tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel qkv saw only our heads
-        layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, residual, w->ln1w, a->ln1_mean + l * BT,
-                           a->ln1_rstd + l * BT, BT, C);                                                         // dresidual +=
+        layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, residual, w->ln1w, a->ln1_mean + li * BT,
+                           a->ln1_rstd + li * BT, BT, C);                                                         // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         if (zero2) zero2_release_slot(model->comm, &model->zero2, l % 2);
     }
-    // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
-    encoder_backward(g->wte, g->wpe, a->dresidual, a->inputs, model->host_inputs, B, T, C, model->tp_rank * Vpl, Vpl);
-    gradients_ready(model, 0, communicate);
+    if (model->first) {
+        // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
+        encoder_backward(g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, model->tp_rank * Vpl, Vpl);
+    }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
+    // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
+    if (model->place.pp == 1) gradients_ready(model, 0, communicate);
     comm_join(model->comm);
     if (zero2)  // this micro-step's reduced chunks join the ones accumulated so far
         residual_forward(model->grad_shard, model->grad_shard, model->grad_incoming, model->zero.shard_total);
@@ -698,19 +796,21 @@ static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t) {
     ZeroPlan* z = &model->zero;
     Comm* comm = model->comm;
-    // squared norm: tensors split by TP are summed over the TP group, replicated ones counted once;
-    // with ZeRO the owned parts are summed over the DP group
+    // squared norm: tensors split by TP are summed over the TP group, replicated ones counted once; the
+    // stages' tensors are summed over the PP group; with ZeRO the owned parts over the DP group
     double split = 0.0, replicated = 0.0;
     size_t lo, hi, k;
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        if (s->kind == 0 && !model->first) continue;  // PP: the tied wte is counted on the first stage only
         double ss = sum_squares(grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo);
         if (s->whole.split == SPLIT_NONE) replicated += ss;
         else split += ss;
     }
     if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &split, 1, REDUCE_SUM);
     double sumsq = split + replicated;
+    comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
     if (z->stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
     float norm = (float)sqrt(sumsq);
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
@@ -726,6 +826,115 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t)
     zero_gather_params(comm, z, model->params_memory);
     comm_join(comm);
     return norm;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the pipeline: one optimizer step's forward and backward passes over the micro-batches
+
+static floatX* stage_output(GPT2* model, int B, int T) {  // (B, T, C) the last local layer's output
+    return model->acts.residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
+}
+
+// The send left over from the previous action, if any, goes out now; if this action receives from
+// the same neighbour, the two travel as one paired send-receive (so that two neighbours never both
+// block sending to each other). recv_buf NULL: nothing to receive.
+typedef struct {
+    const floatX* buf;
+    int peer;  // stage index, -1: nothing pending
+} PendingSend;
+
+static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, int micro) {
+    Comm* c = model->comm;
+    Tracer* tr = model->tracer;
+    double t0 = trace_now_us(tr);
+    if (pending->peer >= 0 && recv_buf != NULL && pending->peer == recv_peer) {
+        comm_sendrecv(c, &c->pp_group, pending->buf, pending->peer, recv_buf, recv_peer, n, DT_FLOATX);
+        comm_join(c);
+        trace_add(tr, "sendrecv", "send+recv", micro, t0);
+    } else {
+        if (pending->peer >= 0) {
+            comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
+            comm_join(c);
+            trace_add(tr, "send", "send", micro, t0);
+        }
+        if (recv_buf != NULL) {
+            t0 = trace_now_us(tr);
+            comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, recv_peer);
+            comm_join(c);
+            trace_add(tr, "recv", "recv", micro, t0);
+        }
+    }
+    pending->peer = -1;
+}
+
+// Makes micro-batch slot i the activations forward and backward use. With rematerialization the work
+// set is used, starting from the slot's stage input.
+static void use_slot(GPT2* model, int i, int B, int T) {
+    Activations* slot = &model->slots[i % model->n_slots];
+    if (!model->rematerialize) {
+        model->acts = *slot;
+        return;
+    }
+    model->acts = model->work;
+    if (!model->first) device_copy(model->work.encoded, slot->encoded, (size_t)B * T * model->config.C * sizeof(floatX));
+}
+
+// Runs this stage's schedule for one optimizer step of M micro-batches (llmc/pipeline.h): receive the
+// input, forward, send the output; receive the output's gradient, backward, send the input's gradient.
+// The last micro-batch's backward reduces the gradients across the DP group as they become final.
+// Without pipelining this is forward and backward of each micro-batch in turn. Returns the mean loss
+// of the global batch (on every rank).
+static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
+    Comm* comm = model->comm;
+    const Placement* pl = &model->place;
+    int B = loader->B, T = loader->T, s = pl->pp_rank;
+    size_t n = (size_t)B * T * model->config.C;
+    PipeAction* actions = (PipeAction*)malloc_check(2 * M * sizeof(PipeAction));
+    pipeline_schedule(schedule, pl->pp, s, M, actions);
+    PendingSend pending = {NULL, -1};
+    double loss = 0.0, t_start = wall_seconds();
+    for (int i = 0; i < 2 * M; i++) {
+        int m = actions[i].micro;
+        Activations* slot = &model->slots[m % model->n_slots];
+        double t0;
+        if (!actions[i].backward) {
+            // data-order contract: micro-step s reads micro-batch s * D + d (every stage reads the ids it needs)
+            dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);
+            memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
+            memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
+            pipe_exchange(model, &pending, model->first ? NULL : slot->encoded, s - 1, n, m);
+            use_slot(model, m, B, T);
+            t0 = trace_now_us(model->tracer);
+            loss += gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);
+            trace_add(model->tracer, "forward", "F", m, t0);
+            if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1};
+        } else {
+            pipe_exchange(model, &pending, model->last ? NULL : model->acts.dresidual, s + 1, n, m);
+            use_slot(model, m, B, T);
+            t0 = trace_now_us(model->tracer);
+            if (model->rematerialize) gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);
+            gpt2_backward(model, B, T, m == M - 1);
+            trace_add(model->tracer, "backward", "B", m, t0);
+            if (!model->first) pending = (PendingSend){model->acts.dresidual, s - 1};
+        }
+    }
+    pipe_exchange(model, &pending, NULL, -1, n, -1);
+    free(actions);
+    if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
+    if (pl->pp > 1 && (model->first || model->last)) {
+        // the tied wte: the first stage's gradient (embedding) and the last stage's (classifier) add up
+        double t0 = trace_now_us(model->tracer);
+        size_t wte = model->layout.slots[0].numel;  // wte is the first tensor of both stages
+        comm_all_reduce(comm, &comm->emb_group, model->grads.wte, wte, DT_FLOATX, REDUCE_SUM);
+        comm_join(comm);
+        trace_add(model->tracer, "allreduce", "tied wte", -1, t0);
+        gradients_ready(model, 0, 1);
+        comm_join(comm);
+    }
+    double mean = model->last ? loss / M : 0.0;  // the last stage has the loss; the DP ranks average theirs
+    comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
+    comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
+    return (float)mean;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -751,11 +960,12 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
     free(master);
 
     // shards: stage 0 keeps the whole state on every rank of a DP group (DP rank 0 writes it); otherwise
-    // each DP rank writes its chunks. TP ranks hold different slices: each writes its own shards.
+    // each DP rank writes its chunks. TP ranks and pipeline stages hold different tensors: each writes
+    // its own shards (the tied wte is in the first and the last stage's, identical).
     int per_tp = z->stage == 0 ? 1 : z->D;
-    state->num_shards = model->tp * per_tp;
-    state->shard = model->tp_rank * per_tp + (z->stage == 0 ? 0 : z->d);
-    if ((z->stage > 0 || z->d == 0) && comm->pp_rank == 0) {
+    state->num_shards = model->place.pp * model->tp * per_tp;
+    state->shard = (model->place.pp_rank * model->tp + model->tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
+    if (z->stage > 0 || z->d == 0) {
         size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k;
         int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
         float* m_host = (float*)malloc_check(z->shard_total * sizeof(float));
@@ -838,33 +1048,49 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
 // every rank draws the same token from the same generator state.
 static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len, int print) {
     const GPT2Config* c = &model->config;
+    Comm* comm = model->comm;
     int T = len + 1 < model->T ? len + 1 : model->T;
     int Vpl = c->Vp / model->tp;
     int* seq = (int*)calloc_check(T * sizeof(int));
     float* probs = (float*)malloc_check(c->Vp * sizeof(float));
     floatX* row = (floatX*)malloc_check(c->Vp * sizeof(floatX));
     floatX* gathered = (floatX*)device_malloc(c->Vp * sizeof(floatX));  // [TP rank 0's ids | 1's | ...]
+    use_slot(model, 0, 1, T);
     seq[0] = tok->eot;
     if (print) printf("sample: ");
     for (int t = 1; t < T; t++) {
-        gpt2_forward(model, seq, NULL, 1, t, 0.0f);
-        copy_to_host(row, model->acts.logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
-        copy_to_device(gathered + (size_t)model->tp_rank * Vpl, row, Vpl * sizeof(floatX));
-        comm_all_gather(model->comm, &model->comm->tp_group, gathered, Vpl, DT_FLOATX);
-        comm_join(model->comm);
-        copy_to_host(row, gathered, c->Vp * sizeof(floatX));
-        float maxv = -INFINITY;
-        for (int i = 0; i < c->V; i++) maxv = fmaxf(maxv, floatX_to_float(row[i]));
-        double sum = 0.0;
-        for (int i = 0; i < c->V; i++) sum += probs[i] = expf(floatX_to_float(row[i]) - maxv);
-        double r = rng_uniform(rng) * sum, acc = 0.0;
-        int next = c->V - 1;
-        for (int i = 0; i < c->V; i++) {
-            acc += probs[i];
-            if (r < acc) { next = i; break; }
+        // PP: the sequence flows through the stages; the last one has the logits
+        if (!model->first) {
+            comm_recv(comm, &comm->pp_group, model->acts.encoded, (size_t)t * c->C, DT_FLOATX, comm->pp_rank - 1);
+            comm_join(comm);
         }
-        seq[t] = next;
-        if (print) tokenizer_print(tok, next);
+        gpt2_forward(model, seq, NULL, 1, t, 0.0f);
+        if (!model->last) {
+            comm_send(comm, &comm->pp_group, stage_output(model, 1, t), (size_t)t * c->C, DT_FLOATX, comm->pp_rank + 1);
+            comm_join(comm);
+        }
+        int next = c->V - 1;
+        float r = rng_uniform(rng);  // every rank draws, so all generators stay in step
+        if (model->last) {
+            copy_to_host(row, model->acts.logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
+            copy_to_device(gathered + (size_t)model->tp_rank * Vpl, row, Vpl * sizeof(floatX));
+            comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
+            comm_join(comm);
+            copy_to_host(row, gathered, c->Vp * sizeof(floatX));
+            float maxv = -INFINITY;
+            for (int i = 0; i < c->V; i++) maxv = fmaxf(maxv, floatX_to_float(row[i]));
+            double sum = 0.0;
+            for (int i = 0; i < c->V; i++) sum += probs[i] = expf(floatX_to_float(row[i]) - maxv);
+            double target = r * sum, acc = 0.0;
+            for (int i = 0; i < c->V; i++) {
+                acc += probs[i];
+                if (target < acc) { next = i; break; }
+            }
+        }
+        double shared = model->last ? next : 0.0;  // the last stage tells the others
+        comm_all_reduce_host(comm, &comm->pp_group, &shared, 1, REDUCE_SUM);
+        seq[t] = (int)shared;
+        if (print) tokenizer_print(tok, seq[t]);
         fflush(stdout);
     }
     if (print) printf("\n");
@@ -893,6 +1119,12 @@ typedef struct {
     // parallelism
     int dp;              // data-parallel ranks (0: the world size / tp)
     int tp;              // tensor-parallel ranks
+    int pp;              // pipeline stages
+    const char* pp_split;  // layers per stage "a,b,c", or NULL: as even as possible
+    Schedule pipe_schedule;  // GPipe or 1F1B
+    int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
+    const char* trace;     // --trace FILE, or NULL
+    int trace_steps;
     int zero;            // ZeRO stage 0, 1, 2
     const char* engine;  // auto | mpi | nccl
     const char* nccl_id_dir;
@@ -930,12 +1162,23 @@ static float learning_rate(const TrainConfig* tc, long long step) {
 static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     Comm* comm = model->comm;
     long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
+    size_t act = (size_t)val->B * val->T * model->config.C;
+    use_slot(model, 0, val->B, val->T);
     double sum = 0.0;
-    for (long long i = 0; i < n; i++) {
+    for (long long i = 0; i < n; i++) {  // through the pipeline, forward only
         dataloader_load(val, i * comm->dp + comm->dp_rank);
+        if (!model->first) {
+            comm_recv(comm, &comm->pp_group, model->acts.encoded, act, DT_FLOATX, comm->pp_rank - 1);
+            comm_join(comm);
+        }
         sum += gpt2_forward(model, val->inputs, val->targets, val->B, val->T, 0.0f);
+        if (!model->last) {
+            comm_send(comm, &comm->pp_group, stage_output(model, val->B, val->T), act, DT_FLOATX, comm->pp_rank + 1);
+            comm_join(comm);
+        }
     }
-    double mean = sum / n;
+    double mean = model->last ? sum / n : 0.0;
+    comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
     return (float)mean;
 }
@@ -951,6 +1194,23 @@ static double gpu_peak_flops(void) {
     if (prop.major == 8 && prop.minor == 0) return 312e12;  // A100
     return 0.0;
 #endif
+}
+
+// Writes the trace (every rank its part, rank 0 merges) and prints the pipeline bubble measured in the
+// traced steps: the fraction of each rank's pipeline time not spent in forward or backward, averaged
+// over the ranks, next to GPipe's (P-1)/(M+P-1).
+static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
+    char label[128];
+    snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
+    trace_write_rank(tracer, tc->trace, comm->world_rank, label);
+    double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
+    comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);  // also: every part is written
+    if (comm->world_rank == 0) {
+        trace_merge(tc->trace, comm->world_size);
+        int P = comm->pp, M = tc->grad_accum;
+        printf("wrote trace %s; pipeline bubble: measured %.1f%%, (P-1)/(M+P-1) = %.1f%%\n", tc->trace, 100.0 * bubble,
+               100.0 * (P - 1) / (M + P - 1));
+    }
 }
 
 // Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
@@ -980,7 +1240,12 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         ((tc->arch_given & 16) && a->maxT != config.maxT))
         fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config.L,
               config.C, config.NH, config.V, config.maxT);
-    gpt2_build(&model, &config, comm, tc->zero, D, comm->dp_rank, comm->tp, comm->tp_rank);
+    int* stage_first = (int*)malloc_check((comm->pp + 1) * sizeof(int));  // first layer of each pipeline stage
+    pipeline_split(config.L, comm->pp, tc->pp_split, stage_first);
+    Placement place = {tc->zero, D, comm->dp_rank, comm->tp, comm->tp_rank, comm->pp, comm->pp_rank,
+                       stage_first[comm->pp_rank], stage_first[comm->pp_rank + 1]};
+    free(stage_first);
+    gpt2_build(&model, &config, comm, &place);
     if (params) gpt2_set_parameters(&model, params);
     else gpt2_init_random(&model, tc->seed);
     if (resume_m) gpt2_set_optimizer_state(&model, resume_m, resume_v);
@@ -998,7 +1263,16 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     // the ranks of the first DP group sample (together, with TP); world rank 0 prints
     int have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
     if (have_tok) tokenizer_init(&tok, tc->tokenizer);
-    gpt2_allocate_activations(&model, tc->B, tc->T);
+    // without pipelining, 1F1B is forward and backward of each micro-batch in turn (one activation slot)
+    Schedule schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
+    PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
+    int n_slots = pipeline_schedule(schedule, comm->pp, comm->pp_rank, tc->grad_accum, plan);
+    free(plan);
+    gpt2_allocate_activations(&model, tc->B, tc->T, n_slots, tc->rematerialize);
+    Tracer tracer;
+    memset(&tracer, 0, sizeof(tracer));
+    tracer.origin = wall_seconds();
+    if (tc->trace) model.tracer = &tracer;
 
     Rng sample_rng = {tc->resume ? state.sample_rng : tc->seed + 1};
     long long start_step = tc->resume ? state.step : 0;
@@ -1009,18 +1283,25 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     double flops_per_token = 6.0 * model.num_parameters + 6.0 * c->L * c->C * tc->T;
     double peak = gpu_peak_flops();
     if (main_rank && !tc->quiet) {
-        printf("target %s, precision %s, %d rank(s): dp=%d tp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME, comm->world_size, D,
-               comm->tp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
+        printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
+               comm->world_size, D, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
                c->maxT, model.num_parameters);
         printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
                tokens_per_step, tc->steps);
         printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train_loader.total_tokens,
                train_loader.n_batches, tc->shuffle ? "on" : "off");
-        printf("memory per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | activations %.2f | "
-               "workspace %.2f | communication %.2f\n",
-               model.bytes_params / 1048576.0, model.bytes_grads / 1048576.0, model.bytes_optimizer / 1048576.0,
-               model.bytes_activations / 1048576.0, model.bytes_workspace / 1048576.0, model.bytes_comm / 1048576.0);
+        if (comm->pp > 1)
+            printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
+                   tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
+    }
+    if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
+        comm_barrier(comm, &comm->pp_group);
+        printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
+               "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f\n",
+               comm->pp_rank, place.l0, place.l1 - 1, model.bytes_params / 1048576.0, model.bytes_grads / 1048576.0,
+               model.bytes_optimizer / 1048576.0, model.bytes_activations / 1048576.0, n_slots, n_slots > 1 ? "s" : "",
+               model.bytes_workspace / 1048576.0, model.bytes_comm / 1048576.0);
     }
 
     float val_loss = NAN;
@@ -1055,18 +1336,13 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         }
 
         double t0 = wall_seconds();
+        tracer.enabled = tc->trace && step > start_step && step <= start_step + tc->trace_steps;  // skip the first step
         gpt2_zero_grad(&model);
-        double loss = 0.0;
-        for (int micro = 0; micro < tc->grad_accum; micro++) {
-            // data-order contract: micro-step s reads micro-batch s * D + d
-            dataloader_load(&train_loader, (step * tc->grad_accum + micro) * D + comm->dp_rank);
-            loss += gpt2_forward(&model, train_loader.inputs, train_loader.targets, tc->B, tc->T, dloss);
-            gpt2_backward(&model, tc->B, tc->T, micro == tc->grad_accum - 1);  // reduce on the last micro-step
-        }
-        loss /= tc->grad_accum;
-        comm_all_reduce_host(comm, &comm->dp_group, &loss, 1, REDUCE_AVG);
+        double loss = pipeline_step(&model, &train_loader, schedule, tc->grad_accum, step, dloss);
         float lr = learning_rate(tc, step);
+        double t_opt = trace_now_us(&tracer);
         float norm = gpt2_update(&model, &tc->opt, lr, (int)(step + 1));
+        trace_add(&tracer, "optimizer", "AdamW", -1, t_opt);
         device_synchronize();
         double ms = 1000.0 * (wall_seconds() - t0);
         double tokens_per_s = tokens_per_step / (ms / 1000.0);
@@ -1090,6 +1366,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         }
         free(buf);
     }
+    if (tc->trace) write_trace(&tracer, tc, comm);
+    free(tracer.events);
     logger_close(&logger);
     if (have_tok) tokenizer_free(&tok);
     if (have_val) dataloader_free(&val_loader);
@@ -1123,6 +1401,9 @@ static void default_train_config(TrainConfig* tc) {
     tc->checkpoint_dir = "checkpoints";
     tc->engine = "auto";
     tc->tp = 1;
+    tc->pp = 1;
+    tc->pipe_schedule = SCHEDULE_GPIPE;
+    tc->trace_steps = 2;
     tc->fault_rank = -1;
     tc->fault_step = -1;
 }
@@ -1149,6 +1430,13 @@ static void print_usage(void) {
         "parallelism (launch with mpirun -np W, or torchrun-style RANK/WORLD_SIZE/LOCAL_RANK on GPUs)\n"
         "  --dp D                data-parallel ranks                  [world size / tp]\n"
         "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
+        "  --pp P                pipeline stages (P <= L)             [1]\n"
+        "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
+        "  --schedule S          gpipe | 1f1b                         [gpipe]\n"
+        "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
+        "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
+        "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
+        "  --trace-steps N       steps to trace, after the first      [2]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
         "  --nccl-id-dir DIR     shared folder for the NCCL id when launched without mpirun\n"
@@ -1200,6 +1488,7 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
 
 static void parse_args(TrainConfig* tc, int argc, char** argv) {
     default_train_config(tc);
+    int micro_batches = 0;
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
@@ -1226,6 +1515,15 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--grad-accum")) tc->grad_accum = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--dp")) tc->dp = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--tp")) tc->tp = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
+        else if (!strcmp(f, "--schedule")) {
+            if (strcmp(v, "gpipe") && strcmp(v, "1f1b")) fatal("--schedule must be gpipe or 1f1b, got '%s'", v);
+            tc->pipe_schedule = strcmp(v, "gpipe") == 0 ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
+        } else if (!strcmp(f, "--micro-batches")) micro_batches = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
+        else if (!strcmp(f, "--trace")) tc->trace = v;
+        else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
         else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
         else if (!strcmp(f, "--comm")) {
             if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
@@ -1259,6 +1557,18 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else fatal("unknown flag %s (see --help)", f);
     }
     if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
+    if (micro_batches > 0) {  // B sequences per step, in M micro-batches of B/M: gradient accumulation over M
+        if (tc->grad_accum != 1) fatal("give --micro-batches or --grad-accum, not both");
+        if (tc->B % micro_batches != 0)
+            fatal("--batch-size %d does not split into %d micro-batches (it must be a multiple)", tc->B, micro_batches);
+        tc->B /= micro_batches;
+        tc->grad_accum = micro_batches;
+    }
+    if (tc->pp > 1 && tc->zero == 2)
+        fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its micro-batches "
+              "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
+              "per micro-batch; use --zero 1, which shards the optimizer state");
+    if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
     tc->arch.Vp = padded_vocab(tc->arch.V);
     if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
     if (!tc->model_file && !tc->resume && tc->T > tc->arch.maxT)
@@ -1271,7 +1581,7 @@ int main(int argc, char** argv) {
     parse_args(&tc, argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
     Comm comm;
-    comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.engine, tc.nccl_id_dir);
+    comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir);
     double t0 = wall_seconds();
     float val = train(&tc, &comm, NULL, 0);
     if (comm.world_rank == 0) {

@@ -5,7 +5,7 @@
  *     world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)
  * and a tensor-parallel group (consecutive ranks) sits inside one node. A process group is the set of
  * ranks that differ in one coordinate only: the DP group of a rank is every rank with its tp_rank and
- * pp_rank, and so on. (pp = 1 until pipeline parallelism arrives; the grid is general.)
+ * pp_rank, and so on.
  *
  * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, broadcast, send, recv,
  * barrier, over buffers in device memory (host memory on the CPU target), of type floatX or float.
@@ -54,7 +54,8 @@ typedef struct {
     int dp_rank, tp_rank, pp_rank;  // this rank's coordinates
     Engine engine;                  // ENGINE_NONE when world_size == 1
     int mpi_initialized;
-    Group world, dp_group, tp_group;
+    Group world, dp_group, tp_group, pp_group;
+    Group emb_group;  // the first and last pipeline stage of one (dp, tp) position: they share the tied wte
 #ifndef LLMC_CPU
     cudaStream_t stream;  // NCCL work runs here
     cudaEvent_t event;    // orders it after the main stream's work
@@ -129,6 +130,9 @@ static void comm_abort_all(void) {
 // ----------------------------------------------------------------------------------------------------
 // setup
 
+// an invalid group (this rank is not a member), for emb_group on the middle pipeline stages
+static int group_valid(const Group* g) { return g->size > 0; }
+
 static int env_int(const char* name, int fallback) {
     const char* v = getenv(name);
     return v ? atoi(v) : fallback;
@@ -168,10 +172,10 @@ static ncclUniqueId nccl_id_through_file(const char* dir, int rank) {
 #endif
 
 // engine: "auto", "mpi" or "nccl". dp: 0 means world_size / (tp * pp).
-static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, const char* engine, const char* nccl_id_dir) {
+static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, const char* engine, const char* nccl_id_dir) {
     memset(c, 0, sizeof(*c));
     c->tp = tp;
-    c->pp = 1;
+    c->pp = pp;
     c->world_size = 1;
     int use_mpi = 0;
     if (launched_by_mpirun()) {
@@ -213,6 +217,11 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, const ch
     c->dp_group.size = c->dp;
     c->tp_group.rank = c->tp_rank;
     c->tp_group.size = c->tp;
+    c->pp_group.rank = c->pp_rank;
+    c->pp_group.size = c->pp;
+    int in_emb = c->pp_rank == 0 || c->pp_rank == c->pp - 1;
+    c->emb_group.rank = in_emb ? (c->pp_rank == 0 ? 0 : 1) : -1;
+    c->emb_group.size = in_emb ? (c->pp == 1 ? 1 : 2) : 0;
     if (c->world_size == 1) {
         c->engine = ENGINE_NONE;
         return;
@@ -253,6 +262,9 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, const ch
         ncclCheck(ncclCommInitRank(&c->world.nccl, c->world_size, id, c->world_rank));
         ncclCheck(ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, NULL));
         ncclCheck(ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, NULL));
+        ncclCheck(ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.nccl, NULL));
+        ncclCheck(ncclCommSplit(c->world.nccl, in_emb ? c->tp_rank + c->tp * c->dp_rank : NCCL_SPLIT_NOCOLOR, c->pp_rank,
+                                &c->emb_group.nccl, NULL));
         cudaCheck(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
     }
@@ -262,6 +274,8 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, const ch
         c->world.mpi = MPI_COMM_WORLD;
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.mpi));
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, in_emb ? c->tp_rank + c->tp * c->dp_rank : MPI_UNDEFINED, c->pp_rank, &c->emb_group.mpi));
     }
 #endif
 }
@@ -272,6 +286,8 @@ static void comm_finalize(Comm* c) {
         nccl_wait(c);
         ncclCheck(ncclCommDestroy(c->dp_group.nccl));
         ncclCheck(ncclCommDestroy(c->tp_group.nccl));
+        ncclCheck(ncclCommDestroy(c->pp_group.nccl));
+        if (group_valid(&c->emb_group)) ncclCheck(ncclCommDestroy(c->emb_group.nccl));
         ncclCheck(ncclCommDestroy(c->world.nccl));
     }
 #endif
@@ -280,6 +296,8 @@ static void comm_finalize(Comm* c) {
         if (c->world_size > 1) {
             MPI_Comm_free(&c->dp_group.mpi);
             MPI_Comm_free(&c->tp_group.mpi);
+            MPI_Comm_free(&c->pp_group.mpi);
+            if (group_valid(&c->emb_group)) MPI_Comm_free(&c->emb_group.mpi);
         }
         MPI_Finalize();
     }
@@ -339,7 +357,7 @@ static void comm_join(Comm* c) {
 // collectives on device buffers
 
 static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, ReduceOp op) {
-    if (g->size == 1) return;
+    if (g->size <= 1) return;
 #ifndef LLMC_CPU
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
@@ -462,9 +480,37 @@ static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer)
     (void)c, (void)g, (void)buf, (void)n, (void)t, (void)peer;
 }
 
+// Sends sendbuf to send_peer while receiving recvbuf from recv_peer (both n elements, ranks in group g).
+// Pairing the two is what keeps a pipeline's neighbours from both blocking in a send to each other.
+static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer, void* recvbuf, int recv_peer, size_t n, DType t) {
+#ifndef LLMC_CPU
+    if (c->engine == ENGINE_NCCL) {
+        comm_stream_follow_main(c);
+        ncclCheck(ncclGroupStart());
+        ncclCheck(ncclSend(sendbuf, n, nccl_type(t), send_peer, g->nccl, c->stream));
+        ncclCheck(ncclRecv(recvbuf, n, nccl_type(t), recv_peer, g->nccl, c->stream));
+        ncclCheck(ncclGroupEnd());
+        return;
+    }
+#endif
+#ifdef USE_MPI
+#ifdef LLMC_CPU
+    const float* hs = (const float*)sendbuf;
+    float* hr = (float*)recvbuf;
+#else
+    static HostScratch recv_staging = {NULL, 0};
+    const float* hs = stage_in(sendbuf, n, t);
+    float* hr = host_scratch(&recv_staging, n);
+#endif
+    mpiCheck(MPI_Sendrecv(hs, (int)n, MPI_FLOAT, send_peer, 0, hr, (int)n, MPI_FLOAT, recv_peer, 0, g->mpi, MPI_STATUS_IGNORE));
+    stage_out(recvbuf, hr, n, t);
+#endif
+    (void)c, (void)g, (void)sendbuf, (void)send_peer, (void)recvbuf, (void)recv_peer, (void)n, (void)t;
+}
+
 // Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines.
 static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
-    if (g->size == 1) return;
+    if (g->size <= 1) return;
 #ifndef LLMC_CPU
     if (c->engine == ENGINE_NCCL) {
         static double* dev = NULL;

@@ -114,6 +114,14 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
+static inline void device_copy(void* dst, const void* src, size_t bytes) {
+#ifdef LLMC_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, main_stream));
+#endif
+}
+
 static inline void device_synchronize(void) {
 #ifndef LLMC_CPU
     cudaCheck(cudaStreamSynchronize(main_stream));

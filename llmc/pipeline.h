@@ -1,0 +1,149 @@
+/*
+ * pipeline.h: pipeline parallelism: which layers a stage owns, in what order it runs its micro-batches,
+ * and a tracer that records when.
+ *
+ * The L layers are cut into P stages of consecutive layers (as even as possible, or as given by
+ * --pp-split). Stage 0 also owns the embedding, stage P-1 the final LayerNorm and the classifier, and
+ * both hold the tied wte (their two gradients are summed before the update). One optimizer step pushes
+ * M micro-batches through the stages: activations (B,T,C) go forward by send/recv, their gradients come
+ * back the same way, gradients accumulate over the M micro-batches, and the optimizer steps once.
+ *
+ * Schedules, for stage s of P (F = forward of a micro-batch, B = its backward):
+ *   GPipe  F0 F1 ... F(M-1)  B0 B1 ... B(M-1)
+ *          every stage keeps the activations of all M micro-batches
+ *   1F1B   warm-up: min(P-s-1, M) forwards, then alternate one forward and one backward, then the
+ *          remaining backwards; stage s keeps at most min(P-s, M) micro-batches of activations
+ *
+ *   stage 0   F0 F1 F2 F3 .  .  .  B0 .  B1 .  B2 .  B3                        (GPipe, P=2, M=4)
+ *   stage 1   .  F0 F1 F2 F3 B0 .  B1 .  B2 .  B3 .
+ * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for either schedule.
+ *
+ * The schedule is a list of actions; train_gpt.cu executes it (pipeline_step), pairing each send with
+ * the receive that follows it when both go to the same neighbour, so two neighbours never both block
+ * in a send.
+ */
+#pragma once
+
+#include "device.h"
+
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B } Schedule;
+
+typedef struct {
+    int backward;  // 0: forward, 1: backward
+    int micro;     // micro-batch index
+} PipeAction;
+
+// First layer of each stage (first[P] = L). split: "a,b,c" layer counts, or NULL for as even as possible.
+static void pipeline_split(int L, int P, const char* split, int* first) {
+    if (P > L) fatal("--pp %d: more pipeline stages than the %d layers", P, L);
+    first[0] = 0;
+    if (split == NULL) {
+        for (int s = 0; s < P; s++) first[s + 1] = first[s] + L / P + (s < L % P ? 1 : 0);
+        return;
+    }
+    const char* p = split;
+    for (int s = 0; s < P; s++) {
+        char* end;
+        long n = strtol(p, &end, 10);
+        if (end == p || n < 1) fatal("--pp-split '%s': expected %d positive layer counts separated by commas", split, P);
+        first[s + 1] = first[s] + (int)n;
+        p = end;
+        if (s < P - 1) {
+            if (*p != ',') fatal("--pp-split '%s': expected %d layer counts (one per stage)", split, P);
+            p++;
+        }
+    }
+    if (*p != '\0') fatal("--pp-split '%s': expected %d layer counts (one per stage)", split, P);
+    if (first[P] != L) fatal("--pp-split '%s' covers %d layers, the model has %d", split, first[P], L);
+}
+
+// The 2M actions of stage s, in order. Returns the number of activation slots the stage needs.
+static int pipeline_schedule(Schedule sched, int P, int s, int M, PipeAction* actions) {
+    int n = 0;
+    if (sched == SCHEDULE_GPIPE) {
+        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){0, m};
+        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){1, m};
+        return M;
+    }
+    int warmup = P - s - 1 < M ? P - s - 1 : M;
+    int f = 0, b = 0;
+    for (; f < warmup; f++) actions[n++] = (PipeAction){0, f};
+    while (f < M) {  // steady state: one forward, one backward
+        actions[n++] = (PipeAction){0, f++};
+        actions[n++] = (PipeAction){1, b++};
+    }
+    while (b < M) actions[n++] = (PipeAction){1, b++};  // cool-down
+    return warmup + 1 < M ? warmup + 1 : M;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// tracer: Chrome/Perfetto trace events ("X" spans), one file per rank, merged by rank 0
+
+typedef struct {
+    char name[24];
+    const char* cat;  // forward | backward | send | recv | sendrecv | allreduce | optimizer
+    double start_us, dur_us;
+} TraceEvent;
+
+typedef struct {
+    int enabled;  // recording now
+    int n, cap;
+    TraceEvent* events;
+    double origin;        // wall_seconds() at the start
+    double busy_s;        // forward + backward time in the traced steps
+    double pipeline_s;    // wall time of the traced steps' pipelines (first forward to last backward)
+} Tracer;
+
+static double trace_now_us(const Tracer* tr) { return tr ? (wall_seconds() - tr->origin) * 1e6 : 0.0; }
+
+// Records a span from start_us to now. The GPU is synchronized first, so that a span is the time its
+// work took, not the time to queue it (tracing slows a run down a little; it is for looking at).
+static void trace_add(Tracer* tr, const char* cat, const char* name, int micro, double start_us) {
+    if (tr == NULL || !tr->enabled) return;
+    device_synchronize();
+    if (tr->n == tr->cap) {
+        tr->cap = tr->cap ? 2 * tr->cap : 1024;
+        tr->events = (TraceEvent*)realloc(tr->events, tr->cap * sizeof(TraceEvent));
+        if (tr->events == NULL) fatal("out of host memory for the trace");
+    }
+    TraceEvent* e = &tr->events[tr->n++];
+    if (micro >= 0) snprintf(e->name, sizeof(e->name), "%s %d", name, micro);
+    else snprintf(e->name, sizeof(e->name), "%s", name);
+    e->cat = cat;
+    e->start_us = start_us;
+    e->dur_us = trace_now_us(tr) - start_us;
+    if (strcmp(cat, "forward") == 0 || strcmp(cat, "backward") == 0) tr->busy_s += e->dur_us * 1e-6;
+}
+
+// writes this rank's events as a JSON fragment to <path>.rank<r>
+static void trace_write_rank(const Tracer* tr, const char* path, int rank, const char* label) {
+    char part[4200];
+    snprintf(part, sizeof(part), "%s.rank%d", path, rank);
+    FILE* f = fopen_check(part, "w");
+    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"%s\"}}", rank, label);
+    for (int i = 0; i < tr->n; i++) {
+        const TraceEvent* e = &tr->events[i];
+        fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.1f, \"dur\": %.1f, \"pid\": %d, \"tid\": 0}", e->name,
+                e->cat, e->start_us, e->dur_us, rank);
+    }
+    if (fclose(f) != 0) fatal("cannot write '%s'", part);
+}
+
+// rank 0, after every rank wrote its part: one {"traceEvents": [...]} file, the parts removed
+static void trace_merge(const char* path, int world_size) {
+    FILE* out = fopen_check(path, "w");
+    fprintf(out, "{\"traceEvents\": [\n");
+    for (int r = 0; r < world_size; r++) {
+        char part[4200];
+        snprintf(part, sizeof(part), "%s.rank%d", path, r);
+        FILE* f = fopen_check(part, "r");
+        char buf[65536];
+        size_t got;
+        if (r > 0) fprintf(out, ",\n");
+        while ((got = fread(buf, 1, sizeof(buf), f)) > 0) fwrite_check(buf, 1, got, out, path);
+        fclose(f);
+        remove(part);
+    }
+    fprintf(out, "\n]}\n");
+    if (fclose(out) != 0) fatal("cannot write '%s'", path);
+}
