@@ -432,6 +432,50 @@ static void test_tp_memory(void) {
     }
 }
 
+// Pipeline activation memory. A schedule's slot count must equal the most micro-batches it ever holds
+// (forwards done minus backwards done, simulated from its action list): M for GPipe, min(P - s, M) for
+// 1F1B; and each stage's activation bytes must grow by one slot's size per slot, read off the allocation.
+static void test_pipeline_memory(void) {
+    printf("pipeline activation memory per stage (L=5 C=32 NH=4 V=512, P=4, B=2 T=16)\n");
+    GPT2Config c = {16, 512, 512, 5, 4, 32};
+    int P = 4, first[5];
+    pipeline_split(c.L, P, NULL, first);
+    PipeAction actions[2 * 7];
+    for (int sched = 0; sched < 2; sched++) {
+        for (int M = 1; M <= 7; M += 3) {
+            printf("  %-5s M=%d:", sched == SCHEDULE_GPIPE ? "GPipe" : "1F1B", M);
+            for (int st = 0; st < P; st++) {
+                int slots = pipeline_schedule((Schedule)sched, P, st, M, actions);
+                int in_flight = 0, peak = 0;
+                for (int i = 0; i < 2 * M; i++) {
+                    in_flight += actions[i].backward ? -1 : 1;
+                    peak = in_flight > peak ? in_flight : peak;
+                }
+                int expect = sched == SCHEDULE_GPIPE ? M : (P - st < M ? P - st : M);
+                size_t bytes[2];
+                for (int k = 0; k < 2; k++) {  // allocated with `slots` slots and with one
+                    GPT2 model;
+                    Placement place = {0, 1, 0, 1, 0, P, st, first[st], first[st + 1]};
+                    gpt2_build(&model, &c, comm_single(), &place);
+                    gpt2_allocate_activations(&model, 2, 16, k == 0 ? slots : 1, 0);
+                    bytes[k] = model.bytes_activations;
+                    gpt2_free(&model);
+                }
+                GPT2 two;
+                Placement place = {0, 1, 0, 1, 0, P, st, first[st], first[st + 1]};
+                gpt2_build(&two, &c, comm_single(), &place);
+                gpt2_allocate_activations(&two, 2, 16, 2, 0);
+                size_t per_slot = two.bytes_activations - bytes[1];
+                gpt2_free(&two);
+                int ok = slots == peak && slots == expect && bytes[0] == bytes[1] + (slots - 1) * per_slot;
+                printf("  stage %d: %d slot%s %6zu B %s", st, slots, slots > 1 ? "s" : " ", bytes[0], ok ? "ok" : "FAIL");
+                if (!ok) failures++;
+            }
+            printf("\n");
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
@@ -442,6 +486,7 @@ int main(int argc, char** argv) {
     test_bf16_model_file(dir);
     test_zero_memory(dir);
     test_tp_memory();
+    test_pipeline_memory();
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

@@ -31,12 +31,12 @@ static void (*fatal_hook)(void) = NULL;
 
 [[noreturn]] static inline void fatal(const char* fmt, ...) {
     fflush(stdout);
-    fprintf(stderr, "error: ");
+    char msg[2048];
     va_list args;
     va_start(args, fmt);
-    vfprintf(stderr, fmt, args);
+    vsnprintf(msg, sizeof(msg), fmt, args);
     va_end(args);
-    fprintf(stderr, "\n");
+    fprintf(stderr, "error: %s\n", msg);  // one write, so lines of several ranks do not interleave
     fflush(stderr);
     if (fatal_hook) fatal_hook();
     exit(1);

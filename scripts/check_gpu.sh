@@ -32,6 +32,8 @@ run test_bf16 ./build/gpu-bf16/test_gpt build/ref
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
 run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
 run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt
+run test_pp_fp32 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
+run trace_gpu bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
 run train_default ./build/gpu-bf16/train_gpt
 # GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
 # tokens = 6 micro-batches, which is plenty for a throughput measurement

@@ -7,13 +7,14 @@
 #   openmpi-bin libopenmpi-dev    mpirun and MPI headers, for multi-rank runs
 #   python3 python3-regex         data preparation and the GPT-2 tokenizer (scripts/prepare_data.py)
 #   python3-torch python3-numpy   the PyTorch reference (scripts/), run on the CPU
+#   python3-matplotlib            pipeline timelines (scripts/plot_trace.py)
 #   dict-devil                    The Devil's Dictionary, source of the default dataset in data/
 #
 # Usage: scripts/install_deps.sh [--dry-run]     (--dry-run: report what is missing, install nothing)
 # Runs apt-get as root, through sudo when not root already.
 set -euo pipefail
 
-PACKAGES=(g++ make python3 python3-regex python3-torch python3-numpy dict-devil openmpi-bin libopenmpi-dev)
+PACKAGES=(g++ make python3 python3-regex python3-torch python3-numpy python3-matplotlib dict-devil openmpi-bin libopenmpi-dev)
 
 dry_run=0
 case "${1:-}" in

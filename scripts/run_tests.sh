@@ -3,8 +3,8 @@
 #   1. install missing Debian packages (scripts/install_deps.sh)
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
-#   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO and
-#      tensor parallelism under mpirun, the default training job (its final validation loss must be 2 nats below the first)
+#   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
+#      tensor and pipeline parallelism under mpirun, the default training job (its final validation loss must be 2 nats below the first)
 #   5. GPU target: both precisions always compile where nvcc exists; with a GPU, test_gpt runs on it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +35,9 @@ bash scripts/test_dp.sh build/cpu/train_gpt
 
 step "CPU target: tensor parallelism under mpirun"
 bash scripts/test_tp.sh build/cpu/train_gpt
+
+step "CPU target: pipeline parallelism and 3D under mpirun"
+bash scripts/test_pp.sh build/cpu/train_gpt
 
 step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt
