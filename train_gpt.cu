@@ -296,6 +296,7 @@ typedef struct {
     Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
     int n_slots, rematerialize;
+    int recompute;           // --recompute level: which layer activations backward recomputes (see LayerActs)
     void* acts_memory;
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
@@ -544,14 +545,17 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         Activations* a = &sets[i];
         int full = i < n_full;
         size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
+        // per-layer buffers, or one layer's worth for what --recompute recomputes (see LayerActs)
+        int R = model->recompute;
+        size_t Lall = R < 3 ? L : 1, Lln = R < 2 ? L : 1, Lgelu = R < 1 ? L : 1;
         BufferSpec per[] = {
-            {(void**)&a->encoded, BT * C * fx},              {(void**)&a->ln1, k * L * BT * C * fx},
-            {(void**)&a->ln1_mean, k * L * BT * f},          {(void**)&a->ln1_rstd, k * L * BT * f},
-            {(void**)&a->qkv, k * L * BT * 3 * Cl * fx},     {(void**)&a->atty, k * L * BT * Cl * fx},
-            {(void**)&a->att, k * L * B * NHl * T * T * fx}, {(void**)&a->residual2, k * L * BT * C * fx},
-            {(void**)&a->ln2, k * L * BT * C * fx},          {(void**)&a->ln2_mean, k * L * BT * f},
-            {(void**)&a->ln2_rstd, k * L * BT * f},          {(void**)&a->fch, k * L * BT * 4 * Cl * fx},
-            {(void**)&a->fch_gelu, k * L * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * L * BT * C * fx},
+            {(void**)&a->encoded, BT * C * fx},                  {(void**)&a->ln1, k * Lln * BT * C * fx},
+            {(void**)&a->ln1_mean, k * Lall * BT * f},           {(void**)&a->ln1_rstd, k * Lall * BT * f},
+            {(void**)&a->qkv, k * Lall * BT * 3 * Cl * fx},      {(void**)&a->atty, k * Lall * BT * Cl * fx},
+            {(void**)&a->att, k * Lall * B * NHl * T * T * fx},  {(void**)&a->residual2, k * Lall * BT * C * fx},
+            {(void**)&a->ln2, k * Lln * BT * C * fx},            {(void**)&a->ln2_mean, k * Lall * BT * f},
+            {(void**)&a->ln2_rstd, k * Lall * BT * f},           {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},
+            {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * L * BT * C * fx},
             {(void**)&a->lnf, k * lf * BT * C * fx},         {(void**)&a->lnf_mean, k * lf * BT * f},
             {(void**)&a->lnf_rstd, k * lf * BT * f},         {(void**)&a->logits, k * BT * Vpl * fx},
             {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
@@ -599,6 +603,83 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
     residual_bias_forward(out, residual, a->scratch, bias, N, C);
 }
 
+// One layer's activations (local index li of this stage) inside the activation set a. What --recompute R
+// does not keep per layer lives in a single layer-sized buffer that every layer reuses, and backward
+// recomputes it just before it needs it (recompute_layer):
+//   R = 0  everything is kept
+//   R = 1  the GELU output is recomputed from the MLP hidden                   saves (B,T,4C) per layer
+//   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
+//   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
+//          recomputed in backward ("full checkpointing")
+// Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
+typedef struct {
+    floatX* input;                 // (B, T, C) the layer's input: the previous layer's output
+    floatX* ln1;                   // (B, T, C)
+    float *ln1_mean, *ln1_rstd;    // (B, T)
+    floatX* qkv;                   // (B, T, 3C/tp)
+    floatX* atty;                  // (B, T, C/tp)
+    floatX* att;                   // (B, NH/tp, T, T)
+    floatX* residual2;             // (B, T, C)
+    floatX* ln2;                   // (B, T, C)
+    float *ln2_mean, *ln2_rstd;    // (B, T)
+    floatX* fch;                   // (B, T, 4C/tp)
+    floatX* fch_gelu;              // (B, T, 4C/tp)
+    floatX* output;                // (B, T, C) = residual3
+} LayerActs;
+
+static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int B, int T) {
+    int R = model->recompute, tp = model->tp;
+    size_t BT = (size_t)B * T, C = model->config.C, Cl = C / tp, NHl = model->config.NH / tp;
+    size_t all = R < 3 ? li : 0, ln = R < 2 ? li : 0, gelu = R < 1 ? li : 0;  // index of the buffer used
+    LayerActs la;
+    la.input = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;
+    la.ln1 = a->ln1 + ln * BT * C;
+    la.ln1_mean = a->ln1_mean + all * BT;
+    la.ln1_rstd = a->ln1_rstd + all * BT;
+    la.qkv = a->qkv + all * BT * 3 * Cl;
+    la.atty = a->atty + all * BT * Cl;
+    la.att = a->att + all * B * NHl * T * T;
+    la.residual2 = a->residual2 + all * BT * C;
+    la.ln2 = a->ln2 + ln * BT * C;
+    la.ln2_mean = a->ln2_mean + all * BT;
+    la.ln2_rstd = a->ln2_rstd + all * BT;
+    la.fch = a->fch + all * BT * 4 * Cl;
+    la.fch_gelu = a->fch_gelu + gelu * BT * 4 * Cl;
+    la.output = a->residual3 + li * BT * C;
+    return la;
+}
+
+// forward of one transformer block: la.input -> la.output
+static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
+    int C = model->config.C, Cl = C / model->tp, NHl = model->config.NH / model->tp;
+    size_t BT = (size_t)B * T;
+    // attention block: residual2 = input + attproj(attention(ln1(input)))
+    layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
+    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl);  // TP: column-parallel, our heads
+    attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl);
+    row_parallel_forward(model, la->residual2, la->input, la->atty, w->attprojw, w->attprojb, BT, Cl);
+    // MLP block: output = residual2 + fcproj(gelu(fc(ln2(residual2))))
+    layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
+    matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl);  // TP: column-parallel, our hidden units
+    gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
+    row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * Cl);
+}
+
+// before a layer's backward: recompute what --recompute did not keep
+static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
+    int R = model->recompute, C = model->config.C, Cl = C / model->tp;
+    size_t BT = (size_t)B * T;
+    if (R == 3) {
+        layer_forward(model, la, w, B, T);  // rewrites la->output with the same values
+        return;
+    }
+    if (R >= 2) {
+        layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
+        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
+    }
+    if (R >= 1) gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
+}
+
 // Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set model->acts.
 // The first stage starts from the token ids `inputs` (host); the others from acts.encoded, which the
 // pipeline has filled with the previous stage's output. The last stage, given targets, returns the mean
@@ -610,7 +691,7 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     if (model->B == 0) gpt2_allocate_activations(model, B, T, 1, 0);
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
     int C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
-    int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
+    int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
     size_t BT = (size_t)B * T;
     Activations* a = &model->acts;
     Comm* comm = model->comm;
@@ -627,32 +708,8 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
         }
     }
     for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
-        const LayerWeights* w = &model->params.layers[l0 + li];
-        floatX* residual = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;  // (B, T, C) this layer's input
-        floatX* ln1 = a->ln1 + li * BT * C;
-        float* ln1_mean = a->ln1_mean + li * BT;
-        float* ln1_rstd = a->ln1_rstd + li * BT;
-        floatX* qkv = a->qkv + li * BT * 3 * Cl;
-        floatX* atty = a->atty + li * BT * Cl;
-        floatX* att = a->att + (size_t)li * B * NHl * T * T;
-        floatX* residual2 = a->residual2 + li * BT * C;
-        floatX* ln2 = a->ln2 + li * BT * C;
-        float* ln2_mean = a->ln2_mean + li * BT;
-        float* ln2_rstd = a->ln2_rstd + li * BT;
-        floatX* fch = a->fch + li * BT * 4 * Cl;
-        floatX* fch_gelu = a->fch_gelu + li * BT * 4 * Cl;
-        floatX* residual3 = a->residual3 + li * BT * C;
-
-        // attention block: residual2 = residual + attproj(attention(ln1(residual)))
-        layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, w->ln1w, w->ln1b, BT, C);
-        matmul_forward(qkv, ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl);  // TP: column-parallel, our heads
-        attention_forward(atty, att, qkv, B, T, Cl, NHl);
-        row_parallel_forward(model, residual2, residual, atty, w->attprojw, w->attprojb, BT, Cl);
-        // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-        layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, w->ln2w, w->ln2b, BT, C);
-        matmul_forward(fch, ln2, w->fcw, w->fcb, BT, C, 4 * Cl);  // TP: column-parallel, our hidden units
-        gelu_forward(fch_gelu, fch, BT * 4 * Cl);
-        row_parallel_forward(model, residual3, residual2, fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * Cl);
+        LayerActs la = layer_acts(model, a, li, B, T);
+        layer_forward(model, &la, &model->params.layers[l0 + li], B, T);
     }
     if (!model->last) return 0.0f;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (Ls - 1) * BT * C, model->params.lnfw,
@@ -734,32 +791,25 @@ static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
         int l = l0 + li;
         const LayerWeights* w = &p->layers[l];
         LayerWeights* dw = &g->layers[l];
-        floatX* residual = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;
-        floatX* ln1 = a->ln1 + li * BT * C;
-        floatX* qkv = a->qkv + li * BT * 3 * Cl;
-        floatX* atty = a->atty + li * BT * Cl;
-        floatX* att = a->att + (size_t)li * B * NHl * T * T;
-        floatX* residual2 = a->residual2 + li * BT * C;
-        floatX* ln2 = a->ln2 + li * BT * C;
-        floatX* fch = a->fch + li * BT * 4 * Cl;
-        floatX* fch_gelu = a->fch_gelu + li * BT * 4 * Cl;
+        LayerActs la = layer_acts(model, a, li, B, T);
+        recompute_layer(model, &la, w, B, T);
         if (zero2) zero2_acquire_slot(model->comm, &model->zero2, l % 2, model->layout.buckets[1 + l].size);
 
-        // MLP block; dresidual holds d(residual3) and flows through the residual add unchanged
+        // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: into a row-parallel layer, whose input gradient is local: no communication)
-        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, fch_gelu, w->fcprojw, BT, 4 * Cl, C);  // dfch_gelu =
-        gelu_backward(a->dwide, fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
-        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, ln2, w->fcw, BT, C, 4 * Cl);                     // dln2 =
+        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C);  // dfch_gelu =
+        gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
+        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl);                     // dln2 =
         tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel fc saw only our hidden units
-        layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, residual2, w->ln2w, a->ln2_mean + li * BT,
-                           a->ln2_rstd + li * BT, BT, C);                                                         // dresidual2 +=
+        layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
+                           BT, C);                                                                                   // dresidual2 +=
         // attention block
-        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, atty, w->attprojw, BT, Cl, C);    // datty =
-        attention_backward(a->dwide, a->scratch, qkv, att, B, T, Cl, NHl);                                       // dqkv =
-        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
+        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C);    // datty =
+        attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl);                                    // dqkv =
+        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
         tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel qkv saw only our heads
-        layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, residual, w->ln1w, a->ln1_mean + li * BT,
-                           a->ln1_rstd + li * BT, BT, C);                                                         // dresidual +=
+        layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
+                           BT, C);                                                                                   // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         if (zero2) zero2_release_slot(model->comm, &model->zero2, l % 2);
     }
