@@ -476,6 +476,65 @@ static void test_pipeline_memory(void) {
     }
 }
 
+// Recomputation: 10 training steps give bit-identical losses and final parameters at every --recompute
+// level (backward recomputes with the same operations on the same inputs), and the activation memory
+// falls at each level by exactly what that level stops keeping for the layers beyond the first.
+static void test_recompute(const char* dir) {
+    printf("recomputation levels (odd config, B=3 T=37, 10 steps)\n");
+    char tmp[] = "/tmp/test_gpt_XXXXXX";
+    if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
+    char data[4200], model_path[4096], out[4][4300];
+    snprintf(data, sizeof(data), "%s/tokens.bin", tmp);
+    snprintf(model_path, sizeof(model_path), "%s/ref_odd_model.bin", dir);
+    write_random_tokens(data, 5000, 1000, 5);
+    float losses[4][10];
+    for (int R = 0; R <= 3; R++) {
+        TrainConfig tc;
+        default_train_config(&tc);
+        tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
+        tc.B = 3, tc.T = 37, tc.steps = 10, tc.recompute = R;
+        snprintf(out[R], sizeof(out[R]), "%s/model_R%d.bin", tmp, R);
+        tc.save_model = out[R];
+        train(&tc, comm_single(), losses[R], 10);
+    }
+    GPT2Config c;
+    float* p0 = NULL;
+    model_file_read(out[0], &c, &p0);
+    size_t n = gpt2_num_parameters(&c);
+    size_t bytes[4];
+    for (int R = 0; R <= 3; R++) {
+        float* pr = NULL;
+        model_file_read(out[R], &c, &pr);
+        int same = memcmp(losses[R], losses[0], sizeof(losses[0])) == 0 && memcmp(pr, p0, n * sizeof(float)) == 0;
+        GPT2 model;
+        Placement place = placement_single(&c);
+        gpt2_build(&model, &c, comm_single(), &place);
+        model.recompute = R;
+        gpt2_allocate_activations(&model, 3, 37, 1, 0);
+        bytes[R] = model.bytes_activations;
+        gpt2_free(&model);
+        // what each level stops keeping for layers 1..L-1 (fx bytes): R1 GELU out, R2 two LN outs,
+        // R3 ln stats, qkv, atty, att, residual2, fch; each buffer rounded to 256 bytes
+        size_t fx = sizeof(floatX), BT = 3 * 37, L = c.L, C = c.C;
+        size_t drop = 0;
+        if (R >= 1) drop += round_up(L * BT * 4 * C * fx, 256) - round_up(BT * 4 * C * fx, 256);
+        if (R >= 2) drop += 2 * (round_up(L * BT * C * fx, 256) - round_up(BT * C * fx, 256));
+        if (R >= 3) {
+            size_t per_layer[] = {BT * 4, BT * 4, BT * 3 * C * fx, BT * C * fx, (size_t)c.NH * 37 * 37 * 3 * fx, BT * C * fx, BT * 4, BT * 4, BT * 4 * C * fx};
+            for (size_t k = 0; k < sizeof(per_layer) / sizeof(per_layer[0]); k++) drop += round_up(L * per_layer[k], 256) - round_up(per_layer[k], 256);
+        }
+        int ok = same && bytes[R] == bytes[0] - drop;
+        printf("  --recompute %d: losses and parameters %s, activations %zu B (%.0f%% of level 0)  %s\n", R,
+               same ? "bit-identical" : "DIFFER", bytes[R], 100.0 * bytes[R] / bytes[0], ok ? "ok" : "FAIL");
+        if (!ok) failures++;
+        free(pr);
+    }
+    free(p0);
+    char cmd[4300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
@@ -487,6 +546,7 @@ int main(int argc, char** argv) {
     test_zero_memory(dir);
     test_tp_memory();
     test_pipeline_memory();
+    test_recompute(dir);
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

@@ -1173,6 +1173,7 @@ typedef struct {
     const char* pp_split;  // layers per stage "a,b,c", or NULL: as even as possible
     Schedule pipe_schedule;  // GPipe or 1F1B
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
+    int recompute;         // --recompute 0..3 (see LayerActs)
     const char* trace;     // --trace FILE, or NULL
     int trace_steps;
     int zero;            // ZeRO stage 0, 1, 2
@@ -1296,6 +1297,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
                        stage_first[comm->pp_rank], stage_first[comm->pp_rank + 1]};
     free(stage_first);
     gpt2_build(&model, &config, comm, &place);
+    model.recompute = tc->recompute;
     if (params) gpt2_set_parameters(&model, params);
     else gpt2_init_random(&model, tc->seed);
     if (resume_m) gpt2_set_optimizer_state(&model, resume_m, resume_v);
@@ -1412,7 +1414,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         gpt2_export_master(&model, buf);
         if (main_rank) {
             model_file_write(tc->save_model, c, buf);
-            printf("wrote %s\n", tc->save_model);
+            if (!tc->quiet) printf("wrote %s\n", tc->save_model);
         }
         free(buf);
     }
@@ -1486,6 +1488,8 @@ static void print_usage(void) {
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
         "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
+        "memory\n"
+        "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
         "  --trace-steps N       steps to trace, after the first      [2]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
@@ -1573,6 +1577,7 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         } else if (!strcmp(f, "--micro-batches")) micro_batches = (int)parse_int(f, v, 1, 1 << 20);
         else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--trace")) tc->trace = v;
+        else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
         else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
         else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
         else if (!strcmp(f, "--comm")) {
