@@ -1,9 +1,9 @@
 # Builds the trainer and its tests for two targets from the same sources.
 #   make cpu            build/cpu/train_gpt, build/cpu/test_gpt        (g++ -x c++ -DLLMC_CPU, OpenMP)
-#   make gpu            build/gpu-bf16/... and build/gpu-fp32/...       (nvcc, cuBLASLt)
+#   make gpu            build/gpu-{bf16,fp32,fp16}/...                  (nvcc, cuBLASLt, NCCL)
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make test           installs what is missing, then runs every test this machine can run
-# PRECISION=BF16|FP32 picks the GPU build used by `make train`; GPU_ARCH overrides the -arch list.
+# PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`; GPU_ARCH overrides the -arch list.
 
 CXX ?= g++
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -44,11 +44,16 @@ build/cpu/%: %.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_FLAGS) $< $(MPI_LIBS) -o $@
 
-gpu: build/gpu-bf16/train_gpt build/gpu-bf16/test_gpt build/gpu-fp32/train_gpt build/gpu-fp32/test_gpt
+gpu: build/gpu-bf16/train_gpt build/gpu-bf16/test_gpt build/gpu-fp32/train_gpt build/gpu-fp32/test_gpt \
+     build/gpu-fp16/train_gpt build/gpu-fp16/test_gpt
 
 build/gpu-bf16/%: %.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 $< $(NVCC_LIBS) -o $@
+
+build/gpu-fp16/%: %.cu $(HEADERS) train_gpt.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP16 $< $(NVCC_LIBS) -o $@
 
 build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(@D)

@@ -194,7 +194,7 @@ static void test_against_reference(const char* dir, const char* name) {
         snprintf(what, sizeof(what), "loss at step %d (ref %.6f)", step, r.losses[step]);
         check(what, rel_diff(l, r.losses[step]), TOL.loss);
         gpt2_backward(&model, r.B, r.T, 1);
-        gpt2_update(&model, &opt, r.lr, step + 1);
+        gpt2_update(&model, &opt, r.lr, step + 1, NULL, NULL);
     }
     float* params = (float*)malloc_check(r.num_params * sizeof(float));
     gpt2_export_master(&model, params);

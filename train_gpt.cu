@@ -29,6 +29,7 @@
 #include "llmc/global_norm.h"
 #include "llmc/layernorm.h"
 #include "llmc/logger.h"
+#include "llmc/loss_scaler.h"
 #include "llmc/matmul.h"
 #include "llmc/pipeline.h"
 #include "llmc/residual.h"
@@ -842,8 +843,10 @@ static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t
 // Clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0 disables) and takes
 // one AdamW step number t (1-based) on the part of the parameters this rank owns (all of them at ZeRO
 // stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
-// clipping.
-static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t) {
+// clipping. With a loss scaler (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value:
+// the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
+// everywhere (*skipped = 1; parameters and optimizer state untouched).
+static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped) {
     ZeroPlan* z = &model->zero;
     Comm* comm = model->comm;
     // squared norm: tensors split by TP are summed over the TP group, replicated ones counted once; the
@@ -858,13 +861,23 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t)
         if (s->whole.split == SPLIT_NONE) replicated += ss;
         else split += ss;
     }
+    float scale = scaler ? loss_scale(scaler) : 1.0f;
+    if (skipped) *skipped = 0;
+    if (scaler && scaler->mode != SCALE_OFF) {  // one max all-reduce: did any rank's gradients overflow?
+        double overflow = isfinite(split) && isfinite(replicated) ? 0.0 : 1.0;
+        comm_all_reduce_host(comm, &comm->world, &overflow, 1, REDUCE_MAX);
+        if (loss_scaler_update(scaler, overflow > 0.0)) {
+            *skipped = 1;
+            return INFINITY;
+        }
+    }
     if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &split, 1, REDUCE_SUM);
     double sumsq = split + replicated;
     comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
     if (z->stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
-    float norm = (float)sqrt(sumsq);
+    float norm = (float)sqrt(sumsq) / scale;
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
-    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, clip_coef < 1.0f ? clip_coef : 1.0f, t};
+    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, t};
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
@@ -1180,6 +1193,8 @@ typedef struct {
     const char* engine;  // auto | mpi | nccl
     const char* nccl_id_dir;
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
+    int fault_inf_rank, fault_inf_step;  // testing: this rank puts an inf into a gradient at this step
+    LossScaler scaler;   // loss scaling settings (llmc/loss_scaler.h)
     // optimization
     long long steps;
     long long stop_after;  // end this run after this step (0: run to --steps); the schedule still plans for steps
@@ -1245,6 +1260,16 @@ static double gpu_peak_flops(void) {
     if (prop.major == 8 && prop.minor == 0) return 312e12;  // A100
     return 0.0;
 #endif
+}
+
+// testing (--fault-inf-rank/--fault-inf-step): one gradient of this rank becomes inf, as an fp16 overflow would
+static void inject_inf_gradient(GPT2* model) {
+    for (int b = 0; b < model->zero.num_buckets; b++) {
+        if (owned_size(&model->zero, b) == 0) continue;
+        floatX inf = float_to_floatX(INFINITY);
+        copy_to_device(grads_of_bucket(model, b), &inf, sizeof(inf));
+        return;
+    }
 }
 
 // Writes the trace (every rank its part, rank 0 merges) and prints the pipeline bubble measured in the
@@ -1328,6 +1353,13 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
 
     Rng sample_rng = {tc->resume ? state.sample_rng : tc->seed + 1};
     long long start_step = tc->resume ? state.step : 0;
+    long long updates = tc->resume ? state.updates : 0;  // AdamW's step count: skipped steps do not count
+    LossScaler scaler = tc->scaler;
+    if (tc->resume && scaler.mode != SCALE_OFF) {
+        scaler.scale = state.loss_scale;
+        scaler.good_steps = state.scale_good_steps;
+        scaler.hysteresis_left = state.scale_hysteresis_left;
+    }
     Logger logger = {NULL};
     if (main_rank) logger_open(&logger, tc->log_file, tc->resume != NULL);
 
@@ -1357,7 +1389,6 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     }
 
     float val_loss = NAN;
-    float dloss = 1.0f / (float)tokens_per_step;  // each position's weight in the mean loss of the global batch
     for (long long step = start_step; step <= tc->steps; step++) {
         int last = step == tc->steps;
         if (have_val && (step % tc->val_every == 0 || last)) {
@@ -1379,6 +1410,10 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             state.data_seed = tc->seed;
             state.zero_stage = tc->zero;
             state.dp = D;
+            state.updates = updates;
+            state.loss_scale = scaler.scale;
+            state.scale_good_steps = scaler.good_steps;
+            state.scale_hysteresis_left = scaler.hysteresis_left;
             save_checkpoint(&model, tc->checkpoint_dir, &state);
         }
         if (last || stopping) break;
@@ -1390,16 +1425,30 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         double t0 = wall_seconds();
         tracer.enabled = tc->trace && step > start_step && step <= start_step + tc->trace_steps;  // skip the first step
         gpt2_zero_grad(&model);
+        // each position's weight in the mean loss of the global batch, times the loss scale
+        float dloss = loss_scale(&scaler) / (float)tokens_per_step;
         double loss = pipeline_step(&model, &train_loader, schedule, tc->grad_accum, step, dloss);
+        if (comm->world_rank == tc->fault_inf_rank && step + 1 == tc->fault_inf_step) inject_inf_gradient(&model);
         float lr = learning_rate(tc, step);
         double t_opt = trace_now_us(&tracer);
-        float norm = gpt2_update(&model, &tc->opt, lr, (int)(step + 1));
+        float scale_before = loss_scale(&scaler);
+        int skipped = 0;
+        float norm = gpt2_update(&model, &tc->opt, lr, (int)(updates + 1), &scaler, &skipped);
         trace_add(&tracer, "optimizer", "AdamW", -1, t_opt);
+        if (skipped) {
+            if (main_rank)
+                printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n", step + 1,
+                       scale_before, loss_scale(&scaler));
+            logger_skip(&logger, step + 1, loss_scale(&scaler));
+        } else {
+            updates++;
+        }
         device_synchronize();
         double ms = 1000.0 * (wall_seconds() - t0);
         double tokens_per_s = tokens_per_step / (ms / 1000.0);
         if (losses && step < max_losses) losses[step] = (float)loss;
         if (!isfinite(loss)) fatal("loss is %f at step %lld: training diverged", loss, step + 1);
+        if (skipped) continue;
         if (main_rank && !tc->quiet) {
             printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, tc->steps, loss,
                    norm, lr, ms, tokens_per_s);
@@ -1458,6 +1507,10 @@ static void default_train_config(TrainConfig* tc) {
     tc->trace_steps = 2;
     tc->fault_rank = -1;
     tc->fault_step = -1;
+    tc->fault_inf_rank = -1;
+    tc->fault_inf_step = -1;
+    // FP16 needs loss scaling; BF16 and FP32 have fp32's exponent range and do not
+    tc->scaler = (LossScaler){FP16_BUILD ? SCALE_DYNAMIC : SCALE_OFF, 65536.0f, 2.0f, 0.5f, 2000, 1, 0, 1};
 }
 
 static void print_usage(void) {
@@ -1488,6 +1541,11 @@ static void print_usage(void) {
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
         "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
+        "mixed precision\n"
+        "  --loss-scale S        dynamic | off | a fixed scale        [%s]\n"
+        "  --loss-scale-init X   first dynamic scale                  [65536]\n"
+        "  --loss-scale-growth X  --loss-scale-backoff X  --loss-scale-interval N  --loss-scale-hysteresis N [2 0.5 2000 1]\n"
+        "  --fault-inf-rank R --fault-inf-step S   testing: rank R makes a gradient inf at step S\n"
         "memory\n"
         "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
         "  --trace-steps N       steps to trace, after the first      [2]\n"
@@ -1517,7 +1575,8 @@ static void print_usage(void) {
         "  --log FILE            one JSON object per line per step and evaluation\n"
         "  --help                this text\n",
         TARGET_NAME, PRECISION_NAME, d.train_data, d.val_data, d.tokenizer, d.arch.L, d.arch.C, d.arch.NH, d.arch.V,
-        d.arch.maxT, (unsigned long long)d.seed, d.B, d.T, d.grad_accum, d.steps, d.opt.lr, d.warmup, d.schedule,
+        d.arch.maxT, (unsigned long long)d.seed, d.B, d.T, d.grad_accum,
+        d.scaler.mode == SCALE_DYNAMIC ? "dynamic" : "off", d.steps, d.opt.lr, d.warmup, d.schedule,
         d.lr_min_frac, d.opt.beta1, d.opt.beta2, d.opt.eps, d.opt.weight_decay, d.opt.grad_clip, d.val_every,
         d.val_batches, d.sample_every, d.sample_len, d.save_every, d.checkpoint_dir);
 }
@@ -1578,6 +1637,20 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--trace")) tc->trace = v;
         else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
+        else if (!strcmp(f, "--loss-scale")) {
+            if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
+            else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;
+            else {
+                tc->scaler.mode = SCALE_STATIC;
+                tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
+            }
+        } else if (!strcmp(f, "--loss-scale-init")) tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
+        else if (!strcmp(f, "--loss-scale-growth")) tc->scaler.growth = parse_float(f, v, 1.0, 1e6);
+        else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
+        else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
+        else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--fault-inf-rank")) tc->fault_inf_rank = (int)parse_int(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--fault-inf-step")) tc->fault_inf_step = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
         else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
         else if (!strcmp(f, "--comm")) {

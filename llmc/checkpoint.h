@@ -13,7 +13,9 @@
  *   DP ranks together)  [9] T  [10] grad_accum  [11] shuffle  [12..13] step (int64)
  *   [14..15] num_params (int64)  [16..17] sampling rng state (uint64)  [18..19] FNV-1a hash of the
  *   companion model file (uint64)  [20..21] data seed (uint64)  [22] shard  [23] number of shards
- *   [24] ZeRO stage  [25] DP size  [26..27] number of ranges R (int64)
+ *   [24] ZeRO stage  [25] DP size  [26..27] number of ranges R (int64)  [28..29] optimizer updates
+ *   applied (int64)  [30] loss scale (float32)  [31] clean steps since its last change  [32] overflows
+ *   it still tolerates
  * then R pairs (offset in file order, count) as int64, then AdamW's m for those ranges (float32), then
  * v, then the FNV-1a hash (uint64) of all the bytes before it. Shards of any DP size can be read by any
  * other: a resume reassembles the whole state and takes its own chunks (re-sharding). The model hash
@@ -197,6 +199,9 @@ typedef struct {
     uint64_t data_seed;   // seed of the shuffled data order
     int shard, num_shards;  // which shard of the optimizer state this file holds
     int zero_stage, dp;     // how the run that saved it was sharded (informational)
+    long long updates;      // optimizer updates applied (steps minus the ones skipped on overflow)
+    float loss_scale;       // the loss scaler's state (llmc/loss_scaler.h)
+    int scale_good_steps, scale_hysteresis_left;
 } RunState;
 
 static void put_u64(int* h, uint64_t v) { memcpy(h, &v, sizeof(v)); }
@@ -235,6 +240,10 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
     header[24] = s->zero_stage;
     header[25] = s->dp;
     put_u64(header + 26, (uint64_t)n_ranges);
+    put_u64(header + 28, (uint64_t)s->updates);
+    memcpy(header + 30, &s->loss_scale, sizeof(float));
+    header[31] = s->scale_good_steps;
+    header[32] = s->scale_hysteresis_left;
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, header, sizeof(header));
@@ -269,6 +278,10 @@ static void state_file_read(const char* path, RunState* s, float** m_full, float
     s->zero_stage = header[24];
     s->dp = header[25];
     uint64_t n_ranges = get_u64(header + 26);
+    s->updates = (long long)get_u64(header + 28);
+    memcpy(&s->loss_scale, header + 30, sizeof(float));
+    s->scale_good_steps = header[31];
+    s->scale_hysteresis_left = header[32];
     if (n != gpt2_num_parameters(&s->config)) fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
     if (s->num_shards < 1 || s->shard < 0 || s->shard >= s->num_shards) fatal("'%s': bad shard %d of %d", path, s->shard, s->num_shards);
     if (n_ranges > n + 1024 || (long long)(1024 + 16 * n_ranges) > size) fatal("'%s' is truncated or corrupt (%llu ranges)", path, (unsigned long long)n_ranges);

@@ -3,8 +3,8 @@
  *
  * The model code in train_gpt.cu allocates, copies and clears memory through these functions and never
  * touches CUDA directly, so the same source builds:
- *   GPU target: nvcc, memory is cudaMalloc'ed device memory, floatX is float (PRECISION=FP32) or
- *               __nv_bfloat16 (PRECISION=BF16, the default);
+ *   GPU target: nvcc, memory is cudaMalloc'ed device memory, floatX is float (PRECISION=FP32),
+ *               __nv_bfloat16 (PRECISION=BF16, the default) or __half (PRECISION=FP16, with loss scaling);
  *   CPU target: g++ -x c++ -DLLMC_CPU, "device" memory is host memory, floatX is float.
  *
  * floatX is the type of parameters, gradients and activations. Optimizer state and master weights are
@@ -21,6 +21,7 @@
 
 typedef float floatX;
 #define PRECISION_NAME "FP32"
+#define FP16_BUILD 0
 #define TARGET_NAME "CPU"
 static inline float floatX_to_float(floatX x) { return x; }
 static inline floatX float_to_floatX(float x) { return x; }
@@ -32,6 +33,7 @@ static inline floatX float_to_floatX(float x) { return x; }
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 static inline void cuda_check(cudaError_t err, const char* file, int line) {
@@ -48,10 +50,17 @@ static inline void cublas_check(cublasStatus_t status, const char* file, int lin
 typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "BF16"
 #define CUDA_FLOATX CUDA_R_16BF
+#define FP16_BUILD 0
+#elif defined(ENABLE_FP16)
+typedef __half floatX;
+#define PRECISION_NAME "FP16"
+#define CUDA_FLOATX CUDA_R_16F
+#define FP16_BUILD 1
 #else
 typedef float floatX;
 #define PRECISION_NAME "FP32"
 #define CUDA_FLOATX CUDA_R_32F
+#define FP16_BUILD 0
 #endif
 #define TARGET_NAME "GPU"
 

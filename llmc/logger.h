@@ -2,6 +2,7 @@
  * logger.h: the machine-readable log, one JSON object per line (--log FILE).
  *   per step:       {"step": 12, "loss": 5.12, "lr": 0.0006, "grad_norm": 1.3, "tokens_per_s": 41234, "ms": 12.4}
  *   per evaluation: {"step": 12, "val_loss": 5.31}
+ *   per skipped step (loss scaling, gradients overflowed): {"step": 12, "skipped": true, "loss_scale": 32768}
  * Every line is flushed as it is written, so a crash loses nothing already logged. On resume the file is
  * appended to.
  */
@@ -40,6 +41,15 @@ static void logger_eval(Logger* lg, long long step, float val_loss) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld", step);
     json_number(lg->f, "val_loss", val_loss, "%.9g");
+    fprintf(lg->f, "}\n");
+    fflush(lg->f);
+}
+
+// a step skipped because gradients overflowed, and the loss scale after it
+static void logger_skip(Logger* lg, long long step, float loss_scale) {
+    if (!lg->f) return;
+    fprintf(lg->f, "{\"step\": %lld, \"skipped\": true", step);
+    json_number(lg->f, "loss_scale", loss_scale, "%g");
     fprintf(lg->f, "}\n");
     fflush(lg->f);
 }

@@ -39,6 +39,9 @@ bash scripts/test_tp.sh build/cpu/train_gpt
 step "CPU target: pipeline parallelism and 3D under mpirun"
 bash scripts/test_pp.sh build/cpu/train_gpt
 
+step "CPU target: dynamic loss scaling (an injected overflow is skipped everywhere)"
+bash scripts/test_loss_scale.sh build/cpu/train_gpt
+
 step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt
 
