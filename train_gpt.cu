@@ -298,6 +298,7 @@ typedef struct {
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
     int n_slots, rematerialize;
     int recompute;           // --recompute level: which layer activations backward recomputes (see LayerActs)
+    int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
     void* acts_memory;
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
@@ -877,18 +878,35 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
     if (z->stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
     float norm = (float)sqrt(sumsq) / scale;
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
-    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, t};
+    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, t,
+                      model->stochastic_rounding, 0};
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
         args.weight_decay = s->decay ? o->weight_decay : 0.0f;
+        args.index_base = lo;
         adamw_update(master_of_bucket(model, s->bucket) + in_bucket, master_is_params() ? NULL : model->params_memory + lo,
                      grads_of_bucket(model, s->bucket) + in_bucket, model->m + k, model->v + k, hi - lo, args);
     }
     zero_gather_params(comm, z, model->params_memory);
     comm_join(comm);
     return norm;
+}
+
+// The parameters as the update of step t left them: each owned range of the master weights rounded the
+// way that update rounded it (stochastic rounding depends on the step), then all-gathered. Resume uses
+// it, so a BF16 run with stochastic rounding continues bit for bit.
+static void gpt2_round_params(GPT2* model, int t) {
+    if (master_is_params()) return;
+    size_t lo, hi, k;
+    for (int i = 0; i < model->layout.num_slots; i++) {
+        const TensorSlot* s = &model->layout.slots[i];
+        if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        round_params(model->params_memory + lo, model->master + k, hi - lo, lo, t, model->stochastic_rounding);
+    }
+    zero_gather_params(model->comm, &model->zero, model->params_memory);
+    comm_join(model->comm);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1187,6 +1205,7 @@ typedef struct {
     Schedule pipe_schedule;  // GPipe or 1F1B
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
     int recompute;         // --recompute 0..3 (see LayerActs)
+    int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
     const char* trace;     // --trace FILE, or NULL
     int trace_steps;
     int zero;            // ZeRO stage 0, 1, 2
@@ -1325,7 +1344,9 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     model.recompute = tc->recompute;
     if (params) gpt2_set_parameters(&model, params);
     else gpt2_init_random(&model, tc->seed);
+    model.stochastic_rounding = tc->stochastic_rounding;
     if (resume_m) gpt2_set_optimizer_state(&model, resume_m, resume_v);
+    if (tc->resume && model.stochastic_rounding && state.updates > 0) gpt2_round_params(&model, (int)state.updates);
     free(params), free(resume_m), free(resume_v);
     const GPT2Config* c = &model.config;
     if (tc->T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, c->maxT);
@@ -1507,6 +1528,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->trace_steps = 2;
     tc->fault_rank = -1;
     tc->fault_step = -1;
+    tc->stochastic_rounding = BF16_BUILD;
     tc->fault_inf_rank = -1;
     tc->fault_inf_step = -1;
     // FP16 needs loss scaling; BF16 and FP32 have fp32's exponent range and do not
@@ -1545,6 +1567,7 @@ static void print_usage(void) {
         "  --loss-scale S        dynamic | off | a fixed scale        [%s]\n"
         "  --loss-scale-init X   first dynamic scale                  [65536]\n"
         "  --loss-scale-growth X  --loss-scale-backoff X  --loss-scale-interval N  --loss-scale-hysteresis N [2 0.5 2000 1]\n"
+        "  --stochastic-rounding 0|1  BF16: round parameter updates stochastically [1 in BF16 builds]\n"
         "  --fault-inf-rank R --fault-inf-step S   testing: rank R makes a gradient inf at step S\n"
         "memory\n"
         "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
@@ -1649,6 +1672,7 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
         else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--fault-inf-rank")) tc->fault_inf_rank = (int)parse_int(f, v, 0, 1 << 20);
         else if (!strcmp(f, "--fault-inf-step")) tc->fault_inf_step = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);

@@ -8,7 +8,10 @@
  *   p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
  *
  * master, m, v are float. In the FP32 build the parameters themselves are the master copy; in the BF16
- * build `param_copy` receives the rounded update of the float master weights (round to nearest).
+ * and FP16 builds `param_copy` receives the updated master weight rounded to 16 bits: to nearest, or
+ * (BF16, a.stochastic) stochastically: up or down with probabilities given by the distance, so that
+ * updates smaller than bf16's spacing still move the parameters on average. The random bits are a hash
+ * of the element's index in the parameter buffer and the step, so a run (and its resume) is repeatable.
  */
 #pragma once
 
@@ -18,6 +21,8 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale;  // multiplies every gradient (clip_grad_norm_'s coefficient, or 1)
     int t;             // step number, starting at 1 (bias correction)
+    int stochastic;    // BF16: round the parameter copy stochastically
+    size_t index_base; // the buffer index of element 0 (the seed of its random bits)
 } AdamWArgs;
 
 #ifdef LLMC_CPU
@@ -48,14 +53,56 @@ static void adamw_cpu(float* master, floatX* param_copy, const floatX* grad, flo
 }
 
 #ifndef LLMC_CPU
+// 32 random bits from (index, step): a few rounds of multiply-xorshift
+__device__ static inline uint32_t rounding_bits(size_t index, int t) {
+    uint32_t x = (uint32_t)index ^ ((uint32_t)(index >> 32) * 0x85ebca6bu) ^ ((uint32_t)t * 0x9E3779B9u);
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+// float -> floatX: to nearest, or (BF16) stochastically: add 16 random bits below bf16's last kept bit,
+// then drop them
+__device__ static inline floatX round_param(float p, size_t index, int t, int stochastic) {
+#if defined(ENABLE_BF16)
+    if (stochastic) {
+        uint32_t u = __float_as_uint(p);
+        if ((u & 0x7f800000u) != 0x7f800000u) u += rounding_bits(index, t) & 0xffffu;  // inf and NaN stay
+        __nv_bfloat16_raw raw;
+        raw.x = (unsigned short)(u >> 16);
+        return __nv_bfloat16(raw);
+    }
+#endif
+    (void)index, (void)t, (void)stochastic;
+    return float_to_floatX(p);
+}
+
 __global__ void adamw_kernel(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n,
                              AdamWArgs a, float bc1, float bc2_sqrt) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float p = adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
-    if (param_copy != NULL) param_copy[i] = float_to_floatX(p);
+    if (param_copy != NULL) param_copy[i] = round_param(p, a.index_base + i, a.t, a.stochastic);
+}
+
+// param_copy = round(master), as the update of step t rounded it (used after loading the master weights)
+__global__ void round_params_kernel(floatX* param_copy, const float* master, size_t n, size_t index_base, int t, int stochastic) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) param_copy[i] = round_param(master[i], index_base + i, t, stochastic);
 }
 #endif
+
+static void round_params(floatX* param_copy, const float* master, size_t n, size_t index_base, int t, int stochastic) {
+#ifdef LLMC_CPU
+    (void)param_copy, (void)master, (void)n, (void)index_base, (void)t, (void)stochastic;  // fp32: no copy
+#else
+    round_params_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(param_copy, master, n, index_base, t, stochastic);
+    launchCheck();
+#endif
+}
 
 static void adamw_update(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n, AdamWArgs a) {
 #ifdef LLMC_CPU

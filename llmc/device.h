@@ -22,6 +22,7 @@
 typedef float floatX;
 #define PRECISION_NAME "FP32"
 #define FP16_BUILD 0
+#define BF16_BUILD 0
 #define TARGET_NAME "CPU"
 static inline float floatX_to_float(floatX x) { return x; }
 static inline floatX float_to_floatX(float x) { return x; }
@@ -51,16 +52,19 @@ typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "BF16"
 #define CUDA_FLOATX CUDA_R_16BF
 #define FP16_BUILD 0
+#define BF16_BUILD 1
 #elif defined(ENABLE_FP16)
 typedef __half floatX;
 #define PRECISION_NAME "FP16"
 #define CUDA_FLOATX CUDA_R_16F
 #define FP16_BUILD 1
+#define BF16_BUILD 0
 #else
 typedef float floatX;
 #define PRECISION_NAME "FP32"
 #define CUDA_FLOATX CUDA_R_32F
 #define FP16_BUILD 0
+#define BF16_BUILD 0
 #endif
 #define TARGET_NAME "GPU"
 
