@@ -541,6 +541,50 @@ static void test_recompute(const char* dir) {
     if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
 }
 
+// The memory planner builds a rank dry (nothing allocated); the same configuration built for real must
+// allocate exactly what the plan says, category by category, and nothing outside those categories
+// (the device allocation counter moves by the plan's total). A grid of dp, tp, pp, ZeRO stage,
+// recomputation, rematerialization and batch.
+static void test_memory_plan(void) {
+    printf("memory plan = measured allocation (L=4 C=48 NH=12 V=700), grid of configurations\n");
+    GPT2Config c = {16, 700, 768, 4, 12, 48};
+    int n = 0, bad = 0;
+    for (int dp = 1; dp <= 4; dp *= 2)
+        for (int tp = 1; tp <= 2; tp++)
+            for (int pp = 1; pp <= 2; pp++)
+                for (int zero = 0; zero <= 2; zero++)
+                    for (int R = 0; R <= 3; R += 3)
+                        for (int B = 1; B <= 3; B += 2) {
+                            if (pp > 1 && zero == 2) continue;
+                            int first[3];
+                            pipeline_split(c.L, pp, NULL, first);
+                            for (int st = 0; st < pp; st++) {
+                                Placement pl = {zero, dp, dp - 1, tp, tp - 1, pp, st, first[st], first[st + 1]};
+                                int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
+                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat);
+                                size_t before = device_allocated_bytes;
+                                GPT2 model;
+                                gpt2_build(&model, &c, comm_single(), &pl);
+                                model.recompute = R;
+                                gpt2_allocate_activations(&model, B, 16, slots, remat);
+                                size_t measured = device_allocated_bytes - before;
+                                int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
+                                         plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
+                                         plan.workspace == model.bytes_workspace && plan.comm == model.bytes_comm &&
+                                         measured == plan_total(&plan) - plan.kernel_scratch;
+                                if (!ok) {
+                                    printf("  FAIL dp=%d tp=%d pp=%d stage %d zero=%d R=%d B=%d: planned %zu, allocated %zu\n", dp, tp, pp, st,
+                                           zero, R, B, plan_total(&plan) - plan.kernel_scratch, measured);
+                                    bad++;
+                                }
+                                n++;
+                                gpt2_free(&model);
+                            }
+                        }
+    printf("  %d rank configurations: %s\n", n, bad ? "FAIL" : "plan equals the allocation in every category  ok");
+    failures += bad;
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
@@ -553,6 +597,7 @@ int main(int argc, char** argv) {
     test_tp_memory();
     test_pipeline_memory();
     test_recompute(dir);
+    test_memory_plan();
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

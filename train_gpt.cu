@@ -9,7 +9,8 @@
  *   2. the activations: one flat buffer, and a pointer table into it
  *   3. the model: build, initialize or load, forward, backward, optimizer update
  *   4. checkpoints (model + optimizer + data position + RNG) and sampling
- *   5. the training loop and the command line
+ *   5. the run's configuration and the memory planner (--plan)
+ *   6. the training loop and the command line
  * Every layer's math lives in llmc/<layer>.h, CPU reference and CUDA kernels side by side.
  *
  * Parameters are laid out in memory layer by layer (wte, wpe, then for each layer its 12 tensors, then
@@ -306,7 +307,10 @@ typedef struct {
     float* host_losses; // (B, T)
 } GPT2;
 
-static int master_is_params(void) { return sizeof(floatX) == sizeof(float); }
+// Bytes of one parameter, gradient or activation element: sizeof(floatX), or what the planner sets to
+// plan for another precision (it builds dry, see device.h).
+static size_t elem_bytes = sizeof(floatX);
+static int master_is_params(void) { return elem_bytes == sizeof(float); }
 
 // A one-rank world, for single-process runs and tests.
 static Comm* comm_single(void) {
@@ -349,7 +353,7 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
     model->num_parameters = gpt2_num_parameters(c);
     ParamLayout* lay = &model->layout;
     zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
-    size_t n = lay->total, shard = model->zero.shard_total, fx = sizeof(floatX);
+    size_t n = lay->total, shard = model->zero.shard_total, fx = elem_bytes;
 
     model->params_memory = (floatX*)zeroed_device_buffer(n * fx, &model->bytes_params);
     model->params = point_weights_flat(c, lay, model->params_memory);
@@ -531,7 +535,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     // with tensor parallelism the split activations hold this rank's heads, hidden units and vocabulary
     size_t L = model->place.l1 - model->place.l0, C = c->C, tp = model->tp, BT = (size_t)B * T;
     size_t Cl = C / tp, NHl = c->NH / tp, Vpl = model->last ? c->Vp / tp : 0, lf = model->last ? 1 : 0;
-    size_t fx = sizeof(floatX), f = sizeof(float);
+    size_t fx = elem_bytes, f = sizeof(float);
     int n_full = rematerialize ? 1 : n_slots;
     int n_sets = n_full + (rematerialize ? n_slots : 0);
     model->slots = (Activations*)calloc_check(n_slots * sizeof(Activations));
@@ -1182,8 +1186,10 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len, in
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 5. training loop
+// 5. the run's configuration, and the memory planner (--plan): what each rank will allocate, without
+//    allocating it
 
+// Everything the command line sets.
 typedef struct {
     // data
     const char* train_data;
@@ -1206,6 +1212,9 @@ typedef struct {
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
     int recompute;         // --recompute 0..3 (see LayerActs)
     int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
+    int plan;                 // --plan: print the memory plan and exit
+    const char* plan_precision;
+    double device_memory;     // --device-memory, bytes (0: not given)
     const char* trace;     // --trace FILE, or NULL
     int trace_steps;
     int zero;            // ZeRO stage 0, 1, 2
@@ -1230,6 +1239,97 @@ typedef struct {
     const char* save_model;  // write the final model here (llm.c format), or NULL
     int quiet;               // no per-step lines (tests)
 } TrainConfig;
+
+typedef struct {
+    size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
+    size_t kernel_scratch;  // GPU only: cuBLASLt workspace and the layer kernels' scratch, allocated on first use
+} MemoryPlan;
+
+static size_t plan_total(const MemoryPlan* p) {
+    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->comm + p->kernel_scratch;
+}
+
+// the scratch the GPU kernels allocate on first use (llmc/*.h Scratch buffers, cuBLASLt's workspace)
+static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T) {
+    size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
+    size_t attention = (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;   // attention.h
+    size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
+    size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
+    return (32 << 20) + attention + reductions + embedding;
+}
+
+// Builds one rank dry (llmc/device.h) and reads off its allocation by category.
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize) {
+    device_dry_run = 1;
+    GPT2 model;
+    gpt2_build(&model, c, comm_single(), pl);
+    model.recompute = recompute;
+    gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
+    MemoryPlan p = {model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_activations,
+                    model.bytes_workspace, model.bytes_comm, gpu_kernel_scratch(c, pl, B, T)};
+    gpt2_free(&model);
+    device_dry_run = 0;
+    return p;
+}
+
+// The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
+// micro-batch of B sequences; returns the largest total.
+static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, int B, int print) {
+    int* first = (int*)malloc_check((tc->pp + 1) * sizeof(int));
+    pipeline_split(c->L, tc->pp, tc->pp_split, first);
+    PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
+    size_t worst = 0;
+    for (int s = 0; s < tc->pp; s++) {
+        Placement pl = {tc->zero, dp, 0, tc->tp, 0, tc->pp, s, first[s], first[s + 1]};
+        int slots = pipeline_schedule(tc->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule, tc->pp, s, tc->grad_accum, plan);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize);
+        size_t total = plan_total(&p);
+        worst = total > worst ? total : worst;
+        if (print) {
+            const double G = 1073741824.0;
+            printf("  stage %2d (layers %2d-%2d): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
+                   "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f | total %7.3f GiB\n",
+                   s, first[s], first[s + 1] - 1, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slots,
+                   slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G, total / G);
+        }
+    }
+    free(plan);
+    free(first);
+    return worst;
+}
+
+// --plan: prints the per-rank memory of the configuration on the command line and, with
+// --device-memory, the largest micro-batch that fits. The world size is dp x tp x pp (--dp defaults to 1).
+static void print_plan(const TrainConfig* tc, const char* precision, double device_memory) {
+    GPT2Config c = tc->arch;
+    if (tc->model_file) model_file_read(tc->model_file, &c, NULL);
+    validate_config(&c, "plan");
+    validate_tp(&c, tc->tp);
+    if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
+    elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;
+    int dp = tc->dp > 0 ? tc->dp : 1;
+    printf("memory plan per rank (device memory, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n", c.L, c.C, c.NH,
+           c.V, c.maxT, gpt2_num_parameters(&c));
+    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
+           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, tc->B, tc->T, tc->grad_accum,
+           tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
+    plan_stages(&c, tc, dp, tc->B, 1);
+    if (device_memory > 0) {
+        int lo = 0, hi = 1;  // largest B whose worst stage fits: grow, then bisect
+        while (hi <= (1 << 16) && plan_stages(&c, tc, dp, hi, 0) <= device_memory) lo = hi, hi *= 2;
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            if (plan_stages(&c, tc, dp, mid, 0) <= device_memory) lo = mid;
+            else hi = mid;
+        }
+        if (lo == 0) printf("  with %.1f GiB per device: even a micro-batch of 1 does not fit\n", device_memory / 1073741824.0);
+        else printf("  with %.1f GiB per device: the largest micro-batch that fits is B=%d\n", device_memory / 1073741824.0, lo);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 6. training loop
+
 
 static float learning_rate(const TrainConfig* tc, long long step) {
     float lr = tc->opt.lr, lr_min = tc->opt.lr * tc->lr_min_frac;
@@ -1470,6 +1570,15 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         if (losses && step < max_losses) losses[step] = (float)loss;
         if (!isfinite(loss)) fatal("loss is %f at step %lld: training diverged", loss, step + 1);
         if (skipped) continue;
+#ifndef LLMC_CPU
+        if (main_rank && step == start_step && !tc->quiet) {  // the plan against what the device reports
+            size_t free_b, total_b;
+            cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+            MemoryPlan p = plan_rank(c, &place, tc->B, tc->T, n_slots, tc->recompute, tc->rematerialize);
+            printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
+                   (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
+        }
+#endif
         if (main_rank && !tc->quiet) {
             printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, tc->steps, loss,
                    norm, lr, ms, tokens_per_s);
@@ -1496,6 +1605,20 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     dataloader_free(&train_loader);
     gpt2_free(&model);
     return val_loss;
+}
+
+// "80GiB", "80GB", "512MiB", or bytes
+static double parse_size(const char* flag, const char* v) {
+    char* end;
+    double x = strtod(v, &end);
+    double unit = 1.0;
+    if (!strcmp(end, "GiB") || !strcmp(end, "G")) unit = 1073741824.0;
+    else if (!strcmp(end, "GB")) unit = 1e9;
+    else if (!strcmp(end, "MiB") || !strcmp(end, "M")) unit = 1048576.0;
+    else if (!strcmp(end, "MB")) unit = 1e6;
+    else if (*end != '\0' || end == v) fatal("%s expects a size like 80GiB, 80GB or 512MiB, got '%s'", flag, v);
+    if (!(x > 0)) fatal("%s must be positive, got '%s'", flag, v);
+    return x * unit;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1571,6 +1694,10 @@ static void print_usage(void) {
         "  --fault-inf-rank R --fault-inf-step S   testing: rank R makes a gradient inf at step S\n"
         "memory\n"
         "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
+        "  --plan                print each rank's memory for this configuration (any size, dp/tp/pp/zero/\n"
+        "                        recompute/batch) without allocating, and exit\n"
+        "  --device-memory SIZE  with --plan: also the largest micro-batch that fits, e.g. 80GiB\n"
+        "  --precision P         with --plan: bf16 | fp16 | fp32      [this build's]\n"
         "  --trace-steps N       steps to trace, after the first      [2]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
@@ -1632,6 +1759,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
             exit(0);
         }
         if (strncmp(f, "--", 2) != 0) fatal("unexpected argument '%s' (flags start with --; see --help)", f);
+        if (!strcmp(f, "--plan")) {
+            tc->plan = 1;
+            continue;
+        }
         if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);
         const char* v = argv[++i];
         const long long BIG = 1LL << 40;
@@ -1672,7 +1803,11 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
         else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
+        else if (!strcmp(f, "--device-memory")) tc->device_memory = parse_size(f, v);
+        else if (!strcmp(f, "--precision")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
+            tc->plan_precision = v;
+        } else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--fault-inf-rank")) tc->fault_inf_rank = (int)parse_int(f, v, 0, 1 << 20);
         else if (!strcmp(f, "--fault-inf-step")) tc->fault_inf_step = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
@@ -1732,6 +1867,11 @@ int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(&tc, argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (tc.plan) {
+        const char* own = BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32";
+        print_plan(&tc, tc.plan_precision ? tc.plan_precision : own, tc.device_memory);
+        return 0;
+    }
     Comm comm;
     comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir);
     double t0 = wall_seconds();

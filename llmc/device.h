@@ -79,7 +79,14 @@ static cudaStream_t main_stream = 0;
 // ----------------------------------------------------------------------------------------------------
 // allocate, copy, clear (the same names on both targets)
 
+// The memory planner (--plan) builds the model "dry": allocations are only counted, nothing is
+// allocated, cleared or copied. device_allocated_bytes counts every allocation either way.
+static int device_dry_run = 0;
+static size_t device_allocated_bytes = 0;
+
 static inline void* device_malloc(size_t bytes) {
+    device_allocated_bytes += bytes;
+    if (device_dry_run) return NULL;
 #ifdef LLMC_CPU
     void* p = NULL;
     if (posix_memalign(&p, 64, bytes > 0 ? bytes : 64) != 0) fatal("out of memory allocating %zu bytes", bytes);
@@ -94,6 +101,7 @@ static inline void* device_malloc(size_t bytes) {
 }
 
 static inline void device_free(void* p) {
+    if (device_dry_run) return;
 #ifdef LLMC_CPU
     free(p);
 #else
@@ -102,6 +110,7 @@ static inline void device_free(void* p) {
 }
 
 static inline void device_memset_zero(void* p, size_t bytes) {
+    if (device_dry_run) return;
 #ifdef LLMC_CPU
     memset(p, 0, bytes);
 #else
