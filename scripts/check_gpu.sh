@@ -29,6 +29,7 @@ run build make -j8 gpu cpu
 run reference "$PY" scripts/gpt2_reference.py --out-dir build/ref
 run test_fp32 ./build/gpu-fp32/test_gpt build/ref
 run test_bf16 ./build/gpu-bf16/test_gpt build/ref
+run test_fp16 ./build/gpu-fp16/test_gpt build/ref
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
 run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
 run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt
@@ -41,4 +42,20 @@ run bench_124M_bf16 ./build/gpu-bf16/train_gpt --layers 12 --channels 768 --head
     --batch-size 16 --seq-len 1024 --steps 30 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 10
 run bench_124M_fp32 ./build/gpu-fp32/train_gpt --layers 12 --channels 768 --heads 12 --max-seq-len 1024 \
     --batch-size 8 --seq-len 1024 --steps 10 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 5
+# FP16 with dynamic loss scaling against BF16: GPT-2 124M, B=16 T=1024, 200 steps on the default data
+G124=(--layers 12 --channels 768 --heads 12 --max-seq-len 1024 --batch-size 16 --seq-len 1024 --steps 200 --lr 6e-4
+      --warmup 20 --val-every 0 --sample-every 0)
+run fp16_200 ./build/gpu-fp16/train_gpt "${G124[@]}" --log "$OUT/fp16.jsonl"
+run bf16_200 ./build/gpu-bf16/train_gpt "${G124[@]}" --log "$OUT/bf16.jsonl"
+run fp16_vs_bf16 "$PY" -c "
+import json
+def last(p): return [r for r in map(json.loads, open(p)) if 'loss' in r][-10:]
+f, b = last('$OUT/fp16.jsonl'), last('$OUT/bf16.jsonl')
+mf, mb = sum(r['loss'] for r in f) / len(f), sum(r['loss'] for r in b) / len(b)
+skips = sum(1 for r in map(json.loads, open('$OUT/fp16.jsonl')) if r.get('skipped'))
+print(f'mean loss of the last 10 steps: fp16 {mf:.4f}, bf16 {mb:.4f}, relative {abs(mf - mb) / mb:.4f} (target 0.02); fp16 skipped {skips} steps')
+"
+# recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
+run plan_big ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB
+run recompute3_big ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 160 --steps 3 --recompute 3
 exit $status

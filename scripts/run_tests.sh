@@ -46,13 +46,13 @@ step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-    step "GPU target: build FP32 and BF16"
+    step "GPU target: build FP32, BF16 and FP16"
     make -j2 gpu
     if nvidia-smi -L >/dev/null 2>&1; then
-        step "GPU target: test_gpt FP32"
-        ./build/gpu-fp32/test_gpt build/ref
-        step "GPU target: test_gpt BF16"
-        ./build/gpu-bf16/test_gpt build/ref
+        for p in fp32 bf16 fp16; do
+            step "GPU target: test_gpt $p"
+            ./build/gpu-$p/test_gpt build/ref
+        done
     else
         echo "no GPU here: the GPU target was compiled but not run"
     fi
