@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# parallel_test_lib.sh: shared by the tests of the parallel modes (test_dp.sh, test_tp.sh). Source it.
+# parallel_test_lib.sh: shared by the tests of the parallel modes (test_dp/tp/pp/loss_scale.sh). Source it
+# after setting BIN; it makes the temporary folder $TMP (removed on exit) and counts failures in $fails.
 #   make_tokens FILE       a token file of 40000 random ids below 512
+#   run NP ARGS...         the trainer on NP ranks with ${COMMON[@]} ARGS (output in $TMP/run.out)
 #   compare NAME LOG_A MODEL_A LOG_B MODEL_B [FIRST_STEP]
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
-#                          1e-5 relative norm; counts a failure in $fails
+#                          1e-5 relative norm
+#   expect_mpi_error NAME PATTERN NP ARGS...   a bad configuration ends every rank with PATTERN
 PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 command -v mpirun >/dev/null || { echo "mpirun not found (Debian package openmpi-bin)"; exit 1; }
 fails=0
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+run() {
+    local np=$1
+    shift
+    timeout 120 "${MPIRUN[@]}" -np "$np" "$BIN" "${COMMON[@]}" "$@" >"$TMP/run.out" 2>&1 \
+        || { echo "  FAIL  $np ranks: $*"; tail -5 "$TMP/run.out"; fails=$((fails + 1)); }
+}
 
 make_tokens() {
     "$PY" - "$1" <<'PYEOF'
@@ -42,7 +54,6 @@ PYEOF
     then :; else fails=$((fails + 1)); fi
 }
 
-# expect_mpi_error NAME PATTERN NP ARGS...: a bad configuration ends every rank with PATTERN in an error line
 expect_mpi_error() {
     local name=$1 pattern=$2 np=$3
     shift 3

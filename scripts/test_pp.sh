@@ -13,8 +13,6 @@
 # usage: scripts/test_pp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 # shellcheck source=scripts/parallel_test_lib.sh
 source "$(dirname "$0")/parallel_test_lib.sh"
 make_tokens "$TMP/tokens.bin"
@@ -22,12 +20,6 @@ COMMON=(--layers 5 --channels 32 --heads 4 --vocab 512 --max-seq-len 16 --seq-le
         --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
 b=2  # sequences per micro-batch
 
-run() {  # run NP ARGS...
-    local np=$1
-    shift
-    timeout 120 "${MPIRUN[@]}" -np "$np" "$BIN" "${COMMON[@]}" "$@" >"$TMP/run.out" 2>&1 \
-        || { echo "  FAIL  $np ranks: $*"; tail -5 "$TMP/run.out"; fails=$((fails + 1)); }
-}
 
 echo "1. equivalence with the single-rank run"
 for M in 1 4 7; do

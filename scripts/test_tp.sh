@@ -9,20 +9,12 @@
 # usage: scripts/test_tp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
 # shellcheck source=scripts/parallel_test_lib.sh
 source "$(dirname "$0")/parallel_test_lib.sh"
 make_tokens "$TMP/tokens.bin"
 COMMON=(--layers 2 --channels 48 --heads 12 --vocab 700 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
         --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
 
-run() {  # run NP ARGS...
-    local np=$1
-    shift
-    timeout 120 "${MPIRUN[@]}" -np "$np" "$BIN" "${COMMON[@]}" "$@" >"$TMP/run.out" 2>&1 \
-        || { echo "  FAIL  $np ranks: $*"; tail -5 "$TMP/run.out"; fails=$((fails + 1)); }
-}
 
 echo "1. equivalence with the single-rank run"
 "$BIN" "${COMMON[@]}" --batch-size 4 --log "$TMP/ref4.jsonl" --save-model "$TMP/ref4.bin" >/dev/null
