@@ -95,7 +95,7 @@ static ncclDataType_t nccl_type(DType t) {
 }
 static ncclRedOp_t nccl_op(ReduceOp op) { return op == REDUCE_MAX ? ncclMax : op == REDUCE_AVG ? ncclAvg : ncclSum; }
 
-static const double NCCL_TIMEOUT_SECONDS = 120.0;
+static const double NCCL_TIMEOUT_SECONDS = 55.0;  // a dead peer must end the run within a minute
 
 // Waits for the communication stream, watching for NCCL's asynchronous errors (a peer that died, a
 // network failure): a collective that never completes must end the run, not hang it.
