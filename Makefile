@@ -1,6 +1,7 @@
 # Builds the trainer and its tests for two targets from the same sources.
 #   make cpu            build/cpu/train_gpt, build/cpu/test_gpt        (g++ -x c++ -DLLMC_CPU, OpenMP)
 #   make gpu            build/gpu-{bf16,fp32,fp16}/...                  (nvcc, cuBLASLt, NCCL)
+#   make dev            dev/cuda: kernel variants with checks and benchmarks (nvcc)
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make test           installs what is missing, then runs every test this machine can run
 # PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`; GPU_ARCH overrides the -arch list.
@@ -35,7 +36,7 @@ NVCC_LIBS = -lcublasLt -lcublas -lnccl $(filter -L% -l%,$(MPI_LIBS))
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
 
-.PHONY: all cpu gpu train test clean references
+.PHONY: all cpu gpu dev train test clean references
 all: cpu
 
 cpu: build/cpu/train_gpt build/cpu/test_gpt
@@ -59,6 +60,10 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
 
+# kernel variants, checks and benchmarks (dev/cuda/README.md)
+dev:
+	$(MAKE) -C dev/cuda
+
 # the PyTorch reference files the tests compare against (generated, never edited)
 references: build/ref/ref_small_debug.bin
 build/ref/ref_small_debug.bin: scripts/gpt2_reference.py
@@ -77,3 +82,4 @@ test:
 
 clean:
 	rm -rf build
+	$(MAKE) -C dev/cuda clean

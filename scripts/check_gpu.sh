@@ -30,6 +30,7 @@ run reference "$PY" scripts/gpt2_reference.py --out-dir build/ref
 run test_fp32 ./build/gpu-fp32/test_gpt build/ref
 run test_bf16 ./build/gpu-bf16/test_gpt build/ref
 run test_fp16 ./build/gpu-fp16/test_gpt build/ref
+run dev_cuda make -C dev/cuda run
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
 run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
 run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt

@@ -5,7 +5,8 @@
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
 #      tensor and pipeline parallelism under mpirun, the default training job (its final validation loss must be 2 nats below the first)
-#   5. GPU target: both precisions always compile where nvcc exists; with a GPU, test_gpt runs on it
+#   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
+#      and the dev/cuda checks run on it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -46,13 +47,16 @@ step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-    step "GPU target: build FP32, BF16 and FP16"
+    step "GPU target: build FP32, BF16 and FP16, and the kernel variants in dev/cuda"
     make -j2 gpu
+    make -C dev/cuda -j2
     if nvidia-smi -L >/dev/null 2>&1; then
         for p in fp32 bf16 fp16; do
             step "GPU target: test_gpt $p"
             ./build/gpu-$p/test_gpt build/ref
         done
+        step "dev/cuda: every kernel variant against its CPU reference"
+        make -C dev/cuda run
     else
         echo "no GPU here: the GPU target was compiled but not run"
     fi

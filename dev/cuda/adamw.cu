@@ -1,0 +1,81 @@
+/*
+ * adamw: the AdamW update of llmc/adamw.h (PyTorch semantics), elementwise over all parameters:
+ *   g = grad * grad_scale;  p = p * (1 - lr * wd);  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+ *   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+ * In the FP32 build the parameters are the master copy (param_copy = NULL). Memory-bound: read master,
+ * grad, m, v and write master, m, v: 28 bytes per parameter.
+ *
+ * versions
+ *   1  the project's kernel (llmc/adamw.h): one thread per parameter.
+ *   2  float4: one thread per 4 parameters, 16-byte loads and stores of all four arrays (the tail,
+ *      n % 4, per element). The arithmetic is adamw_element from llmc/adamw.h, applied to each lane of
+ *      the float4, so the results are bitwise the same as version 1.
+ *
+ * CPU reference: adamw_cpu (llmc/adamw.h) at step t = 5 from random m, v. Tolerances (the device
+ * contracts a*b+c into FMAs, the host does not): master 1e-7 abs, m 1e-9 abs, v 1e-12 abs, 1e-5 rel.
+ */
+#include "common.cuh"
+#include "../../llmc/adamw.h"
+
+__global__ void adamw_float4_kernel(float* master, const float* grad, float* m, float* v, size_t n, AdamWArgs a,
+                                    float bc1, float bc2_sqrt) {
+    size_t i = 4 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i + 3 < n) {
+        float4 p = *(float4*)(master + i), g = *(const float4*)(grad + i), mm = *(float4*)(m + i), vv = *(float4*)(v + i);
+        adamw_element(&p.x, &mm.x, &vv.x, g.x, a, bc1, bc2_sqrt);
+        adamw_element(&p.y, &mm.y, &vv.y, g.y, a, bc1, bc2_sqrt);
+        adamw_element(&p.z, &mm.z, &vv.z, g.z, a, bc1, bc2_sqrt);
+        adamw_element(&p.w, &mm.w, &vv.w, g.w, a, bc1, bc2_sqrt);
+        *(float4*)(master + i) = p, *(float4*)(m + i) = mm, *(float4*)(v + i) = vv;
+    } else {
+        for (; i < n; i++) adamw_element(master + i, m + i, v + i, grad[i], a, bc1, bc2_sqrt);
+    }
+}
+
+static void run_version(int ver, float* master, const float* grad, float* m, float* v, size_t n, AdamWArgs a) {
+    switch (ver) {
+        case 1: adamw_update(master, NULL, grad, m, v, n, a); break;
+        case 2: {
+            float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
+            adamw_float4_kernel<<<grid_for((n + 3) / 4, 256), 256, 0, main_stream>>>(master, grad, m, v, n, a, bc1, bc2_sqrt);
+            break;
+        }
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+int main(int argc, char** argv) {
+    const int NV = 2;
+    int selected = parse_version(argc, argv, NV);
+    const size_t n = 124475904;  // GPT-2 124M with the vocabulary padded to 50304
+    printf("adamw: %zu parameters\n", n);
+    bench_init();
+
+    float* master = make_random_uniform(n, 71, -0.1f, 0.1f);
+    float* grad = make_random_uniform(n, 72, -0.01f, 0.01f);
+    float* m = make_random_uniform(n, 73, -1e-3f, 1e-3f);
+    float* v = make_random_uniform(n, 74, 0.0f, 1e-6f);
+    AdamWArgs a;
+    a.lr = 6e-4f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f;
+    a.grad_scale = 0.8f, a.t = 5, a.stochastic = 0, a.index_base = 0;
+    float *master_ref = host_copy(master, n), *m_ref = host_copy(m, n), *v_ref = host_copy(v, n);
+    adamw_cpu(master_ref, NULL, grad, m_ref, v_ref, n, a);
+
+    float* d_grad = dev_upload(grad, n);
+    float *d_master = dev_alloc<float>(n), *d_m = dev_alloc<float>(n), *d_v = dev_alloc<float>(n);
+    const double bytes = 7.0 * n * sizeof(float);
+    for (int ver = 1; ver <= NV; ver++) {
+        if (!version_selected(selected, ver)) continue;
+        printf("version %d\n", ver);
+        dev_set(d_master, master, n), dev_set(d_m, m, n), dev_set(d_v, v, n);
+        run_version(ver, d_master, d_grad, d_m, d_v, n, a);
+        check_close("master", d_master, master_ref, n, 1e-7, 1e-5);
+        check_close("m", d_m, m_ref, n, 1e-9, 1e-5);
+        check_close("v", d_v, v_ref, n, 1e-12, 1e-5);
+        float ms = benchmark_ms([&] { run_version(ver, d_master, d_grad, d_m, d_v, n, a); });
+        print_bandwidth("adamw", ms, bytes);
+    }
+    cudaCheck(cudaFree(d_grad)), cudaCheck(cudaFree(d_master)), cudaCheck(cudaFree(d_m)), cudaCheck(cudaFree(d_v));
+    free(master), free(grad), free(m), free(v), free(master_ref), free(m_ref), free(v_ref);
+    return finish();
+}

@@ -1,0 +1,144 @@
+/*
+ * encoder_backward: the scatter-add of the embedding gradient,
+ *   dwte[inp[b,t], :] += dout[b,t,:]   (many positions may share a token)
+ *   dwpe[t, :]        += sum over b of dout[b,t,:]
+ * Memory-bound: dout read once, the touched dwte rows and dwpe read and written.
+ *
+ * versions
+ *   1  the project's kernels (llmc/encoder.h): positions grouped by token on the host (a sort of the
+ *      B*T ids, copied to the device: included in the time), then one block per distinct token sums
+ *      its positions in order, and one thread per (t, c) sums over the batch. Deterministic.
+ *   2  atomics: one thread per (position, 4 channels) adds its dout into dwte and dwpe with atomicAdd.
+ *      Short and fast, but the order of the additions varies from run to run, so results are not
+ *      bit-reproducible (the project avoids this for resumable training).
+ *   3  version 1's deterministic scheme with float4: one block of C/4 threads per distinct token, and
+ *      a float4 dwpe kernel. The grouping by token is computed once on the host before the timing (in
+ *      training it can be prepared together with the batch, off the GPU's critical path), so the time is
+ *      the two kernels only.
+ * Versions 2 and 3 need C % 4 == 0.
+ *
+ * CPU reference: encoder_backward_cpu (llmc/encoder.h), from random starting dwte/dwpe (it
+ * accumulates). Tolerance 1e-5 abs + 1e-5 rel.
+ * Bytes counted: dout read, each distinct token's dwte row read and written, dwpe read and written.
+ */
+#include "common.cuh"
+#include "../../llmc/encoder.h"
+
+__global__ void encoder_backward_atomic_kernel(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                                               int C, int vocab_start, int vocab_rows) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int C4 = C / 4;
+    if (idx >= (size_t)B * T * C4) return;
+    int bt = (int)(idx / C4), c = 4 * (int)(idx % C4), t = bt % T;
+    float4 d = *(const float4*)(dout + (size_t)bt * C + c);
+    int row = inp[bt] - vocab_start;
+    if (row >= 0 && row < vocab_rows) {
+        float* w = dwte + (size_t)row * C + c;
+        atomicAdd(w, d.x), atomicAdd(w + 1, d.y), atomicAdd(w + 2, d.z), atomicAdd(w + 3, d.w);
+    }
+    float* p = dwpe + (size_t)t * C + c;
+    atomicAdd(p, d.x), atomicAdd(p + 1, d.y), atomicAdd(p + 2, d.z), atomicAdd(p + 3, d.w);
+}
+
+// one block per distinct token u (blockDim >= C/4 not required: strided), positions in order
+__global__ void encoder_backward_wte_float4_kernel(float* dwte, const float* dout, const int* token, const int* start,
+                                                   const int* positions, int C) {
+    int u = blockIdx.x;
+    int C4 = C / 4, begin = start[u], end = start[u + 1];
+    float4* row = (float4*)(dwte + (size_t)token[u] * C);
+    for (int i = threadIdx.x; i < C4; i += blockDim.x) {
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int k = begin; k < end; k++) {
+            float4 d = *(const float4*)(dout + (size_t)positions[k] * C + 4 * i);
+            sum.x += d.x, sum.y += d.y, sum.z += d.z, sum.w += d.w;
+        }
+        float4 w = row[i];
+        w.x += sum.x, w.y += sum.y, w.z += sum.z, w.w += sum.w;
+        row[i] = w;
+    }
+}
+
+// one thread per (t, 4 channels): sum over b in order
+__global__ void encoder_backward_wpe_float4_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t n4 = (size_t)T * C / 4;
+    if (idx >= n4) return;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int b = 0; b < B; b++) {
+        float4 d = ((const float4*)dout)[(size_t)b * n4 + idx];
+        sum.x += d.x, sum.y += d.y, sum.z += d.z, sum.w += d.w;
+    }
+    float4 p = ((float4*)dwpe)[idx];
+    p.x += sum.x, p.y += sum.y, p.z += sum.z, p.w += sum.w;
+    ((float4*)dwpe)[idx] = p;
+}
+
+struct Grouping {  // positions grouped by token, on the device (version 3)
+    int n_unique;
+    int *token, *start, *positions;
+};
+
+static void run_version(int v, float* dwte, float* dwpe, const float* dout, const int* d_inp, const int* inp, const Grouping& g,
+                        int B, int T, int C, int Vp) {
+    switch (v) {
+        case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp); break;
+        case 2:
+            encoder_backward_atomic_kernel<<<grid_for((size_t)B * T * C / 4, 256), 256, 0, main_stream>>>(dwte, dwpe, dout, d_inp, B, T, C, 0, Vp);
+            break;
+        case 3: {
+            int threads = min(1024, ((C / 4 + 31) / 32) * 32);
+            if (g.n_unique > 0)
+                encoder_backward_wte_float4_kernel<<<g.n_unique, threads, 0, main_stream>>>(dwte, dout, g.token, g.start, g.positions, C);
+            cudaCheck(cudaGetLastError());
+            encoder_backward_wpe_float4_kernel<<<grid_for((size_t)T * C / 4, 256), 256, 0, main_stream>>>(dwpe, dout, B, T, C);
+            break;
+        }
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+int main(int argc, char** argv) {
+    const int NV = 3;
+    int selected = parse_version(argc, argv, NV);
+    const int B = 8, T = 1024, C = 768, V = 50257, Vp = 50304, BT = B * T;
+    size_t n = (size_t)BT * C, n_wte = (size_t)Vp * C, n_wpe = (size_t)T * C;
+    printf("encoder_backward: B=%d T=%d C=%d V=%d (padded %d)\n", B, T, C, V, Vp);
+    if (C % 4 != 0) fatal("versions 2 and 3 need C %% 4 == 0");
+    bench_init();
+
+    // ids from a small range so that tokens repeat (as real text does): the scatter has real collisions
+    int* inp = make_random_ints(BT, 51, 2000);
+    float* dout = make_random_normal(n, 52, 1.0f);
+    float* dwte0 = make_random_uniform(n_wte, 53, -1.0f, 1.0f);
+    float* dwpe0 = make_random_uniform(n_wpe, 54, -1.0f, 1.0f);
+    float *dwte_ref = host_copy(dwte0, n_wte), *dwpe_ref = host_copy(dwpe0, n_wpe);
+    encoder_backward_cpu(dwte_ref, dwpe_ref, dout, inp, B, T, C, 0, Vp);
+
+    // the grouping for version 3 (host, once)
+    int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
+    int n_kept = 0;
+    Grouping g;
+    g.n_unique = group_positions_by_token(host, inp, BT, 0, Vp, &n_kept);
+    int* d_group = dev_upload(host, 2 * (size_t)g.n_unique + 1 + n_kept);
+    g.token = d_group, g.start = d_group + g.n_unique, g.positions = d_group + 2 * g.n_unique + 1;
+    printf("%d positions, %d distinct tokens\n", BT, g.n_unique);
+
+    int* d_inp = dev_upload(inp, BT);
+    float* d_dout = dev_upload(dout, n);
+    float *d_dwte = dev_alloc<float>(n_wte), *d_dwpe = dev_alloc<float>(n_wpe);
+    const double bytes = ((double)n + 2.0 * g.n_unique * C + 2.0 * n_wpe) * sizeof(float);
+    for (int v = 1; v <= NV; v++) {
+        if (!version_selected(selected, v)) continue;
+        printf("version %d\n", v);
+        dev_set(d_dwte, dwte0, n_wte), dev_set(d_dwpe, dwpe0, n_wpe);
+        run_version(v, d_dwte, d_dwpe, d_dout, d_inp, inp, g, B, T, C, Vp);
+        check_close("dwte", d_dwte, dwte_ref, n_wte, 1e-5, 1e-5);
+        check_close("dwpe", d_dwpe, dwpe_ref, n_wpe, 1e-5, 1e-5);
+        float ms = benchmark_ms([&] { run_version(v, d_dwte, d_dwpe, d_dout, d_inp, inp, g, B, T, C, Vp); });
+        print_bandwidth("encoder_backward", ms, bytes);
+    }
+    cudaCheck(cudaFree(d_group)), cudaCheck(cudaFree(d_inp)), cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_dwte)), cudaCheck(cudaFree(d_dwpe));
+    free(inp), free(dout), free(dwte0), free(dwpe0), free(dwte_ref), free(dwpe_ref), free(host);
+    return finish();
+}

@@ -1,0 +1,96 @@
+/*
+ * global_norm: the sum of squares of all gradients (the square of the L2 norm that gradient clipping
+ * needs), over n floats. Memory-bound: one read of 4 bytes per element.
+ *
+ * versions
+ *   1  the project's code (llmc/global_norm.h): 1024 blocks each sum a grid-strided share into a float
+ *      partial, the 1024 partials are copied to the host and added there in double. The time includes
+ *      that synchronous copy.
+ *   2  float4 loads, the same 1024 float partials, then a second one-block kernel adds the partials in
+ *      a fixed order in double on the device; the result stays on the device (one double, read after
+ *      the timing), so the step needs no synchronization. Deterministic.
+ *
+ * CPU reference: sum_squares_cpu (llmc/global_norm.h, in double). Tolerance 1e-5 relative (the GPU
+ * sums in float inside each block).
+ */
+#include "common.cuh"
+#include "../../llmc/global_norm.h"
+
+#define GN2_BLOCKS 1024
+#define GN2_THREADS 256
+
+__global__ void __launch_bounds__(GN2_THREADS) sum_squares_float4_kernel(float* partial, const float* x, size_t n) {
+    __shared__ float s_warp[GN2_THREADS / 32];
+    size_t n4 = n / 4;
+    const float4* x4 = (const float4*)x;
+    float s = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = x4[i];
+        s += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+    }
+    if (blockIdx.x == 0 && threadIdx.x < n % 4) {
+        float v = x[4 * n4 + threadIdx.x];
+        s += v * v;
+    }
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < GN2_THREADS / 32; w++) total += s_warp[w];
+        partial[blockIdx.x] = total;
+    }
+}
+
+// one block of 32 threads: lane l adds partials l, l+32, ... in double, then a fixed shuffle tree
+__global__ void sum_partials_kernel(double* out, const float* partial, int count) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += 32) s += (double)partial[i];
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffff, s, off);
+    if (threadIdx.x == 0) *out = s;
+}
+
+int main(int argc, char** argv) {
+    const int NV = 2;
+    int selected = parse_version(argc, argv, NV);
+    const size_t n = 124475904;  // GPT-2 124M parameters (vocabulary padded to 50304)
+    printf("global_norm: %zu floats\n", n);
+    bench_init();
+
+    float* x = make_random_uniform(n, 81, -1.0f, 1.0f);
+    double ref = sum_squares_cpu(x, n);
+    float* d_x = dev_upload(x, n);
+    float* d_partial = dev_alloc<float>(GN2_BLOCKS);
+    double* d_result = dev_alloc<double>(1);
+    const double bytes = (double)n * sizeof(float);
+    for (int v = 1; v <= NV; v++) {
+        if (!version_selected(selected, v)) continue;
+        printf("version %d\n", v);
+        if (v == 1) {
+            double got = 0.0;
+            auto run = [&] { got = sum_squares(d_x, n); };
+            run();
+            check_scalar("sum_sq", got, ref, 1e-5);
+            float ms = benchmark_ms(run);
+            print_bandwidth("global_norm", ms, bytes);
+        } else {
+            auto run = [&] {
+                sum_squares_float4_kernel<<<GN2_BLOCKS, GN2_THREADS, 0, main_stream>>>(d_partial, d_x, n);
+                cudaCheck(cudaGetLastError());
+                sum_partials_kernel<<<1, 32, 0, main_stream>>>(d_result, d_partial, GN2_BLOCKS);
+                cudaCheck(cudaGetLastError());
+            };
+            cudaCheck(cudaMemset(d_result, 0xff, sizeof(double)));
+            run();
+            double got = 0.0;
+            cudaCheck(cudaDeviceSynchronize());
+            dev_download(&got, d_result, 1);
+            check_scalar("sum_sq", got, ref, 1e-5);
+            float ms = benchmark_ms(run);
+            print_bandwidth("global_norm", ms, bytes);
+        }
+    }
+    cudaCheck(cudaFree(d_x)), cudaCheck(cudaFree(d_partial)), cudaCheck(cudaFree(d_result));
+    free(x);
+    return finish();
+}
