@@ -59,4 +59,6 @@ print(f'mean loss of the last 10 steps: fp16 {mf:.4f}, bf16 {mb:.4f}, relative {
 # recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
 run plan_big ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB
 run recompute3_big ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 160 --steps 3 --recompute 3
+# this trainer against PyTorch torch.compile (and llm.c, if LLMC=path/to/train_gpt2cu is set)
+run benchmark "$PY" scripts/benchmark_gpu.py ${LLMC:+--llmc "$LLMC"}
 exit $status
