@@ -90,6 +90,8 @@ static void nccl_check(ncclResult_t r, const char* file, int line) {
 static ncclDataType_t nccl_type(DType t) {
 #if defined(ENABLE_BF16)
     if (t == DT_FLOATX) return ncclBfloat16;
+#elif defined(ENABLE_FP16)
+    if (t == DT_FLOATX) return ncclHalf;
 #endif
     return ncclFloat;
 }
