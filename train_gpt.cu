@@ -1,17 +1,23 @@
 /*
  * train_gpt.cu: GPT-2 training in one readable file, from one source for two targets.
  *
- *   GPU: nvcc, CUDA kernels and cuBLASLt, floatX = bf16 (PRECISION=BF16) or float (PRECISION=FP32)
+ *   GPU: nvcc, CUDA kernels, cuBLASLt and NCCL, floatX = bf16 (PRECISION=BF16), fp16 (PRECISION=FP16,
+ *        with loss scaling) or float (PRECISION=FP32)
  *   CPU: g++ -x c++ -DLLMC_CPU, the same code with the CPU reference loops and OpenMP, floatX = float
  *
  * What is here, top to bottom:
- *   1. the parameter layout: one flat buffer, and a pointer table into it
- *   2. the activations: one flat buffer, and a pointer table into it
- *   3. the model: build, initialize or load, forward, backward, optimizer update
- *   4. checkpoints (model + optimizer + data position + RNG) and sampling
+ *   1. the parameter layout: one flat buffer, and a pointer table into it; which tensors (and which
+ *      slices of them) this rank holds
+ *   2. the activations: flat buffers, and pointer tables into them (one set per micro-batch in flight)
+ *   3. the model: build, initialize or load, forward, backward (with recomputation), the optimizer
+ *      update (with ZeRO sharding and loss scaling), and the pipeline step that runs micro-batches
+ *      through the stages
+ *   4. checkpoints (model + optimizer shards + data position + RNG) and sampling
  *   5. the run's configuration and the memory planner (--plan)
  *   6. the training loop and the command line
- * Every layer's math lives in llmc/<layer>.h, CPU reference and CUDA kernels side by side.
+ * Every layer's math lives in llmc/<layer>.h, CPU reference and CUDA kernels side by side; each kind of
+ * parallelism has its own header (comm, zero, tensor_parallel, pipeline) and "DP:", "TP:", "PP:"
+ * comments mark where the model code calls into it.
  *
  * Parameters are laid out in memory layer by layer (wte, wpe, then for each layer its 12 tensors, then
  * lnfw, lnfb), not in the file's tensor-by-tensor order: a layer's parameters and gradients are one
