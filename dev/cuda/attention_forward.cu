@@ -28,7 +28,7 @@
  * (true of every GPT-2 size); any T works (tiles past T are zero-filled and masked).
  *
  * CPU reference: attention_forward_cpu (llmc/attention.h) for out (and att, checked for version 1), and
- * the logsumexp recomputed on the host (attention_lse_cpu below) for versions 2-3. Checked at an
+ * the logsumexp recomputed on the host (attention_lse_cpu, attention_common.cuh) for versions 2-3. Checked at an
  * awkward small shape (T = 200, not a multiple of 64) and at GPT-2 124M shapes. Tolerance 1e-4 abs +
  * 1e-3 rel (fp32 throughout; the sums run in a different order than on the CPU).
  *
