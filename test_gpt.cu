@@ -585,6 +585,37 @@ static void test_memory_plan(void) {
     failures += bad;
 }
 
+// The host side of the GPU embedding backward: positions grouped by token id (only ids in the vocabulary
+// range), every kept position exactly once, ascending inside its group, groups by ascending id.
+static void test_token_grouping(void) {
+    int BT = 4096, start = 100, rows = 300;
+    int* inp = (int*)malloc_check(BT * sizeof(int));
+    int* buf = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
+    int* seen = (int*)calloc_check(BT * sizeof(int));
+    Rng rng = {99};
+    int expect_kept = 0;
+    for (int i = 0; i < BT; i++) {
+        inp[i] = (int)(rng_next_u64(&rng) % 512);
+        expect_kept += inp[i] >= start && inp[i] < start + rows;
+    }
+    int n_kept = -1;
+    int n_unique = group_positions_by_token(buf, inp, BT, start, rows, &n_kept);
+    int *token = buf, *first = buf + n_unique, *positions = buf + 2 * n_unique + 1;
+    int ok = n_kept == expect_kept && first[0] == 0 && first[n_unique] == n_kept;
+    for (int u = 0; ok && u < n_unique; u++) {
+        ok &= u == 0 || token[u] > token[u - 1];
+        for (int i = first[u]; ok && i < first[u + 1]; i++) {
+            int p = positions[i];
+            ok &= p >= 0 && p < BT && inp[p] - start == token[u] && !seen[p] && (i == first[u] || p > positions[i - 1]);
+            seen[p] = 1;
+        }
+    }
+    printf("GPU embedding backward, host grouping of %d positions (%d in the vocabulary range, %d distinct ids)  %s\n", BT,
+           n_kept, n_unique, ok ? "ok" : "FAIL");
+    if (!ok) failures++;
+    free(inp), free(buf), free(seen);
+}
+
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
@@ -598,6 +629,7 @@ int main(int argc, char** argv) {
     test_pipeline_memory();
     test_recompute(dir);
     test_memory_plan();
+    test_token_grouping();
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);
         return 1;

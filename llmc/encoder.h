@@ -49,32 +49,7 @@ static void encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, co
 }
 
 // ----------------------------------------------------------------------------------------------------
-// CUDA kernels
-
-#ifndef LLMC_CPU
-__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                                       int vocab_start, int vocab_rows) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * C) return;
-    int c = idx % C;
-    int bt = idx / C;
-    int t = bt % T;
-    int row = inp[bt] - vocab_start;
-    float w = row >= 0 && row < vocab_rows ? floatX_to_float(wte[(size_t)row * C + c]) : 0.0f;
-    out[idx] = float_to_floatX(wpe ? w + floatX_to_float(wpe[(size_t)t * C + c]) : w);
-}
-
-// one block per distinct token u: dwte[token[u]] += dout rows positions[start[u] .. start[u+1]), in order
-__global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* token, const int* start,
-                                            const int* positions, int C) {
-    int u = blockIdx.x;
-    floatX* row = dwte + (size_t)token[u] * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float sum = 0.0f;
-        for (int i = start[u]; i < start[u + 1]; i++) sum += floatX_to_float(dout[(size_t)positions[i] * C + c]);
-        row[c] = float_to_floatX(floatX_to_float(row[c]) + sum);
-    }
-}
+// host side of the GPU backward (plain C++, so the CPU target's tests cover it too)
 
 // host side: group positions 0..BT-1 by token id (stable, so each group is in increasing position),
 // keeping only ids in [vocab_start, vocab_start + vocab_rows), stored as rows relative to vocab_start;
@@ -108,6 +83,34 @@ static int group_positions_by_token(int* buf, const int* inp, int BT, int vocab_
     free(keys);
     return n_unique;
 }
+// ----------------------------------------------------------------------------------------------------
+// CUDA kernels
+
+#ifndef LLMC_CPU
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
+                                       int vocab_start, int vocab_rows) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * C) return;
+    int c = idx % C;
+    int bt = idx / C;
+    int t = bt % T;
+    int row = inp[bt] - vocab_start;
+    float w = row >= 0 && row < vocab_rows ? floatX_to_float(wte[(size_t)row * C + c]) : 0.0f;
+    out[idx] = float_to_floatX(wpe ? w + floatX_to_float(wpe[(size_t)t * C + c]) : w);
+}
+
+// one block per distinct token u: dwte[token[u]] += dout rows positions[start[u] .. start[u+1]), in order
+__global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* token, const int* start,
+                                            const int* positions, int C) {
+    int u = blockIdx.x;
+    floatX* row = dwte + (size_t)token[u] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int i = start[u]; i < start[u + 1]; i++) sum += floatX_to_float(dout[(size_t)positions[i] * C + c]);
+        row[c] = float_to_floatX(floatX_to_float(row[c]) + sum);
+    }
+}
+
 static Scratch encoder_scratch = {NULL, 0};
 
 // one thread per (t, c): sum over the batch in order
