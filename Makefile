@@ -29,9 +29,20 @@ GPU_ARCH ?= -gencode arch=compute_$(LOCAL_CC),code=sm_$(LOCAL_CC)
 else
 GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 endif
+# NCCL: if its header is where nvcc looks (the CUDA toolkit, or /usr/include from libnccl-dev);
+# without it the GPU target communicates through MPI only
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h -o -f /usr/include/nccl.h && echo 1)
+ifeq ($(HAVE_NCCL),1)
+NCCL_FLAGS =
+NCCL_LIBS = -lnccl
+else
+NCCL_FLAGS = -DNO_NCCL
+NCCL_LIBS =
+endif
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
-             $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS))
-NVCC_LIBS = -lcublasLt -lcublas -lnccl $(filter -L% -l%,$(MPI_LIBS))
+             $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS)) $(NCCL_FLAGS)
+NVCC_LIBS = -lcublasLt -lcublas $(NCCL_LIBS) $(filter -L% -l%,$(MPI_LIBS))
 
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)

@@ -30,7 +30,10 @@
 #ifdef USE_MPI
 #include <mpi.h>
 #endif
-#ifndef LLMC_CPU
+// NCCL: on the GPU target unless built with -DNO_NCCL (the Makefile does that when nccl.h is missing);
+// without it, ranks communicate through the MPI engine
+#if !defined(LLMC_CPU) && !defined(NO_NCCL)
+#define HAVE_NCCL 1
 #include <nccl.h>
 #endif
 
@@ -43,7 +46,7 @@ typedef struct {
 #ifdef USE_MPI
     MPI_Comm mpi;
 #endif
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     ncclComm_t nccl;
 #endif
 } Group;
@@ -56,7 +59,7 @@ typedef struct {
     int mpi_initialized;
     Group world, dp_group, tp_group, pp_group;
     Group emb_group;  // the first and last pipeline stage of one (dp, tp) position: they share the tied wte
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     cudaStream_t stream;  // NCCL work runs here
     cudaEvent_t event;    // orders it after the main stream's work
 #endif
@@ -82,7 +85,7 @@ static void mpi_check(int err, const char* file, int line) {
 static MPI_Op mpi_op(ReduceOp op) { return op == REDUCE_MAX ? MPI_MAX : MPI_SUM; }
 #endif
 
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
 static void nccl_check(ncclResult_t r, const char* file, int line) {
     if (r != ncclSuccess) fatal("NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
 }
@@ -144,7 +147,7 @@ static int launched_by_mpirun(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
 }
 
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
 // torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id to <dir>/nccl_id, the others poll for it
 static ncclUniqueId nccl_id_through_file(const char* dir, int rank) {
     ncclUniqueId id;
@@ -229,16 +232,18 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
         return;
     }
 
-    // engine
-#ifdef LLMC_CPU
-    if (strcmp(engine, "nccl") == 0) fatal("--comm nccl needs the GPU target");
-    if (!use_mpi) fatal("the CPU target runs several ranks only under mpirun");
-    c->engine = ENGINE_MPI;
-#else
+    // device, then engine
+#ifndef LLMC_CPU
     int devices = 0;
     cudaCheck(cudaGetDeviceCount(&devices));
     if (devices == 0) fatal("no GPU found");
     cudaCheck(cudaSetDevice(c->local_rank % devices));
+#endif
+#ifndef HAVE_NCCL
+    if (strcmp(engine, "nccl") == 0) fatal("--comm nccl: this build has no NCCL (the CPU target, or nccl.h was not found)");
+    if (!use_mpi) fatal("several ranks need mpirun in a build without NCCL");
+    c->engine = ENGINE_MPI;
+#else
     int local_size = use_mpi ? env_int("OMPI_COMM_WORLD_LOCAL_SIZE", c->local_rank + 1) : env_int("LOCAL_WORLD_SIZE", c->local_rank + 1);
     int sharing = local_size > devices;  // NCCL refuses two ranks on one GPU
     if (strcmp(engine, "nccl") == 0) {
@@ -283,7 +288,7 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
 }
 
 static void comm_finalize(Comm* c) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         nccl_wait(c);
         ncclCheck(ncclCommDestroy(c->dp_group.nccl));
@@ -334,7 +339,7 @@ static void stage_out(void* buf, const float* h, size_t n, DType t) {
 }
 #endif
 
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
 // queue NCCL work after what the main stream has queued so far
 static void comm_stream_follow_main(Comm* c) {
     cudaCheck(cudaEventRecord(c->event, main_stream));
@@ -348,7 +353,7 @@ static void comm_stream_follow_main(Comm* c) {
 // completes (a dead peer) ends the run with an error instead of a hang. The main stream's kernels are
 // already queued, so the GPU keeps overlapping them with the communication while the host waits.
 static void comm_join(Comm* c) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) nccl_wait(c);
 #else
     (void)c;
@@ -360,7 +365,7 @@ static void comm_join(Comm* c) {
 
 static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, ReduceOp op) {
     if (g->size <= 1) return;
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), nccl_op(op), g->nccl, c->stream));
@@ -389,7 +394,7 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
         }
         return;
     }
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nccl, c->stream));
@@ -414,7 +419,7 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
 static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t) {
     if (g->size == 1) return;
     size_t es = dtype_size(t);
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclAllGather((char*)buf + g->rank * count * es, buf, count, nccl_type(t), g->nccl, c->stream));
@@ -432,7 +437,7 @@ static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t)
 
 static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int root) {
     if (g->size == 1) return;
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclBroadcast(buf, buf, n, nccl_type(t), root, g->nccl, c->stream));
@@ -448,7 +453,7 @@ static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int 
 }
 
 static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int peer) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, c->stream));
@@ -463,7 +468,7 @@ static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int
 }
 
 static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, c->stream));
@@ -485,7 +490,7 @@ static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer)
 // Sends sendbuf to send_peer while receiving recvbuf from recv_peer (both n elements, ranks in group g).
 // Pairing the two is what keeps a pipeline's neighbours from both blocking in a send to each other.
 static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer, void* recvbuf, int recv_peer, size_t n, DType t) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
         ncclCheck(ncclGroupStart());
@@ -513,7 +518,7 @@ static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer,
 // Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines.
 static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
     if (g->size <= 1) return;
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         static double* dev = NULL;
         if (dev == NULL) dev = (double*)device_malloc(64 * sizeof(double));

@@ -81,14 +81,14 @@ static void zero_plan_free(ZeroPlan* z) {
 
 typedef struct {
     floatX* layer_slot[2];  // (largest layer bucket) each
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     cudaEvent_t slot_free[2];
     int slot_pending[2];
 #endif
 } Zero2Workspace;
 
 static void zero2_acquire_slot(Comm* c, Zero2Workspace* w, int slot, size_t size) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (w->slot_pending[slot]) {  // the main stream waits for the communication that reads this slot
         cudaCheck(cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
         w->slot_pending[slot] = 0;
@@ -99,7 +99,7 @@ static void zero2_acquire_slot(Comm* c, Zero2Workspace* w, int slot, size_t size
 }
 
 static void zero2_release_slot(Comm* c, Zero2Workspace* w, int slot) {
-#ifndef LLMC_CPU
+#ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         if (w->slot_free[slot] == NULL) cudaCheck(cudaEventCreateWithFlags(&w->slot_free[slot], cudaEventDisableTiming));
         cudaCheck(cudaEventRecord(w->slot_free[slot], c->stream));
