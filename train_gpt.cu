@@ -931,7 +931,8 @@ static floatX* stage_output(GPT2* model, int B, int T) {  // (B, T, C) the last 
 // block sending to each other). recv_buf NULL: nothing to receive.
 typedef struct {
     const floatX* buf;
-    int peer;  // stage index, -1: nothing pending
+    int peer;    // stage index, -1: nothing pending
+    int shared;  // buf is the shared dresidual, which the next backward overwrites: wait for the send
 } PendingSend;
 
 static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, int micro) {
@@ -944,8 +945,11 @@ static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, i
         trace_add(tr, "sendrecv", "send+recv", micro, t0);
     } else {
         if (pending->peer >= 0) {
+            // A forward output lives in its micro-batch slot, which nothing writes before a later
+            // receive has been waited for (same stream, in order): its send is not waited for, and with
+            // NCCL it runs while the next forward computes. An input gradient is in the shared dresidual.
             comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
-            comm_join(c);
+            if (pending->shared) comm_join(c);
             trace_add(tr, "send", "send", micro, t0);
         }
         if (recv_buf != NULL) {
@@ -982,7 +986,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     size_t n = (size_t)B * T * model->config.C;
     PipeAction* actions = (PipeAction*)malloc_check(2 * M * sizeof(PipeAction));
     pipeline_schedule(schedule, pl->pp, s, M, actions);
-    PendingSend pending = {NULL, -1};
+    PendingSend pending = {NULL, -1, 0};
     double loss = 0.0, t_start = wall_seconds();
     for (int i = 0; i < 2 * M; i++) {
         int m = actions[i].micro;
@@ -998,7 +1002,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
             t0 = trace_now_us(model->tracer);
             loss += gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);
             trace_add(model->tracer, "forward", "F", m, t0);
-            if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1};
+            if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1, 0};
         } else {
             pipe_exchange(model, &pending, model->last ? NULL : model->acts.dresidual, s + 1, n, m);
             use_slot(model, m, B, T);
@@ -1006,10 +1010,11 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
             if (model->rematerialize) gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);
             gpt2_backward(model, B, T, m == M - 1);
             trace_add(model->tracer, "backward", "B", m, t0);
-            if (!model->first) pending = (PendingSend){model->acts.dresidual, s - 1};
+            if (!model->first) pending = (PendingSend){model->acts.dresidual, s - 1, 1};
         }
     }
     pipe_exchange(model, &pending, NULL, -1, n, -1);
+    comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
     if (pl->pp > 1 && (model->first || model->last)) {
