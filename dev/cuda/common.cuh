@@ -239,6 +239,21 @@ static void print_bandwidth(const char* name, float ms, double bytes) {
 }
 
 // compute-bound
+// The loop of the elementwise kernels: each selected version runs once on a cleared output `out_name`
+// (n floats), is checked against ref and timed (GB/s for `bytes` moved per call). run(v) runs version v.
+template <typename Run>
+static void check_and_time_versions(const char* kernel, const char* out_name, int num_versions, int selected, float* d_out,
+                                    const float* ref, size_t n, double atol, double rtol, double bytes, Run run) {
+    for (int v = 1; v <= num_versions; v++) {
+        if (!version_selected(selected, v)) continue;
+        printf("version %d\n", v);
+        cudaCheck(cudaMemset(d_out, 0, n * sizeof(float)));
+        run(v);
+        check_close(out_name, d_out, ref, n, atol, rtol);
+        print_bandwidth(kernel, benchmark_ms([&] { run(v); }), bytes);
+    }
+}
+
 static void print_flops(const char* name, float ms, double flops) {
     printf("  %-28s %9.4f ms/call  %8.2f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
 }

@@ -78,15 +78,8 @@ int main(int argc, char** argv) {
 
     float *d_inp = dev_upload(inp, n), *d_dout = dev_upload(dout, n), *d_dinp = dev_alloc<float>(n);
     const double bytes = 3.0 * n * sizeof(float);
-    for (int v = 1; v <= NV; v++) {
-        if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
-        cudaCheck(cudaMemset(d_dinp, 0, n * sizeof(float)));
-        run_version(v, d_dinp, d_inp, d_dout, n);
-        check_close("dinp", d_dinp, ref, n, 1e-6, 1e-5);
-        float ms = benchmark_ms([&] { run_version(v, d_dinp, d_inp, d_dout, n); });
-        print_bandwidth("gelu_backward", ms, bytes);
-    }
+    check_and_time_versions("gelu_backward", "dinp", NV, selected, d_dinp, ref, n, 1e-6, 1e-5, bytes,
+                            [&](int v) { run_version(v, d_dinp, d_inp, d_dout, n); });
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_dinp));

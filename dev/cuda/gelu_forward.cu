@@ -75,15 +75,8 @@ int main(int argc, char** argv) {
 
     float *d_inp = dev_upload(inp, n), *d_out = dev_alloc<float>(n);
     const double bytes = 2.0 * n * sizeof(float);
-    for (int v = 1; v <= NV; v++) {
-        if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
-        cudaCheck(cudaMemset(d_out, 0, n * sizeof(float)));
-        run_version(v, d_out, d_inp, n);
-        check_close("out", d_out, ref, n, 1e-6, 1e-5);
-        float ms = benchmark_ms([&] { run_version(v, d_out, d_inp, n); });
-        print_bandwidth("gelu_forward", ms, bytes);
-    }
+    check_and_time_versions("gelu_forward", "out", NV, selected, d_out, ref, n, 1e-6, 1e-5, bytes,
+                            [&](int v) { run_version(v, d_out, d_inp, n); });
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_out));
     free(inp), free(ref);

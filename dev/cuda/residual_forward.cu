@@ -79,15 +79,8 @@ int main(int argc, char** argv) {
 
     float *d_a = dev_upload(a, n), *d_b = dev_upload(b, n), *d_out = dev_alloc<float>(n);
     const double bytes = 3.0 * n * sizeof(float);
-    for (int v = 1; v <= NV; v++) {
-        if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
-        cudaCheck(cudaMemset(d_out, 0, n * sizeof(float)));
-        run_version(v, d_out, d_a, d_b, n);
-        check_close("out", d_out, ref, n, 1e-6, 1e-6);
-        float ms = benchmark_ms([&] { run_version(v, d_out, d_a, d_b, n); });
-        print_bandwidth("residual_forward", ms, bytes);
-    }
+    check_and_time_versions("residual_forward", "out", NV, selected, d_out, ref, n, 1e-6, 1e-6, bytes,
+                            [&](int v) { run_version(v, d_out, d_a, d_b, n); });
     cudaCheck(cudaFree(d_a));
     cudaCheck(cudaFree(d_b));
     cudaCheck(cudaFree(d_out));
