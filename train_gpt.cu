@@ -864,14 +864,25 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
     // stages' tensors are summed over the PP group; with ZeRO the owned parts over the DP group
     double split = 0.0, replicated = 0.0;
     size_t lo, hi, k;
-    for (int i = 0; i < model->layout.num_slots; i++) {
+    int n_parts = 0, num_slots = model->layout.num_slots;
+    const floatX** part = (const floatX**)calloc_check(num_slots * sizeof(floatX*));
+    size_t* part_n = (size_t*)calloc_check(num_slots * sizeof(size_t));
+    int* part_split = (int*)malloc_check(num_slots * sizeof(int));
+    double* part_sum = (double*)malloc_check(num_slots * sizeof(double));
+    for (int i = 0; i < num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
         if (s->kind == 0 && !model->first) continue;  // PP: the tied wte is counted on the first stage only
-        double ss = sum_squares(grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo);
-        if (s->whole.split == SPLIT_NONE) replicated += ss;
-        else split += ss;
+        part[n_parts] = grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket));
+        part_n[n_parts] = hi - lo;
+        part_split[n_parts++] = s->whole.split != SPLIT_NONE;
     }
+    sum_squares_many(part, part_n, n_parts, part_sum);
+    for (int i = 0; i < n_parts; i++) {
+        if (part_split[i]) split += part_sum[i];
+        else replicated += part_sum[i];
+    }
+    free(part), free(part_n), free(part_split), free(part_sum);
     float scale = scaler ? loss_scale(scaler) : 1.0f;
     if (skipped) *skipped = 0;
     if (scaler && scaler->mode != SCALE_OFF) {  // one max all-reduce: did any rank's gradients overflow?

@@ -49,20 +49,46 @@ __global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
 static Scratch norm_scratch = {NULL, 0};
 #endif
 
+// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: on the GPU one kernel
+// per tensor writes its blocks' partial sums and a single copy brings them all to the host (one
+// synchronization per optimizer step, not one per tensor)
+static void sum_squares_many(const floatX* const* x, const size_t* n, int k, double* sums) {
+#ifdef LLMC_CPU
+    for (int i = 0; i < k; i++) sums[i] = sum_squares_cpu(x[i], n[i]);
+#else
+    int* blocks = (int*)malloc_check(k * sizeof(int));
+    size_t total_blocks = 0;
+    for (int i = 0; i < k; i++) {
+        size_t b = (n[i] + 255) / 256;
+        blocks[i] = b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
+        total_blocks += blocks[i];
+    }
+    float* partial = (float*)scratch_get(&norm_scratch, total_blocks * sizeof(float));
+    size_t offset = 0;
+    for (int i = 0; i < k; i++) {
+        sum_squares_kernel<<<blocks[i], 256, 0, main_stream>>>(partial + offset, x[i], n[i]);
+        offset += blocks[i];
+    }
+    launchCheck();
+    float* host = (float*)malloc_check(total_blocks * sizeof(float));
+    copy_to_host(host, partial, total_blocks * sizeof(float));
+    offset = 0;
+    for (int i = 0; i < k; i++) {
+        double total = 0.0;
+        for (int j = 0; j < blocks[i]; j++) total += host[offset + j];
+        sums[i] = total;
+        offset += blocks[i];
+    }
+    free(host);
+    free(blocks);
+#endif
+}
+
 // sum of x^2, in double
 static double sum_squares(const floatX* x, size_t n) {
-#ifdef LLMC_CPU
-    return sum_squares_cpu(x, n);
-#else
-    float* partial = (float*)scratch_get(&norm_scratch, NORM_BLOCKS * sizeof(float));
-    sum_squares_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(partial, x, n);
-    launchCheck();
-    float host[NORM_BLOCKS];
-    copy_to_host(host, partial, sizeof(host));
-    double total = 0.0;
-    for (int i = 0; i < NORM_BLOCKS; i++) total += host[i];
-    return total;
-#endif
+    double s;
+    sum_squares_many(&x, &n, 1, &s);
+    return s;
 }
 
 static float global_norm(const floatX* x, size_t n) { return (float)sqrt(sum_squares(x, n)); }
