@@ -700,7 +700,7 @@ static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights
 // stage_output(). Without pipelining the one stage is first and last. B, T may be below the allocated.
 static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
     const GPT2Config* c = &model->config;
-    if (model->B == 0) gpt2_allocate_activations(model, B, T, 1, 0);
+    check_internal(model->B > 0, "gpt2_forward before gpt2_allocate_activations");
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
     int C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
