@@ -709,7 +709,7 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     Comm* comm = model->comm;
     if (model->first) {
         copy_to_device(a->inputs, inputs, BT * sizeof(int));
-        memcpy(a->host_inputs, inputs, BT * sizeof(int));
+        if (a->host_inputs != inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));  // the pipeline passes them in place
         // TP: each rank looks up the ids in its rows of wte; the sum over the group has exactly one of
         // them (and wpe, added by rank 0 only), so the all-reduce is exact
         encoder_forward(a->encoded, a->inputs, model->params.wte, model->tp_rank == 0 ? model->params.wpe : NULL, B, T, C,
@@ -1447,6 +1447,9 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             fatal("the checkpoint in '%s' was saved with %d sequences per micro-step (dp x B), T=%d, grad_accum=%d, shuffle=%d; "
                   "resume needs the same (got dp=%d x B=%d, T=%d, grad_accum=%d, shuffle=%d)",
                   tc->resume, state.B, state.T, state.grad_accum, state.shuffle, D, tc->B, tc->T, tc->grad_accum, tc->shuffle);
+        if (tc->shuffle && state.data_seed != tc->seed)
+            fatal("the checkpoint in '%s' shuffled the data with --seed %llu; resume needs the same (got %llu)", tc->resume,
+                  (unsigned long long)state.data_seed, (unsigned long long)tc->seed);
         if (main_rank) printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state.step, tc->resume, state.dp, state.zero_stage);
     } else if (tc->model_file) {
         model_file_read(tc->model_file, &config, &params);

@@ -97,6 +97,8 @@ expect_error "resume: corrupt state" "checksum mismatch" "${GOOD[@]}" --resume "
 cp -r "$TMP/ck" "$TMP/ck_trunc" && truncate -s 3000 "$TMP/ck_trunc/state_00000002_00000.bin"
 expect_error "resume: truncated state" "truncated" "${GOOD[@]}" --resume "$TMP/ck_trunc" --batch-size 2 --seq-len 8 --steps 4
 expect_error "resume: other batch shape" "resume needs the same" "${GOOD[@]}" --resume "$TMP/ck" --batch-size 4 --seq-len 8 --steps 4
+"$BIN" "${TINY[@]}" "${GOOD[@]}" --shuffle 1 --save-every 1 --checkpoint-dir "$TMP/cks" >/dev/null 2>&1
+expect_error "resume: other shuffle seed" "shuffled the data with --seed 1337" "${GOOD[@]}" --resume "$TMP/cks" --batch-size 2 --seq-len 8 --shuffle 1 --seed 5 --steps 4
 expect_error "resume with --model" "do not also give --model" "${GOOD[@]}" --resume "$TMP/ck" --model "$REF"
 
 echo "help"
