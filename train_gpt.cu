@@ -856,7 +856,9 @@ static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t
 // stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
 // clipping. With a loss scaler (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value:
 // the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
-// everywhere (*skipped = 1; parameters and optimizer state untouched).
+// everywhere (*skipped = 1; parameters and optimizer state untouched). Without loss scaling, a non-finite
+// norm is returned before anything is updated: the run has diverged, and the caller ends it. The norm is
+// reduced over every group a gradient lives in, so every rank sees the same verdict.
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped) {
     ZeroPlan* z = &model->zero;
     Comm* comm = model->comm;
@@ -898,6 +900,7 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
     comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
     if (z->stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
     float norm = (float)sqrt(sumsq) / scale;
+    if (!isfinite(norm)) return norm;  // diverged: parameters and optimizer state stay as they were
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
     AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, t,
                       model->stochastic_rounding, 0};
@@ -1047,6 +1050,29 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
 // ----------------------------------------------------------------------------------------------------
 // 4. checkpoints and sampling
 
+// The run diverged (a non-finite loss, gradient norm or parameter). Every rank reaches the same verdict
+// from the same reduced values, so every rank ends here together, without saving and without an abort:
+// rank 0 says why in one line, and the newest checkpoint stays the last good one.
+[[noreturn]] static void end_diverged(Comm* comm, long long step, const char* what, int applied) {
+    fflush(stdout);
+    if (comm->world_rank == 0) {
+        fprintf(stderr, "error: training diverged at step %lld: %s; %snothing after step %lld was saved\n", step, what,
+                applied ? "" : "the step was not applied and ", step - 1);
+        fflush(stderr);
+    }
+    comm_finalize(comm);
+    exit(1);
+}
+
+// Before any model file is written: the whole model after `step` steps (the same on every rank) must be
+// finite. (A finite gradient norm does not rule out an update that overflows, e.g. a huge weight decay.)
+static void check_finite_before_save(Comm* comm, const GPT2Config* c, const float* master, long long step) {
+    char where[160], what[200];
+    if (!find_nonfinite_param(c, master, where, sizeof(where))) return;
+    snprintf(what, sizeof(what), "parameter %s", where);
+    end_diverged(comm, step, what, 1);
+}
+
 // Saves a checkpoint (collective: every rank calls it): the model in llm.c format (fp32 master weights,
 // written by rank 0) and the optimizer state, one file per shard (written by the rank that owns it),
 // each file atomically. The data position is the step; the state records the RNG and batch shape.
@@ -1059,6 +1085,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
     char path[4200];
     float* master = (float*)malloc_check(model->num_parameters * sizeof(float));
     gpt2_export_master(model, master);
+    check_finite_before_save(comm, &model->config, master, state->step);
     state->model_hash = model_file_hash(&model->config, master);
     if (writes_model) {
         snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, state->step);
@@ -1574,6 +1601,10 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         // each position's weight in the mean loss of the global batch, times the loss scale
         float dloss = loss_scale(&scaler) / (float)tokens_per_step;
         double loss = pipeline_step(&model, &train_loader, schedule, tc->grad_accum, step, dloss);
+        if (losses && step < max_losses) losses[step] = (float)loss;
+        char why[64];
+        snprintf(why, sizeof(why), "the loss is %g", loss);
+        if (!isfinite(loss)) end_diverged(comm, step + 1, why, 0);  // the mean over all ranks: every rank sees it
         if (comm->world_rank == tc->fault_inf_rank && step + 1 == tc->fault_inf_step) inject_inf_gradient(&model);
         float lr = learning_rate(tc, step);
         double t_opt = trace_now_us(&tracer);
@@ -1586,14 +1617,15 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
                 printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n", step + 1,
                        scale_before, loss_scale(&scaler));
             logger_skip(&logger, step + 1, loss_scale(&scaler));
+        } else if (!isfinite(norm)) {  // no loss scaling: gpt2_update changed nothing
+            snprintf(why, sizeof(why), "the gradient norm is %g", norm);
+            end_diverged(comm, step + 1, why, 0);
         } else {
             updates++;
         }
         device_synchronize();
         double ms = 1000.0 * (wall_seconds() - t0);
         double tokens_per_s = tokens_per_step / (ms / 1000.0);
-        if (losses && step < max_losses) losses[step] = (float)loss;
-        if (!isfinite(loss)) fatal("loss is %f at step %lld: training diverged", loss, step + 1);
         if (skipped) continue;
 #ifndef LLMC_CPU
         if (main_rank && step == start_step && !tc->quiet) {  // the plan against what the device reports
@@ -1616,6 +1648,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     if (tc->save_model) {
         float* buf = (float*)malloc_check(model.num_parameters * sizeof(float));
         gpt2_export_master(&model, buf);
+        check_finite_before_save(comm, c, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
         if (main_rank) {
             model_file_write(tc->save_model, c, buf);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
@@ -1854,7 +1887,12 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         } else if (!strcmp(f, "--lr-min-frac")) tc->lr_min_frac = parse_float(f, v, 0.0, 1.0);
         else if (!strcmp(f, "--beta1")) tc->opt.beta1 = parse_float(f, v, 0.0, 0.999999);
         else if (!strcmp(f, "--beta2")) tc->opt.beta2 = parse_float(f, v, 0.0, 0.999999);
-        else if (!strcmp(f, "--eps")) tc->opt.eps = parse_float(f, v, 0.0, 1.0);
+        else if (!strcmp(f, "--eps")) {
+            tc->opt.eps = parse_float(f, v, 0.0, 1.0);
+            // AdamW divides m by sqrt(v) + eps, and m = v = 0 where a gradient is always 0 (the padded
+            // vocabulary rows): eps = 0 would write 0/0 = NaN into the model
+            if (!(tc->opt.eps > 0.0f)) fatal("--eps must be positive as a float32 (with 0, AdamW computes 0/0 for parameters whose gradient is 0), got '%s'", v);
+        }
         else if (!strcmp(f, "--weight-decay")) tc->opt.weight_decay = parse_float(f, v, 0.0, 10.0);
         else if (!strcmp(f, "--grad-clip")) tc->opt.grad_clip = parse_float(f, v, 0.0, 1e9);
         else if (!strcmp(f, "--val-every")) tc->val_every = (int)parse_int(f, v, 0, 1 << 30);

@@ -67,6 +67,32 @@ static size_t gpt2_num_parameters(const GPT2Config* c) {
 
 static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
 
+// Finds the first non-finite (NaN or infinite) value of a whole model in file order. Returns 0 if every
+// value is finite; otherwise 1, with the tensor and element written into `where`, e.g. "wte[500][3]"
+// (row, column) or "ln1w of layer 2 [7]".
+static int find_nonfinite_param(const GPT2Config* c, const float* params, char* where, size_t where_len) {
+    size_t n = gpt2_num_parameters(c), i = 0;
+    while (i < n && isfinite(params[i])) i++;
+    if (i == n) return 0;
+    size_t pos = 0;
+    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
+        int layers = file_tensor_is_per_layer(kind) ? c->L : 1;
+        size_t numel = file_tensor_numel(c, kind);
+        if (i >= pos + numel * layers) {
+            pos += numel * layers;
+            continue;
+        }
+        size_t k = i - pos, layer = k / numel, e = k % numel;
+        size_t cols = kind == 12 ? 4 * (size_t)c->C : (kind <= 1 || kind == 4 || kind == 6 || kind == 10) ? (size_t)c->C : 0;
+        char layer_s[32] = "";
+        if (layers > 1) snprintf(layer_s, sizeof(layer_s), " of layer %zu ", layer);
+        if (cols > 0) snprintf(where, where_len, "%s%s[%zu][%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e / cols, e % cols, params[i]);
+        else snprintf(where, where_len, "%s%s[%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e, params[i]);
+        return 1;
+    }
+    return 1;
+}
+
 // Checks that a configuration is well formed; `what` names its origin for the message.
 static void validate_config(const GPT2Config* c, const char* what) {
     if (c->L < 1 || c->C < 1 || c->NH < 1 || c->V < 1 || c->maxT < 1)
@@ -180,6 +206,9 @@ static uint64_t model_file_read(const char* path, GPT2Config* c, float** params)
             for (size_t i = 0; i < n; i++) p[i] = bf16_bits_to_float(tmp[i]);
             free(tmp);
         }
+        char where[160];
+        if (find_nonfinite_param(c, p, where, sizeof(where)))
+            fatal("'%s' holds a non-finite parameter: %s (a model file must hold finite values)", path, where);
         *params = p;
     }
     fclose(f);

@@ -30,6 +30,7 @@ def tokens(path, ids, magic=20240520, version=1, count=None):
         f.write(struct.pack("<256i", *hdr))
         f.write(struct.pack("<%dH" % len(ids), *ids))
 tokens(f"{d}/good.bin", [i * 7 % 512 for i in range(1000)])
+tokens(f"{d}/v500.bin", [i * 7 % 500 for i in range(1000)])  # for a vocabulary of 500 (Vp 512: padded rows)
 tokens(f"{d}/short.bin", list(range(10)))
 tokens(f"{d}/bigid.bin", [1] * 500 + [600] + [1] * 499)
 tokens(f"{d}/magic.bin", list(range(100)), magic=12345)
@@ -100,6 +101,44 @@ expect_error "resume: other batch shape" "resume needs the same" "${GOOD[@]}" --
 "$BIN" "${TINY[@]}" "${GOOD[@]}" --shuffle 1 --save-every 1 --checkpoint-dir "$TMP/cks" >/dev/null 2>&1
 expect_error "resume: other shuffle seed" "shuffled the data with --seed 1337" "${GOOD[@]}" --resume "$TMP/cks" --batch-size 2 --seq-len 8 --shuffle 1 --seed 5 --steps 4
 expect_error "resume with --model" "do not also give --model" "${GOOD[@]}" --resume "$TMP/ck" --model "$REF"
+
+echo "divergence (nothing non-finite is ever applied or written)"
+# finite_model FILE...: every value of these model files is finite (numpy)
+finite_model() {
+    "$PY" -c 'import sys, numpy as np; sys.exit(0 if all(np.isfinite(np.fromfile(p, "<f4", offset=1024)).all() for p in sys.argv[1:]) else 1)' "$@"
+}
+check() {  # check NAME CONDITION...: a shell condition that must hold
+    local name=$1
+    shift
+    if "$@"; then printf '  ok    %s\n' "$name"; else printf '  FAIL  %s\n' "$name"; fails=$((fails + 1)); fi
+}
+# the padded vocabulary rows (V=500, Vp=512) have zero gradients: eps=0 gave them 0/0 in AdamW
+V500=(--train-data "$TMP/v500.bin" --val-data "$TMP/v500.bin" --tokenizer "")
+expect_error "--eps 0" "--eps must be positive" "${TINY[@]}" "${V500[@]}" --vocab 500 --eps 0 --val-every 2 --save-model "$TMP/eps0.bin"
+check "--eps 0 wrote no model" test ! -e "$TMP/eps0.bin"
+# a model file with a NaN in a padded row of wte (row 505 of Vp=512) is a bad file, not a divergence
+"$PY" - "$TMP/nanpad.bin" <<'PYEOF'
+import struct, sys
+import numpy as np
+maxT, V, L, NH, C, Vp = 16, 500, 1, 2, 16, 512
+n = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+p = np.zeros(n, "<f4")
+p[505 * C + 3] = np.nan
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *([20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248)))
+    f.write(p.tobytes())
+PYEOF
+expect_error "NaN in a padded wte row" "nanpad.bin' holds a non-finite parameter: wte\[505\]\[3\]" --model "$TMP/nanpad.bin" "${V500[@]}" \
+    --batch-size 2 --seq-len 8 --steps 2 --val-every 0 --sample-every 0 --save-model "$TMP/nanpad_out.bin"
+# an inf gradient at step 2 without loss scaling: the step is not applied, the newest checkpoint is step 1
+expect_error "inf gradient at step 2" "diverged at step 2: the gradient norm is inf" "${TINY[@]}" "${GOOD[@]}" --steps 4 \
+    --loss-scale off --fault-inf-rank 0 --fault-inf-step 2 --save-every 1 --checkpoint-dir "$TMP/ck_inf" --save-model "$TMP/inf.bin"
+check "inf gradient: newest checkpoint is step 1, no model" \
+    test "$(ls "$TMP/ck_inf")" = "$(printf 'model_00000001.bin\nstate_00000001_00000.bin')" -a ! -e "$TMP/inf.bin"
+# a real divergence (lr 10, weight decay 10): every checkpoint written is finite
+expect_error "diverging run" "training diverged at step" "${TINY[@]}" "${GOOD[@]}" --steps 60 --lr 10 --weight-decay 10 \
+    --grad-clip 0 --warmup 0 --save-every 1 --checkpoint-dir "$TMP/ck_div" --save-model "$TMP/div.bin"
+check "diverging run: every checkpoint finite, no model" eval 'finite_model "$TMP"/ck_div/model_*.bin && test ! -e "$TMP/div.bin"'
 
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
