@@ -43,9 +43,15 @@ static void pipeline_split(int L, int P, const char* split, int* first) {
     }
     const char* p = split;
     for (int s = 0; s < P; s++) {
+        // each count is parsed as a 64-bit integer (errno catches what does not fit even there) and
+        // checked against L before it becomes an int, so no count wraps around into a small number
         char* end;
-        long n = strtol(p, &end, 10);
+        errno = 0;
+        long long n = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : (end = (char*)p, 0);
         if (end == p || n < 1) fatal("--pp-split '%s': expected %d positive layer counts separated by commas", split, P);
+        if (errno == ERANGE || n > L - first[s])
+            fatal("--pp-split '%s': the layer counts add up to more than the model's %d layers (stage %d has %d left)", split, L, s,
+                  L - first[s]);
         first[s + 1] = first[s] + (int)n;
         p = end;
         if (s < P - 1) {

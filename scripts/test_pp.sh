@@ -77,6 +77,11 @@ expect_mpi_error "zero micro-batches" "--micro-batches must be between 1" 2 "$BI
 expect_mpi_error "batch not divisible" "--batch-size 6 does not split into 4 micro-batches" 2 "$BIN" "${COMMON[@]}" --pp 2 --batch-size 6 --micro-batches 4
 expect_mpi_error "ZeRO-2 with pipelining" "--zero 2 with --pp is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --zero 2
 expect_mpi_error "--pp-split of the wrong sum" "covers 4 layers, the model has 5" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 2,2
+# counts beyond int: 4294967294 is -2 as an int (7 - 2 = 5 layers, once a crash), 4294967298 is 2 (2 + 3 = 5)
+expect_mpi_error "--pp-split 7,4294967294" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 7,4294967294
+expect_mpi_error "--pp-split 4294967298,3" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 4294967298,3
+expect_mpi_error "--pp-split 99999999999999999999,1" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 99999999999999999999,1
+expect_mpi_error "--pp-split +2,3" "expected 2 positive layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split +2,3
 
 if [ $fails -ne 0 ]; then echo "test_pp: $fails FAILED"; exit 1; fi
 echo "test_pp: all passed"
