@@ -1095,7 +1095,8 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
 
     // shards: stage 0 keeps the whole state on every rank of a DP group (DP rank 0 writes it); otherwise
     // each DP rank writes its chunks. TP ranks and pipeline stages hold different tensors: each writes
-    // its own shards (the tied wte is in the first and the last stage's, identical).
+    // its own shards. What several of them hold alike is written once, so that the shards cover every
+    // parameter exactly once: a replicated tensor by TP rank 0, the tied wte by the first stage.
     int per_tp = z->stage == 0 ? 1 : z->D;
     state->num_shards = model->place.pp * model->tp * per_tp;
     state->shard = (model->place.pp_rank * model->tp + model->tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
@@ -1111,6 +1112,8 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
         for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with what we own, in file runs
             const TensorSlot* t = &model->layout.slots[i];
             if (!owned_part(model, t, &lo, &hi, &k)) continue;
+            if (t->whole.split == SPLIT_NONE && model->tp_rank != 0) continue;  // TP rank 0 has the same
+            if (t->kind == 0 && !model->first) continue;                        // the first stage has the same
             size_t n;
             Run* runs = slot_runs(&model->layout, i, model->tp_rank, lo - t->offset, hi - t->offset, &n);
             for (size_t j = 0; j < n; j++) {
@@ -1136,41 +1139,51 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
 
 // Reads the newest complete checkpoint in dir: its model file into *params (file order) and the
 // optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
-// there (a crash during a save) is skipped for the one before it.
+// there (a crash during a save) is skipped for the one before it. Every shard must be the one its name
+// says, of the same checkpoint and run, and together the shards must cover the model (version 2:
+// exactly once; see llmc/checkpoint.h).
 static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
-    char pattern[4096], path[4200];
-    snprintf(pattern, sizeof(pattern), "%s/state_*_00000.bin", dir);
-    glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc == 0) fatal("no checkpoint (state_*_00000.bin) found in '%s'", dir);
-    for (int i = (int)g.gl_pathc - 1; i >= 0; i--) {  // zero-padded steps: sorted by name = by step
-        long long step;
-        if (sscanf(g.gl_pathv[i] + strlen(dir), "/state_%lld_00000.bin", &step) != 1) continue;
+    char path[4200], first_path[4200], why[256];
+    long long* steps;
+    int n_steps = checkpoint_steps(dir, &steps);
+    if (n_steps == 0) fatal("no checkpoint (state_*_00000.bin) found in '%s'", dir);
+    for (int i = 0; i < n_steps; i++) {
+        long long step = steps[i];
         snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
         int complete = access(path, R_OK) == 0;
         *m = *v = NULL;
         RunState first;
-        state_file_read(g.gl_pathv[i], &first, m, v);
+        RangeList covered = {NULL, 0, 0};
+        snprintf(first_path, sizeof(first_path), "%s/state_%08lld_00000.bin", dir, step);
+        state_file_read(first_path, &first, m, v, &covered);
         for (int s = 1; complete && s < first.num_shards; s++) {
             snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
             complete = access(path, R_OK) == 0;
         }
         if (!complete) {
             printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
-            free(*m), free(*v);
+            free(*m), free(*v), free(covered.pairs);
             continue;
         }
-        for (int s = 1; s < first.num_shards; s++) {
+        for (int s = 0; s < first.num_shards; s++) {
             snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
-            state_file_read(path, state, m, v);
-            if (state->step != first.step || state->model_hash != first.model_hash || state->num_shards != first.num_shards)
-                fatal("'%s' does not belong to the same checkpoint as '%s'", path, g.gl_pathv[i]);
+            if (s > 0) state_file_read(path, state, m, v, &covered);
+            else *state = first;
+            if (state->shard != s || state->step != step)
+                fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path, state->shard, state->step);
+            if (state->model_hash != first.model_hash || state->num_shards != first.num_shards || state->run_id != first.run_id ||
+                state->version != first.version)
+                fatal("'%s' does not belong to the same checkpoint as '%s'", path, first_path);
         }
+        if (!ranges_cover(&covered, gpt2_num_parameters(&first.config), first.version >= 2, why, sizeof(why)))
+            fatal("the optimizer state shards of step %lld in '%s' do not cover the model: %s", step, dir, why);
+        free(covered.pairs);
         *state = first;
         snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
         uint64_t hash = model_file_read(path, config, params);
         if (hash != state->model_hash) fatal("'%s' is not the model saved with its state file (checksum mismatch)", path);
         if (memcmp(config, &state->config, sizeof(*config)) != 0) fatal("'%s' does not match the sizes in its state file", path);
-        globfree(&g);
+        free(steps);
         return;
     }
     fatal("no complete checkpoint found in '%s'", dir);
@@ -1457,6 +1470,45 @@ static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm)
     }
 }
 
+// A random identity for a run that starts from scratch (kept in its checkpoints and through every
+// resume, see llmc/checkpoint.h): drawn by rank 0, shared with every rank in 16-bit pieces (exact as
+// doubles). Never 0, which stands for "unknown" (version 1 state files).
+static uint64_t new_run_id(Comm* comm) {
+    uint64_t id = 0;
+    if (comm->world_rank == 0) {
+        FILE* f = fopen("/dev/urandom", "rb");
+        if (f == NULL || fread(&id, sizeof(id), 1, f) != 1) id = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+        if (f != NULL) fclose(f);
+        if (id == 0) id = 1;
+    }
+    double parts[4];
+    for (int i = 0; i < 4; i++) parts[i] = (double)((id >> (16 * i)) & 0xffff);
+    comm_all_reduce_host(comm, &comm->world, parts, 4, REDUCE_SUM);  // the other ranks add 0
+    id = 0;
+    for (int i = 0; i < 4; i++) id |= (uint64_t)parts[i] << (16 * i);
+    return id;
+}
+
+// A run saves into its checkpoint folder only if every checkpoint already there is its own: after
+// another run's checkpoints, a later --resume would continue whichever run saved the newest step.
+static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id) {
+    long long* steps;
+    int n = checkpoint_steps(dir, &steps);
+    for (int i = 0; i < n; i++) {
+        char path[4200];
+        int header[HEADER_INTS];
+        long long size;
+        snprintf(path, sizeof(path), "%s/state_%08lld_00000.bin", dir, steps[i]);
+        FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
+        fclose(f);
+        uint64_t id = header[1] >= 2 ? get_u64(header + 33) : 0;
+        if (id != run_id)
+            fatal("--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, or save "
+                  "into another folder", dir, steps[i]);
+    }
+    free(steps);
+}
+
 // Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
 // (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
 // Returns the last validation loss (or NAN).
@@ -1481,6 +1533,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     } else if (tc->model_file) {
         model_file_read(tc->model_file, &config, &params);
     }
+    uint64_t run_id = tc->resume ? state.run_id : new_run_id(comm);
+    if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
     const GPT2Config* a = &tc->arch;
     if (((tc->arch_given & 1) && a->L != config.L) || ((tc->arch_given & 2) && a->C != config.C) ||
         ((tc->arch_given & 4) && a->NH != config.NH) || ((tc->arch_given & 8) && a->V != config.V) ||
@@ -1587,6 +1641,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             state.loss_scale = scaler.scale;
             state.scale_good_steps = scaler.good_steps;
             state.scale_hysteresis_left = scaler.hysteresis_left;
+            state.run_id = run_id;
             save_checkpoint(&model, tc->checkpoint_dir, &state);
         }
         if (last || stopping) break;

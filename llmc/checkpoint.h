@@ -15,21 +15,33 @@
  *   companion model file (uint64)  [20..21] data seed (uint64)  [22] shard  [23] number of shards
  *   [24] ZeRO stage  [25] DP size  [26..27] number of ranges R (int64)  [28..29] optimizer updates
  *   applied (int64)  [30] loss scale (float32)  [31] clean steps since its last change  [32] overflows
- *   it still tolerates
+ *   it still tolerates  [33..34] run id (uint64, version 2)
  * then R pairs (offset in file order, count) as int64, then AdamW's m for those ranges (float32), then
  * v, then the FNV-1a hash (uint64) of all the bytes before it. Shards of any DP size can be read by any
  * other: a resume reassembles the whole state and takes its own chunks (re-sharding). The model hash
  * ties state and model together: a state file never resumes another model.
+ *
+ * Version 2 (written now) adds the run id: a random number drawn when a run starts from scratch and kept
+ * through every resume, so that checkpoints of two different runs in one folder are told apart. And in
+ * version 2 the shards of one checkpoint hold every parameter exactly once (a tensor held by several
+ * ranks, such as a replicated LayerNorm under TP or the tied wte on both end stages, is written by one of
+ * them); a reader checks that each file is the shard its name says and that the shards' ranges cover
+ * the model exactly once, so a missing, duplicated or swapped shard is an error, never silent zeros.
+ * Version 1 files (no run id, run id 0; replicated tensors in several shards) are still read: their
+ * ranges must cover every parameter at least once.
  *
  * Every write goes to "<path>.tmp", is flushed and fsync'ed, then renamed over <path>, so a crash in the
  * middle of a save leaves the previous checkpoint intact.
  */
 #pragma once
 
+#include <dirent.h>
+
 #include "common.h"
 
 #define MODEL_MAGIC 20240326
 #define STATE_MAGIC 20261123
+#define STATE_VERSION 2
 #define HEADER_INTS 256
 
 typedef struct {
@@ -231,7 +243,46 @@ typedef struct {
     long long updates;      // optimizer updates applied (steps minus the ones skipped on overflow)
     float loss_scale;       // the loss scaler's state (llmc/loss_scaler.h)
     int scale_good_steps, scale_hysteresis_left;
+    uint64_t run_id;        // drawn when the run started from scratch, kept on resume (0: a version 1 file)
+    int version;            // of the file read
 } RunState;
+
+// The (offset, count) ranges of the shards read so far, to check that they cover the model.
+typedef struct {
+    int64_t* pairs;  // [2 * n]
+    size_t n, cap;
+} RangeList;
+
+static int compare_range_offsets(const void* a, const void* b) {
+    int64_t x = ((const int64_t*)a)[0], y = ((const int64_t*)b)[0];
+    return x < y ? -1 : x > y;
+}
+
+// Checks that the ranges cover parameters [0, n) exactly once (exact) or at least once; on failure
+// writes what is wrong into msg and returns 0.
+static int ranges_cover(RangeList* l, uint64_t n, int exact, char* msg, size_t msg_len) {
+    qsort(l->pairs, l->n, 2 * sizeof(int64_t), compare_range_offsets);
+    uint64_t pos = 0;  // everything below pos is covered
+    for (size_t i = 0; i < l->n; i++) {
+        uint64_t off = (uint64_t)l->pairs[2 * i], end = off + (uint64_t)l->pairs[2 * i + 1];
+        if (off == end) continue;
+        if (off > pos) {
+            snprintf(msg, msg_len, "parameters %llu to %llu are in no shard", (unsigned long long)pos, (unsigned long long)off - 1);
+            return 0;
+        }
+        if (off < pos && exact) {
+            snprintf(msg, msg_len, "parameters %llu to %llu are in more than one shard", (unsigned long long)off,
+                     (unsigned long long)(end < pos ? end : pos) - 1);
+            return 0;
+        }
+        pos = end > pos ? end : pos;
+    }
+    if (pos < n) {
+        snprintf(msg, msg_len, "parameters %llu to %llu are in no shard", (unsigned long long)pos, (unsigned long long)n - 1);
+        return 0;
+    }
+    return 1;
+}
 
 static void put_u64(int* h, uint64_t v) { memcpy(h, &v, sizeof(v)); }
 static uint64_t get_u64(const int* h) {
@@ -248,7 +299,7 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
     for (int64_t r = 0; r < n_ranges; r++) count += ranges[2 * r + 1];
     int header[HEADER_INTS] = {0};
     header[0] = STATE_MAGIC;
-    header[1] = 1;
+    header[1] = STATE_VERSION;
     header[2] = s->config.maxT;
     header[3] = s->config.V;
     header[4] = s->config.L;
@@ -273,6 +324,7 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
     memcpy(header + 30, &s->loss_scale, sizeof(float));
     header[31] = s->scale_good_steps;
     header[32] = s->scale_hysteresis_left;
+    put_u64(header + 33, s->run_id);
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, header, sizeof(header));
@@ -284,13 +336,16 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
     atomic_commit(&a);
 }
 
-// Reads one shard, verifying magic, version, sizes and checksum, and scatters its moments into the
-// whole-model arrays m_full and v_full (file order; allocated, zeroed, on the first call).
-static void state_file_read(const char* path, RunState* s, float** m_full, float** v_full) {
+// Reads one shard, verifying magic, version, sizes, the range of every header field and the checksum,
+// scatters its moments into the whole-model arrays m_full and v_full (file order; allocated, zeroed,
+// on the first call), and appends its ranges to *covered (if not NULL).
+static void state_file_read(const char* path, RunState* s, float** m_full, float** v_full, RangeList* covered) {
     int header[HEADER_INTS];
     long long size;
     FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
-    if (header[1] != 1) fatal("'%s': unsupported state file version %d (expected 1)", path, header[1]);
+    if (header[1] != 1 && header[1] != 2) fatal("'%s': unsupported state file version %d (1 and 2 are known)", path, header[1]);
+    s->version = header[1];
+    s->run_id = s->version >= 2 ? get_u64(header + 33) : 0;
     s->config = (GPT2Config){header[2], header[3], header[7], header[4], header[5], header[6]};
     validate_config(&s->config, path);
     s->B = header[8];
@@ -312,7 +367,21 @@ static void state_file_read(const char* path, RunState* s, float** m_full, float
     s->scale_good_steps = header[31];
     s->scale_hysteresis_left = header[32];
     if (n != gpt2_num_parameters(&s->config)) fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
-    if (s->num_shards < 1 || s->shard < 0 || s->shard >= s->num_shards) fatal("'%s': bad shard %d of %d", path, s->shard, s->num_shards);
+    if (s->num_shards < 1 || s->num_shards > (1 << 24) || s->shard < 0 || s->shard >= s->num_shards)
+        fatal("'%s': bad shard %d of %d", path, s->shard, s->num_shards);
+    // the other fields, so that a forged or damaged header cannot steer the run (a negative step would
+    // mean a negative learning rate, an absurd batch an absurd allocation)
+    const long long MAX_STEP = 1LL << 40;  // what --steps accepts
+    if (s->step < 0 || s->step > MAX_STEP) fatal("'%s': step %lld is out of range (0 to %lld)", path, s->step, MAX_STEP);
+    if (s->updates < 0 || s->updates > s->step) fatal("'%s': %lld optimizer updates in %lld steps is impossible", path, s->updates, s->step);
+    if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 || s->grad_accum > (1 << 20))
+        fatal("'%s': batch shape B=%d T=%d grad_accum=%d is out of range", path, s->B, s->T, s->grad_accum);
+    if (s->shuffle != 0 && s->shuffle != 1) fatal("'%s': shuffle flag %d is neither 0 nor 1", path, s->shuffle);
+    if (s->zero_stage < 0 || s->zero_stage > 2 || s->dp < 1 || s->dp > (1 << 20))
+        fatal("'%s': ZeRO stage %d or dp %d is out of range", path, s->zero_stage, s->dp);
+    if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 || s->scale_hysteresis_left < 0)
+        fatal("'%s': loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range", path, s->loss_scale,
+              s->scale_good_steps, s->scale_hysteresis_left);
     if (n_ranges > n + 1024 || (long long)(1024 + 16 * n_ranges) > size) fatal("'%s' is truncated or corrupt (%llu ranges)", path, (unsigned long long)n_ranges);
     int64_t* ranges = (int64_t*)malloc_check(2 * n_ranges * sizeof(int64_t));
     fread_check(ranges, sizeof(int64_t), 2 * n_ranges, f, path);
@@ -343,6 +412,15 @@ static void state_file_read(const char* path, RunState* s, float** m_full, float
     }
     size_t pos = 0;
     for (uint64_t r = 0; r < n_ranges; r++) {
+        if (covered) {
+            if (covered->n == covered->cap) {
+                covered->cap = covered->cap ? 2 * covered->cap : 1024;
+                covered->pairs = (int64_t*)realloc(covered->pairs, 2 * covered->cap * sizeof(int64_t));
+                if (covered->pairs == NULL) fatal("out of host memory");
+            }
+            covered->pairs[2 * covered->n] = ranges[2 * r];
+            covered->pairs[2 * covered->n++ + 1] = ranges[2 * r + 1];
+        }
         memcpy(*m_full + ranges[2 * r], m + pos, ranges[2 * r + 1] * sizeof(float));
         memcpy(*v_full + ranges[2 * r], v + pos, ranges[2 * r + 1] * sizeof(float));
         pos += ranges[2 * r + 1];
@@ -350,4 +428,39 @@ static void state_file_read(const char* path, RunState* s, float** m_full, float
     free(ranges);
     free(m);
     free(v);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// checkpoint folders
+
+static int compare_steps_descending(const void* a, const void* b) {
+    long long x = *(const long long*)a, y = *(const long long*)b;
+    return x > y ? -1 : x < y;
+}
+
+// The steps of the checkpoints in dir (those with a first state shard, state_<step>_00000.bin), newest
+// first; *steps is malloc'ed. The folder is listed with readdir, not matched with a glob pattern, so any
+// character in its name is taken literally ("ck[1]"), and steps are compared as numbers (names of steps
+// at or above 1e8 have more than 8 digits). A folder that does not exist holds none.
+static int checkpoint_steps(const char* dir, long long** steps) {
+    int n = 0, cap = 16;
+    *steps = (long long*)malloc_check(cap * sizeof(long long));
+    DIR* d = opendir(dir);
+    if (d == NULL) {
+        if (errno == ENOENT) return 0;
+        fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));
+    }
+    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+        const char* name = e->d_name;
+        size_t len = strlen(name), digits = 0;
+        if (strncmp(name, "state_", 6) != 0) continue;
+        while (6 + digits < len && name[6 + digits] >= '0' && name[6 + digits] <= '9') digits++;
+        if (digits < 1 || digits > 18 || strcmp(name + 6 + digits, "_00000.bin") != 0) continue;
+        if (n == cap) *steps = (long long*)realloc(*steps, (cap *= 2) * sizeof(long long));
+        if (*steps == NULL) fatal("out of host memory");
+        (*steps)[n++] = strtoll(name + 6, NULL, 10);
+    }
+    closedir(d);
+    qsort(*steps, n, sizeof(long long), compare_steps_descending);
+    return n;
 }

@@ -60,6 +60,16 @@ expect_error() {
     fi
 }
 
+# finite_model FILE...: every value of these model files is finite (numpy)
+finite_model() {
+    "$PY" -c 'import sys, numpy as np; sys.exit(0 if all(np.isfinite(np.fromfile(p, "<f4", offset=1024)).all() for p in sys.argv[1:]) else 1)' "$@"
+}
+check() {  # check NAME CONDITION...: a shell condition that must hold
+    local name=$1
+    shift
+    if "$@"; then printf '  ok    %s\n' "$name"; else printf '  FAIL  %s\n' "$name"; fails=$((fails + 1)); fi
+}
+
 echo "command line"
 expect_error "unknown flag" "unknown flag --bogus" "${TINY[@]}" "${GOOD[@]}" --bogus 1
 expect_error "flag without value" "needs a value" "${TINY[@]}" "${GOOD[@]}" --steps
@@ -101,17 +111,25 @@ expect_error "resume: other batch shape" "resume needs the same" "${GOOD[@]}" --
 "$BIN" "${TINY[@]}" "${GOOD[@]}" --shuffle 1 --save-every 1 --checkpoint-dir "$TMP/cks" >/dev/null 2>&1
 expect_error "resume: other shuffle seed" "shuffled the data with --seed 1337" "${GOOD[@]}" --resume "$TMP/cks" --batch-size 2 --seq-len 8 --shuffle 1 --seed 5 --steps 4
 expect_error "resume with --model" "do not also give --model" "${GOOD[@]}" --resume "$TMP/ck" --model "$REF"
+FORGE=("$PY" "$(dirname "$0")/forge_state.py")
+cp -r "$TMP/ck" "$TMP/ck_neg" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_neg/state_00000002_00000.bin" step=-3
+expect_error "resume: forged step -3" "step -3 is out of range" "${GOOD[@]}" --resume "$TMP/ck_neg" --batch-size 2 --seq-len 8 --steps 4
+cp -r "$TMP/ck" "$TMP/ck_upd" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_upd/state_00000002_00000.bin" updates=-5
+expect_error "resume: forged updates -5" "-5 optimizer updates in 2 steps is impossible" "${GOOD[@]}" --resume "$TMP/ck_upd" --batch-size 2 --seq-len 8 --steps 4
+expect_error "fresh run into another run's folder" "holds checkpoints of another run" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --checkpoint-dir "$TMP/ck"
+# a folder name with glob metacharacters is taken literally
+"$BIN" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir "$TMP/ck[1]" >/dev/null 2>&1
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck[1]" --batch-size 2 --seq-len 8 --steps 2 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
+check "resume from a folder named ck[1]" grep -q "resuming from step 1 of" "$TMP/out"
+# steps at or above 1e8 have 9 digits: the newest is found by number, not by name
+mkdir -p "$TMP/ck_big"
+"${FORGE[@]}" "$TMP/ck/state_00000001_00000.bin" "$TMP/ck_big/state_99999999_00000.bin" step=99999999
+"${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_big/state_100000000_00000.bin" step=100000000
+cp "$TMP/ck/model_00000001.bin" "$TMP/ck_big/model_99999999.bin" && cp "$TMP/ck/model_00000002.bin" "$TMP/ck_big/model_100000000.bin"
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck_big" --batch-size 2 --seq-len 8 --steps 100000001 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
+check "newest of steps 99999999 and 100000000" grep -q "resuming from step 100000000 of" "$TMP/out"
 
 echo "divergence (nothing non-finite is ever applied or written)"
-# finite_model FILE...: every value of these model files is finite (numpy)
-finite_model() {
-    "$PY" -c 'import sys, numpy as np; sys.exit(0 if all(np.isfinite(np.fromfile(p, "<f4", offset=1024)).all() for p in sys.argv[1:]) else 1)' "$@"
-}
-check() {  # check NAME CONDITION...: a shell condition that must hold
-    local name=$1
-    shift
-    if "$@"; then printf '  ok    %s\n' "$name"; else printf '  FAIL  %s\n' "$name"; fails=$((fails + 1)); fi
-}
 # the padded vocabulary rows (V=500, Vp=512) have zero gradients: eps=0 gave them 0/0 in AdamW
 V500=(--train-data "$TMP/v500.bin" --val-data "$TMP/v500.bin" --tokenizer "")
 expect_error "--eps 0" "--eps must be positive" "${TINY[@]}" "${V500[@]}" --vocab 500 --eps 0 --val-every 2 --save-model "$TMP/eps0.bin"

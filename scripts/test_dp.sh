@@ -6,7 +6,8 @@
 #      another order than one rank's, so results agree to rounding, ~1e-7, not bit for bit)
 #   2. checkpoints: resume at the same dp is bit-exact (same final model file, byte for byte); a run
 #      saved at dp=4 (ZeRO-2) and resumed at dp=2 (ZeRO-1) re-shards and continues with the same losses
-#      to 1e-5
+#      to 1e-5; a duplicated or forged shard (one that is not what its name says, or shards that cover
+#      some parameters twice) is refused
 #   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s
 #   4. bad input: a world size that is not dp x tp x pp
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
@@ -54,6 +55,16 @@ compare "save dp=4, resume dp=2" "$TMP/r42.jsonl" "$TMP/r42.bin" "$TMP/s4.jsonl"
 "$BIN" "${COMMON[@]}" --batch-size 8 --resume "$TMP/ck4" --log "$TMP/r41.jsonl" --save-model "$TMP/r41.bin" >/dev/null 2>&1 \
     || { echo "  FAIL  resume dp=4 checkpoint on one rank"; fails=$((fails + 1)); }
 compare "save dp=4, resume dp=1" "$TMP/r41.jsonl" "$TMP/r41.bin" "$TMP/s4.jsonl" "$TMP/s4.bin" 6
+
+# a shard must be the one its name says, and the shards together must cover the model exactly once
+run 2 --batch-size 4 --zero 1 --stop-after 4 --checkpoint-dir "$TMP/ckz"
+cp -r "$TMP/ckz" "$TMP/ckz_dup" && cp "$TMP/ckz_dup/state_00000004_00000.bin" "$TMP/ckz_dup/state_00000004_00001.bin"
+expect_mpi_error "shard 0 copied over shard 1" "state_00000004_00001.bin' holds shard 0 of step 4, not what its name says" 2 \
+    "$BIN" "${COMMON[@]}" --batch-size 4 --zero 1 --resume "$TMP/ckz_dup"
+cp -r "$TMP/ckz" "$TMP/ckz_forged"  # shard 0's ranges under shard 1's name and index
+"$PY" "$(dirname "$0")/forge_state.py" "$TMP/ckz/state_00000004_00000.bin" "$TMP/ckz_forged/state_00000004_00001.bin" shard=1
+expect_mpi_error "shard 0's ranges as shard 1" "shards of step 4 .* do not cover the model: parameters .* are in more than one shard" 2 \
+    "$BIN" "${COMMON[@]}" --batch-size 4 --zero 1 --resume "$TMP/ckz_forged"
 
 echo "3. a rank that dies ends the run"
 start=$(date +%s)
