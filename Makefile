@@ -7,42 +7,32 @@
 # PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`; GPU_ARCH overrides the -arch list.
 
 CXX ?= g++
-NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 PRECISION ?= BF16
 PYTHON ?= /usr/bin/python3
 
-# MPI (Open MPI): from the environment if set (e.g. a portable build's env.sh), else from mpicxx;
-# without it the trainer still builds, for one rank (or, on GPUs, torchrun-style launches with NCCL)
-MPI_CFLAGS ?= $(shell mpicxx --showme:compile 2>/dev/null)
-MPI_LIBS ?= $(shell mpicxx --showme:link 2>/dev/null)
-ifneq ($(strip $(MPI_LIBS)),)
-MPI_DEFINE = -DUSE_MPI
-endif
+# nvcc, NCCL, MPI, GPU_ARCH, the nvcc check and the flags stamps (see toolchain.mk)
+include toolchain.mk
 
 CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -DLLMC_CPU
 HEADERS = $(wildcard llmc/*.h)
 
-# sm_80 and sm_90 unless a local GPU says otherwise
-LOCAL_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
-ifneq ($(LOCAL_CC),)
-GPU_ARCH ?= -gencode arch=compute_$(LOCAL_CC),code=sm_$(LOCAL_CC)
-else
-GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-endif
-# NCCL: if its header is where nvcc looks (the CUDA toolkit, or /usr/include from libnccl-dev);
-# without it the GPU target communicates through MPI only
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h -o -f /usr/include/nccl.h && echo 1)
-ifeq ($(HAVE_NCCL),1)
-NCCL_FLAGS =
-NCCL_LIBS = -lnccl
-else
-NCCL_FLAGS = -DNO_NCCL
-NCCL_LIBS =
-endif
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
              $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS)) $(NCCL_FLAGS)
 NVCC_LIBS = -lcublasLt -lcublas $(NCCL_LIBS) $(filter -L% -l%,$(MPI_LIBS))
+PRECISION_DEFINE_bf16 = -DENABLE_BF16
+PRECISION_DEFINE_fp16 = -DENABLE_FP16
+PRECISION_DEFINE_fp32 =
+
+# build/flags-<target>.txt holds the compiler and flags of the last build of that target; it changes
+# only when they do, and everything built for the target depends on it
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+$(call flags_stamp,build/flags-cpu.txt,$(CXX) $(CPU_FLAGS) $(MPI_LIBS))
+ifneq ($(NVCC),)
+$(foreach p,bf16 fp16 fp32,$(call flags_stamp,build/flags-gpu-$(p).txt,$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_$(p)) $(NVCC_LIBS)))
+endif
+endif
+# without nvcc the GPU stamps are left as they are (and may be missing): gpu-toolchain then stops the build
+build/flags-%.txt: ;
 
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
@@ -52,24 +42,25 @@ all: cpu
 
 cpu: build/cpu/train_gpt build/cpu/test_gpt
 
-build/cpu/%: %.cu $(HEADERS) train_gpt.cu
+build/cpu/%: %.cu $(HEADERS) train_gpt.cu build/flags-cpu.txt
 	@mkdir -p $(@D)
 	$(CXX) $(CPU_FLAGS) $< $(MPI_LIBS) -o $@
 
 gpu: build/gpu-bf16/train_gpt build/gpu-bf16/test_gpt build/gpu-fp32/train_gpt build/gpu-fp32/test_gpt \
      build/gpu-fp16/train_gpt build/gpu-fp16/test_gpt
 
-build/gpu-bf16/%: %.cu $(HEADERS) train_gpt.cu
+# every nvcc target first checks that there is an nvcc (gpu-toolchain, toolchain.mk)
+build/gpu-bf16/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-bf16.txt | gpu-toolchain
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_BF16 $< $(NVCC_LIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_bf16) $< $(NVCC_LIBS) -o $@
 
-build/gpu-fp16/%: %.cu $(HEADERS) train_gpt.cu
+build/gpu-fp16/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp16.txt | gpu-toolchain
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) -DENABLE_FP16 $< $(NVCC_LIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_fp16) $< $(NVCC_LIBS) -o $@
 
-build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu
+build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-toolchain
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_fp32) $< $(NVCC_LIBS) -o $@
 
 # kernel variants, checks and benchmarks (dev/cuda/README.md)
 dev:

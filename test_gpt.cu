@@ -619,6 +619,7 @@ static void test_token_grouping(void) {
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
     printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
+    device_require_gpu();
     test_against_reference(dir, "small");
     test_against_reference(dir, "odd");
     test_resume(dir);

@@ -1990,6 +1990,7 @@ int main(int argc, char** argv) {
         print_plan(&tc, tc.plan_precision ? tc.plan_precision : own, tc.device_memory);
         return 0;
     }
+    device_require_gpu();  // GPU build: a clear error without a GPU or driver (CPU build: nothing)
     Comm comm;
     comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir);
     double t0 = wall_seconds();

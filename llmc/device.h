@@ -77,12 +77,55 @@ static cudaStream_t main_stream = 0;
 #endif
 
 // ----------------------------------------------------------------------------------------------------
+// is there a GPU at all?
+
+// The GPU programs call this first. Without a driver or a device, every CUDA call fails, and the first
+// one to fail (an allocation, in the trainer) would report something unrelated ("out of GPU memory:
+// CUDA driver version is insufficient"): say what is wrong once, before anything else.
+static inline void device_require_gpu(void) {
+#ifndef LLMC_CPU
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaSuccess && count > 0) return;
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+    cudaRuntimeGetVersion(&runtime);
+    if (err == cudaSuccess || err == cudaErrorNoDevice)
+        fatal("no GPU: the NVIDIA driver finds no CUDA device (the CPU build, `make cpu`, runs without one)");
+    if (driver == 0)
+        fatal("no GPU: no NVIDIA driver is installed (cudaGetDeviceCount: %s); the CPU build, `make cpu`, runs without one",
+              cudaGetErrorString(err));
+    if (err == cudaErrorInsufficientDriver)
+        fatal("the NVIDIA driver supports CUDA %d.%d, this build needs %d.%d: update the driver",
+              driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+    fatal("cannot use a GPU: cudaGetDeviceCount: %s (%s)", cudaGetErrorName(err), cudaGetErrorString(err));
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
 // allocate, copy, clear (the same names on both targets)
 
 // The memory planner (--plan) builds the model "dry": allocations are only counted, nothing is
 // allocated, cleared or copied. device_allocated_bytes counts every allocation either way.
 static int device_dry_run = 0;
 static size_t device_allocated_bytes = 0;
+
+#ifndef LLMC_CPU
+// Words a failed cudaMalloc by its cause: only cudaErrorMemoryAllocation means the GPU is full.
+[[noreturn]] static inline void device_malloc_failed(cudaError_t err, size_t bytes) {
+    double mib = bytes / 1048576.0;
+    if (err == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+            fatal("out of GPU memory allocating %.1f MiB (%.2f of %.2f GiB free; --plan shows what each rank needs)",
+                  mib, free_b / 1073741824.0, total_b / 1073741824.0);
+        fatal("out of GPU memory allocating %.1f MiB (--plan shows what each rank needs)", mib);
+    }
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorInitializationError)
+        fatal("no usable GPU: allocating %.1f MiB failed with %s (%s)", mib, cudaGetErrorName(err), cudaGetErrorString(err));
+    fatal("allocating %.1f MiB on the GPU failed: %s (%s)", mib, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+#endif
 
 static inline void* device_malloc(size_t bytes) {
     device_allocated_bytes += bytes;
@@ -94,8 +137,7 @@ static inline void* device_malloc(size_t bytes) {
 #else
     void* p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes > 0 ? bytes : 256);
-    if (err != cudaSuccess)
-        fatal("out of GPU memory allocating %.1f MiB: %s", bytes / 1048576.0, cudaGetErrorString(err));
+    if (err != cudaSuccess) device_malloc_failed(err, bytes);
     return p;
 #endif
 }

@@ -7,6 +7,7 @@
 #      tensor and pipeline parallelism under mpirun, the default training job (its final validation loss must be 2 nats below the first)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it
+#   6. the build itself: Makefile errors and flags stamps, the GPU binaries on a machine without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -63,5 +64,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 else
     echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"
 fi
+
+step "the build: no nvcc is an error, flags stamps rebuild, GPU binaries without a GPU say so"
+bash scripts/test_build.sh
 
 printf '\nall tests passed\n'

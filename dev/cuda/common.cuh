@@ -30,6 +30,7 @@
 
 // 0 = run every version, else the version asked for (1-based)
 static int parse_version(int argc, char** argv, int num_versions) {
+    device_require_gpu();  // every kernel's main starts here: a clear error without a GPU or driver
     if (argc < 2) return 0;
     char* end = NULL;
     long v = strtol(argv[1], &end, 10);

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# test_build.sh: the build itself (Makefile, dev/cuda/Makefile, toolchain.mk) and the GPU binary on a
+# machine without a GPU.
+#   1. Without nvcc (NVCC= given, or none on PATH nor in CUDA_HOME), `make gpu` and `make -C dev/cuda`
+#      stop with one `error:` line and a non-zero exit, having built nothing.
+#   2. Each make prints once what it found (nvcc, NCCL, MPI).
+#   3. Flags stamps: outputs rebuild when their compiler or flags change (MPI "installed" after a first
+#      build, NCCL_HOME given, another GPU_ARCH), and only then; a NCCL_HOME without nccl.h is an error.
+#   4. Given GPU binaries on a machine without a usable GPU: one `error: no GPU: ...` line, exit code 1.
+# Parts 1-3 run the Makefiles in a temporary copy of the sources with a stand-in compiler that only logs
+# its command line and creates its -o file, so they take seconds and need neither g++ nor nvcc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+fail() { echo "test_build: FAILED: $*"; exit 1; }
+mkdir -p "$TMP/repo/dev" "$TMP/cuda/bin" "$TMP/nccl/include" "$TMP/nccl/lib" "$TMP/no-nccl" "$TMP/bin"
+cp Makefile train_gpt.cu test_gpt.cu "$TMP/repo/"
+cp toolchain.mk "$TMP/repo/"
+cp -r llmc "$TMP/repo/llmc"
+cp -r dev/cuda "$TMP/repo/dev/cuda"
+rm -rf "$TMP/repo/dev/cuda/build"
+touch "$TMP/nccl/include/nccl.h"
+
+# the stand-in compiler: appends its arguments to compiled.log and creates the output
+cat > "$TMP/cuda/bin/nvcc" <<EOF
+#!/bin/sh
+out=""; prev=""
+for a in "\$@"; do [ "\$prev" = "-o" ] && out=\$a; prev=\$a; done
+echo "\$*" >> "$TMP/compiled.log"
+: > "\$out"
+EOF
+chmod +x "$TMP/cuda/bin/nvcc"
+FAKE=$TMP/cuda/bin/nvcc
+
+# make as a user would type it: not as a sub-make of `make test` (whose MAKELEVEL hides the summary)
+mk() { (cd "$TMP/repo" && env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS make "$@") > "$TMP/out" 2> "$TMP/err"; }
+compiled() { [ -f "$TMP/compiled.log" ] && wc -l < "$TMP/compiled.log" || echo 0; }
+expect_compiles() {  # N then make args: make must compile exactly N files
+    local n=$1; shift
+    rm -f "$TMP/compiled.log"
+    mk "$@" || { cat "$TMP/out" "$TMP/err"; fail "make $* failed"; }
+    [ "$(compiled)" -eq "$n" ] || { cat "$TMP/out"; fail "make $*: compiled $(compiled) files, expected $n"; }
+    echo "ok: make $* -> $n compiled"
+}
+expect_error() {  # message then make args: make must fail with that one error line and build nothing
+    local msg=$1; shift
+    rm -f "$TMP/compiled.log"
+    if mk "$@"; then fail "make $* succeeded without nvcc"; fi
+    grep -q "^error: $msg" "$TMP/err" || { cat "$TMP/err"; fail "make $*: no 'error: $msg' line"; }
+    [ "$(grep -c '^error:' "$TMP/err")" -eq 1 ] || { cat "$TMP/err"; fail "make $*: more than one error line"; }
+    [ "$(compiled)" -eq 0 ] || fail "make $* ran the compiler"
+    if ls "$TMP"/repo/build/gpu-*/* "$TMP"/repo/dev/cuda/build/[a-z]*_* >/dev/null 2>&1; then fail "make $* left binaries"; fi
+    echo "ok: make $* fails: $(grep '^error:' "$TMP/err")"
+}
+
+echo "== 1. no nvcc"
+expect_error "nvcc not found" gpu NVCC=
+expect_error "nvcc not found" -C dev/cuda NVCC=
+# PATH without any folder that holds an nvcc, and a CUDA_HOME without one
+NO_NVCC_PATH=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r d; do [ -x "$d/nvcc" ] || printf '%s:' "$d"; done)
+PATH=${NO_NVCC_PATH%:} expect_error "nvcc not found" gpu CUDA_HOME="$TMP/no-cuda"
+PATH=${NO_NVCC_PATH%:} expect_error "nvcc not found" -C dev/cuda CUDA_HOME="$TMP/no-cuda"
+expect_error "NVCC=$TMP/no-such-nvcc is not an executable" gpu NVCC="$TMP/no-such-nvcc"
+
+echo "== 2. the toolchain summary, once"
+mk cpu CXX="$FAKE" NVCC="$FAKE" || fail "make cpu failed"
+for what in "nvcc $FAKE" "NCCL " "MPI  "; do
+    [ "$(grep -c "^toolchain: $what" "$TMP/out")" -eq 1 ] || { cat "$TMP/out"; fail "summary line 'toolchain: $what' not printed once"; }
+done
+echo "ok: $(grep -c '^toolchain:' "$TMP/out") summary lines"
+
+echo "== 3. flags stamps"
+NO_MPI=(MPI_CFLAGS= MPI_LIBS=)
+MPI=(MPI_CFLAGS=-I/opt/mpi/include "MPI_LIBS=-L/opt/mpi/lib -lmpi")
+expect_compiles 2 cpu CXX="$FAKE" "${NO_MPI[@]}"
+expect_compiles 0 cpu CXX="$FAKE" "${NO_MPI[@]}"
+expect_compiles 2 cpu CXX="$FAKE" "${MPI[@]}"      # MPI installed after the first build
+grep -q -- "-DUSE_MPI" "$TMP/compiled.log" || fail "the rebuild after MPI appeared has no -DUSE_MPI"
+expect_compiles 0 cpu CXX="$FAKE" "${MPI[@]}"
+expect_compiles 6 gpu NVCC="$FAKE" "${MPI[@]}"
+if [ ! -f /usr/include/nccl.h ]; then  # (Debian's libnccl-dev would be found there)
+    grep -q -- "-DNO_NCCL" "$TMP/compiled.log" || fail "no nccl.h was found, yet the GPU build lacks -DNO_NCCL"
+fi
+expect_compiles 0 gpu NVCC="$FAKE" "${MPI[@]}"
+expect_compiles 6 gpu NVCC="$FAKE" "${MPI[@]}" NCCL_HOME="$TMP/nccl"
+grep -q -- "-I$TMP/nccl/include" "$TMP/compiled.log" && grep -q -- "-L$TMP/nccl/lib" "$TMP/compiled.log" \
+    && ! grep -q -- "-DNO_NCCL" "$TMP/compiled.log" || fail "NCCL_HOME's include and lib are not used"
+grep -q "^toolchain: NCCL $TMP/nccl/include/nccl.h" "$TMP/out" || fail "the summary does not show NCCL_HOME's nccl.h"
+expect_compiles 0 gpu NVCC="$FAKE" "${MPI[@]}" NCCL_HOME="$TMP/nccl"
+expect_error "NCCL_HOME=$TMP/no-nccl has no include/nccl.h" gpu NVCC="$FAKE" "${MPI[@]}" NCCL_HOME="$TMP/no-nccl"
+rm -rf "$TMP/repo/build/gpu-"*
+expect_compiles 13 -C dev/cuda NVCC="$FAKE"
+expect_compiles 0 -C dev/cuda NVCC="$FAKE"
+expect_compiles 13 -C dev/cuda NVCC="$FAKE" GPU_ARCH="-gencode arch=compute_89,code=sm_89"
+
+echo "== 4. GPU binaries without a usable GPU"
+if nvidia-smi -L >/dev/null 2>&1; then
+    echo "skipped: this machine has a GPU"
+else
+    ran=0
+    for bin in "$ROOT"/build/gpu-*/train_gpt "$ROOT"/build/gpu-*/test_gpt "$ROOT"/dev/cuda/build/adamw; do
+        [ -x "$bin" ] || continue
+        rc=0
+        (cd "$TMP" && timeout 60 "$bin" > "$TMP/out" 2> "$TMP/err") || rc=$?
+        [ $rc -eq 1 ] || { cat "$TMP/err"; fail "$bin exited $rc without a GPU, expected 1"; }
+        [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "^error: no GPU: " "$TMP/err" \
+            || { cat "$TMP/err"; fail "$bin: expected one 'error: no GPU: ...' line"; }
+        echo "ok: ${bin#"$ROOT"/}: $(cat "$TMP/err")"
+        ran=$((ran + 1))
+    done
+    [ $ran -gt 0 ] || echo "skipped: no GPU binaries were built (no nvcc)"
+fi
+echo "test_build: passed"

@@ -1,0 +1,84 @@
+# toolchain.mk: what both Makefiles (this folder's and dev/cuda's) build with, found in one place.
+#   - finds nvcc, NCCL and Open MPI, and says once per make what it found and where (or what is missing
+#     and what that costs), so a build that quietly left out NCCL or MPI cannot go unnoticed;
+#   - `gpu-toolchain`, an order-only prerequisite of every nvcc target: without nvcc (or with an NCCL_HOME
+#     that holds no nccl.h) the build stops with one `error:` line instead of running a recipe that
+#     starts with a flag (make would read the leading `-` of `-O3` as "ignore errors" and exit 0);
+#   - flags stamps: `$(call flags_stamp,FILE,TEXT)` rewrites FILE only when TEXT (compiler and flags)
+#     differs from what it holds. Outputs depend on their stamp, so installing MPI after a first build,
+#     or another NVCC or GPU_ARCH, rebuilds exactly what it affects (no `make clean` needed).
+#
+# Knobs (make VAR=value or the environment):
+#   NVCC        nvcc to use              [nvcc on PATH, else $(CUDA_HOME)/bin/nvcc]
+#   CUDA_HOME   where to look for nvcc when PATH has none [/usr/local/cuda]
+#   NCCL_HOME   an NCCL outside the toolkit: NCCL_HOME/include/nccl.h, NCCL_HOME/lib (or lib64)
+#               [unset: nccl.h next to nvcc's toolkit headers, or /usr/include from Debian's libnccl-dev]
+#   MPI_CFLAGS, MPI_LIBS  Open MPI's compile and link flags [from `mpicxx --showme`]
+#   GPU_ARCH    nvcc -gencode list       [the local GPU's if nvidia-smi finds one, else sm_80 and sm_90]
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+NVCC_ROOT = $(patsubst %/bin/nvcc,%,$(NVCC))
+
+# sm_80 and sm_90 unless a local GPU says otherwise
+LOCAL_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
+ifneq ($(LOCAL_CC),)
+GPU_ARCH ?= -gencode arch=compute_$(LOCAL_CC),code=sm_$(LOCAL_CC)
+else
+GPU_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+endif
+
+# NCCL: NCCL_HOME if given, else the header where nvcc looks (the CUDA toolkit, or /usr/include);
+# without it the GPU target is built with -DNO_NCCL and communicates through MPI only
+ifneq ($(NCCL_HOME),)
+NCCL_H := $(wildcard $(NCCL_HOME)/include/nccl.h)
+NCCL_INC = -I$(NCCL_HOME)/include
+NCCL_LIBDIRS = $(foreach d,$(wildcard $(NCCL_HOME)/lib $(NCCL_HOME)/lib64),-L$(d) -Xlinker -rpath,$(d))
+else
+NCCL_H := $(firstword $(wildcard $(NVCC_ROOT)/include/nccl.h /usr/include/nccl.h))
+endif
+ifneq ($(NCCL_H),)
+NCCL_FLAGS = $(NCCL_INC)
+NCCL_LIBS = $(NCCL_LIBDIRS) -lnccl
+else
+NCCL_FLAGS = -DNO_NCCL
+NCCL_LIBS =
+endif
+
+# MPI (Open MPI): from the environment if set (e.g. a portable build's env.sh), else from mpicxx;
+# without it the trainer still builds, for one rank (or, on GPUs, torchrun-style launches with NCCL)
+MPICXX := $(shell command -v mpicxx 2>/dev/null)
+MPI_SOURCE := $(if $(MPI_LIBS),MPI_CFLAGS and MPI_LIBS,$(MPICXX))
+MPI_CFLAGS ?= $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_LIBS ?= $(shell mpicxx --showme:link 2>/dev/null)
+ifneq ($(strip $(MPI_LIBS)),)
+MPI_DEFINE = -DUSE_MPI
+endif
+
+# the summary, once per make (not in make's own sub-makes, not for `make clean`)
+ifeq ($(MAKELEVEL),0)
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+$(info toolchain: nvcc $(or $(NVCC),not found (on PATH or in $(CUDA_HOME)/bin): no GPU target; install the CUDA toolkit or set NVCC=))
+$(info toolchain: NCCL $(if $(NCCL_H),$(NCCL_H),not found in $(if $(NCCL_HOME),NCCL_HOME=$(NCCL_HOME)/include,$(if $(NVCC_ROOT),$(NVCC_ROOT)/include or )/usr/include): GPU ranks talk through MPI; set NCCL_HOME))
+$(info toolchain: MPI  $(if $(strip $(MPI_LIBS)),$(MPI_SOURCE),not found (no mpicxx): one rank only; install libopenmpi-dev))
+endif
+endif
+
+# (not the default goal of the Makefiles that include this file: their first own target stays it)
+DEFAULT_GOAL_BEFORE := $(.DEFAULT_GOAL)
+.PHONY: gpu-toolchain
+gpu-toolchain:
+	@if [ -z "$(NVCC)" ]; then \
+	    echo "error: nvcc not found (not on PATH, not in $(CUDA_HOME)/bin): install the CUDA toolkit or pass NVCC=/path/to/nvcc (\`make cpu\` builds the CPU target)" >&2; exit 1; \
+	elif ! command -v "$(firstword $(NVCC))" >/dev/null 2>&1; then \
+	    echo "error: NVCC=$(NVCC) is not an executable" >&2; exit 1; \
+	elif [ -n "$(NCCL_HOME)" ] && [ -z "$(NCCL_H)" ]; then \
+	    echo "error: NCCL_HOME=$(NCCL_HOME) has no include/nccl.h" >&2; exit 1; \
+	fi
+.DEFAULT_GOAL := $(DEFAULT_GOAL_BEFORE)
+
+# $(call flags_stamp,FILE,TEXT): FILE holds TEXT afterwards, and is rewritten only if it held something else.
+# Evaluated while make reads the Makefile, so that make compares the outputs with a stamp that is already
+# current (a `make -n` after a flag change shows the rebuild; the stamp then stays newer than the outputs).
+same_text = $(and $(findstring x$(1)x,x$(2)x),$(findstring x$(2)x,x$(1)x))
+flags_stamp = $(if $(call same_text,$(strip $(file <$(1))),$(strip $(2))),,$(shell mkdir -p $(dir $(1)))$(file >$(1),$(strip $(2))))
