@@ -1515,6 +1515,10 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id) {
 static float train(const TrainConfig* tc, Comm* comm, float* losses, long long max_losses) {
     int main_rank = comm->world_rank == 0;  // prints, logs, samples
     int D = comm->dp;
+    // every output path fails now if it cannot be written, not at its first write after hours of training
+    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
+    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model");
+    if (tc->trace) check_writable_file(tc->trace, "--trace");  // every rank writes its part next to it
     GPT2 model;
     GPT2Config config = tc->arch;
     float *params = NULL, *resume_m = NULL, *resume_v = NULL;
@@ -1832,7 +1836,7 @@ static void print_usage(void) {
         "  --sample-every N      print a sample every N steps, 0 off  [%d]\n"
         "  --sample-len N        tokens per sample                    [%d]\n"
         "  --save-every N        checkpoint every N steps, 0 off      [%d]\n"
-        "  --checkpoint-dir DIR  where checkpoints go                 [%s]\n"
+        "  --checkpoint-dir DIR  where checkpoints go (created if missing) [%s]\n"
         "  --resume DIR          continue from the newest checkpoint in DIR\n"
         "  --save-model FILE     write the final model (llm.c format, fp32)\n"
         "  --log FILE            one JSON object per line per step and evaluation\n"

@@ -13,12 +13,14 @@
 #pragma once
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,6 +92,41 @@ static inline FILE* open_with_header(const char* path, int magic, const char* ki
     fread_check(header, sizeof(int), 256, f, path);
     if (header[0] != magic) fatal("'%s' is not a %s (magic %d, expected %d)", path, kind, header[0], magic);
     return f;
+}
+
+// Output paths are checked before a run starts, not at their first write hours later: `dir` must be a
+// folder (created if missing; its parent must exist) in which this process can create a file, which
+// is checked by creating and removing a uniquely named empty file. `what` names the flag for messages.
+static inline void check_writable_dir(const char* dir, const char* what, int create) {
+    struct stat st;
+    if (create && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("%s '%s': cannot create the folder: %s", what, dir, strerror(errno));
+    if (stat(dir, &st) != 0) fatal("%s: folder '%s': %s", what, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) fatal("%s: '%s' is not a folder", what, dir);
+    char probe[4200];
+    for (int attempt = 0;; attempt++) {
+        snprintf(probe, sizeof(probe), "%s/.write_probe_%d_%d", dir, (int)getpid(), attempt);
+        int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd >= 0) {
+            close(fd);
+            unlink(probe);
+            return;
+        }
+        if (errno != EEXIST || attempt >= 10) fatal("%s: cannot create files in '%s': %s", what, dir, strerror(errno));
+    }
+}
+
+// The same for a file that will be written at `path` later: its folder must be writable, and the path
+// must not be a folder itself.
+static inline void check_writable_file(const char* path, const char* what) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) fatal("%s '%s' is a folder, not a file", what, path);
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir) slash[1] = '\0';  // "/file": the root folder
+    else *slash = '\0';
+    check_writable_dir(dir, what, 0);
 }
 
 static inline void* malloc_check(size_t bytes) {

@@ -4,7 +4,7 @@
  *   per evaluation: {"step": 12, "val_loss": 5.31}
  *   per skipped step (loss scaling, gradients overflowed): {"step": 12, "skipped": true, "loss_scale": 32768}
  * Every line is flushed as it is written, so a crash loses nothing already logged. On resume the file is
- * appended to.
+ * appended to. A write that fails (a full disk) ends the run with an error, like any other lost output.
  */
 #pragma once
 
@@ -12,10 +12,17 @@
 
 typedef struct {
     FILE* f;  // NULL: logging off
+    const char* path;
 } Logger;
 
 static void logger_open(Logger* lg, const char* path, int append) {
     lg->f = path != NULL && path[0] != '\0' ? fopen_check(path, append ? "a" : "w") : NULL;
+    lg->path = path;
+}
+
+// Ends a line: flushed now, and any error of the writes since the last line reported
+static void logger_end_line(Logger* lg) {
+    if (fprintf(lg->f, "}\n") < 0 || fflush(lg->f) != 0 || ferror(lg->f)) fatal("cannot write the log '%s': %s", lg->path, strerror(errno));
 }
 
 // JSON has no NaN or infinity: such a value is written as null
@@ -33,16 +40,14 @@ static void logger_step(Logger* lg, long long step, float loss, float lr, float 
     json_number(lg->f, "grad_norm", grad_norm, "%.9g");
     json_number(lg->f, "tokens_per_s", tokens_per_s, "%.1f");
     json_number(lg->f, "ms", ms, "%.3f");
-    fprintf(lg->f, "}\n");
-    fflush(lg->f);
+    logger_end_line(lg);
 }
 
 static void logger_eval(Logger* lg, long long step, float val_loss) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld", step);
     json_number(lg->f, "val_loss", val_loss, "%.9g");
-    fprintf(lg->f, "}\n");
-    fflush(lg->f);
+    logger_end_line(lg);
 }
 
 // a step skipped because gradients overflowed, and the loss scale after it
@@ -50,11 +55,10 @@ static void logger_skip(Logger* lg, long long step, float loss_scale) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld, \"skipped\": true", step);
     json_number(lg->f, "loss_scale", loss_scale, "%g");
-    fprintf(lg->f, "}\n");
-    fflush(lg->f);
+    logger_end_line(lg);
 }
 
 static void logger_close(Logger* lg) {
-    if (lg->f) fclose(lg->f);
+    if (lg->f && fclose(lg->f) != 0) fatal("cannot write the log '%s': %s", lg->path, strerror(errno));
     lg->f = NULL;
 }

@@ -129,6 +129,19 @@ cp "$TMP/ck/model_00000001.bin" "$TMP/ck_big/model_99999999.bin" && cp "$TMP/ck/
 timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck_big" --batch-size 2 --seq-len 8 --steps 100000001 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
 check "newest of steps 99999999 and 100000000" grep -q "resuming from step 100000000 of" "$TMP/out"
 
+echo "output paths (checked before the first step)"
+no_step_ran() { ! grep -q "^step " "$TMP/out"; }
+expect_error "--save-model into no folder" "--save-model: folder '.*/nodir': No such file" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/nodir/m.bin"
+check "--save-model into no folder: before training" no_step_ran
+expect_error "--checkpoint-dir, no parent" "cannot create the folder" "${TINY[@]}" "${GOOD[@]}" --save-every 2 --checkpoint-dir "$TMP/nodir/ck"
+check "--checkpoint-dir, no parent: before training" no_step_ran
+# sysfs refuses new files even to root (a chmod'ed folder would not stop root)
+expect_error "--checkpoint-dir read-only" "cannot create files in '/sys/kernel'" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir /sys/kernel
+check "--checkpoint-dir read-only: before training" no_step_ran
+expect_error "--trace into no folder" "--trace: folder '.*/nodir'" "${TINY[@]}" "${GOOD[@]}" --trace "$TMP/nodir/t.json"
+check "--trace into no folder: before training" no_step_ran
+expect_error "--log /dev/full" "cannot write the log '/dev/full'" "${TINY[@]}" "${GOOD[@]}" --log /dev/full
+
 echo "divergence (nothing non-finite is ever applied or written)"
 # the padded vocabulary rows (V=500, Vp=512) have zero gradients: eps=0 gave them 0/0 in AdamW
 V500=(--train-data "$TMP/v500.bin" --val-data "$TMP/v500.bin" --tokenizer "")
