@@ -102,7 +102,7 @@ static inline void check_writable_dir(const char* dir, const char* what, int cre
     if (create && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("%s '%s': cannot create the folder: %s", what, dir, strerror(errno));
     if (stat(dir, &st) != 0) fatal("%s: folder '%s': %s", what, dir, strerror(errno));
     if (!S_ISDIR(st.st_mode)) fatal("%s: '%s' is not a folder", what, dir);
-    char probe[4200];
+    char probe[4400];  // room for the longest folder name below and the suffix
     for (int attempt = 0;; attempt++) {
         snprintf(probe, sizeof(probe), "%s/.write_probe_%d_%d", dir, (int)getpid(), attempt);
         int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
