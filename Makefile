@@ -3,12 +3,15 @@
 #   make gpu            build/gpu-{bf16,fp32,fp16}/...                  (nvcc, cuBLASLt, NCCL)
 #   make dev            dev/cuda: kernel variants with checks and benchmarks (nvcc)
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
-#   make test           installs what is missing, then runs every test this machine can run
+#   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
+#   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
 # PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`; GPU_ARCH overrides the -arch list.
 
 CXX ?= g++
 PRECISION ?= BF16
+# the Python of every script (Debian's python3-* packages install into /usr/bin/python3)
 PYTHON ?= /usr/bin/python3
+export PYTHON
 
 # nvcc, NCCL, MPI, GPU_ARCH, the nvcc check and the flags stamps (see toolchain.mk)
 include toolchain.mk
@@ -37,7 +40,7 @@ build/flags-%.txt: ;
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
 
-.PHONY: all cpu gpu dev train test clean references
+.PHONY: all cpu gpu dev train deps test clean references
 all: cpu
 
 cpu: build/cpu/train_gpt build/cpu/test_gpt
@@ -78,6 +81,9 @@ else
 train: build/cpu/train_gpt
 	./build/cpu/train_gpt
 endif
+
+deps:
+	bash scripts/install_deps.sh
 
 test:
 	bash scripts/run_tests.sh

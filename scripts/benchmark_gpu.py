@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """benchmark_gpu.py: training throughput of GPT-2 124M on one GPU, this trainer against PyTorch.
 
 Runs, one after the other on the same GPU and with the same shapes (L=12, C=768, NH=12, V=50257 padded

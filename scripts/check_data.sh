@@ -7,13 +7,14 @@
 # Prints PASS or FAIL per file; exits 0 when all three are identical, 1 otherwise.
 #
 # Usage, from the repository root:   scripts/check_data.sh
-# Needs Debian's /usr/bin/python3 with python3-regex (the python3 first on PATH may be another Python
-# without Debian's packages) and dict-devil; scripts/install_deps.sh installs both.
+# Needs $PYTHON with the module regex (default Debian's /usr/bin/python3, which python3-regex serves; the
+# python3 first on PATH may be another Python without Debian's packages) and dict-devil; `make deps`
+# (scripts/install_deps.sh) installs both.
 set -u
 
 cd "$(dirname "$0")/.." || exit 1      # the repository root, wherever this is started from
 
-PYTHON=/usr/bin/python3
+PYTHON=${PYTHON:-/usr/bin/python3}
 SOURCE=/usr/share/dictd/devil.dict.dz
 FILES="devil_train.bin devil_val.bin gpt2_tokenizer.bin"
 

@@ -4,7 +4,7 @@
 #   runs the bad-input tests against the GPU binary, runs the data-parallel tests with 2 to 4 ranks
 #   sharing the one GPU (MPI engine), trains the default job on the GPU, and measures tokens/s of
 #   GPT-2 124M (B=16, T=1024) from scratch on the default data.
-# Logs go to $OUT (or ./build/gpu-check). Needs /usr/bin/python3 or python3 with torch for the reference.
+# Logs go to $OUT (or ./build/gpu-check). Needs torch in $PYTHON (default /usr/bin/python3) for the reference.
 # Without a system MPI, build a portable one first (.mpi/env.sh is sourced when present).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 [ -f .mpi/env.sh ] && source .mpi/env.sh
 OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
-PY=$(command -v /usr/bin/python3 2>/dev/null || command -v python3)
+PY=${PYTHON:-/usr/bin/python3}
 status=0
 run() {  # run NAME CMD...: logs to $OUT/NAME.log, reports the exit code
     local name=$1

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """forge_state.py: writes a copy of a training state file (llmc/checkpoint.h) with some header fields
 changed and its checksum recomputed, so that tests can feed the trainer well-formed files that lie.
 

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """
 gpt2_reference.py -- the PyTorch reference that test_gpt checks our trainer against.
 

@@ -7,7 +7,7 @@
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
 #                          1e-5 relative norm
 #   expect_mpi_error NAME PATTERN NP ARGS...   a bad configuration ends every rank with PATTERN
-PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+PY=${PYTHON:-/usr/bin/python3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 command -v mpirun >/dev/null || { echo "mpirun not found (Debian package openmpi-bin)"; exit 1; }

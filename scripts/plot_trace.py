@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """plot_trace.py: renders a trace written by `train_gpt --trace FILE` as a PNG timeline.
 
 One row per rank and one colored bar per span: forward, backward, send/recv, all-reduce and optimizer.

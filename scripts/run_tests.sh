@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run_tests.sh: everything `make test` runs, in order. Whatever this machine can run, it runs:
-#   1. install missing Debian packages (scripts/install_deps.sh)
+#   1. check that the dependencies are there (scripts/install_deps.sh --check): if not, stop and say what
+#      is missing (`make deps` installs it); nothing is installed here
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
@@ -10,18 +11,18 @@
 #   6. the build itself: Makefile errors and flags stamps, the GPU binaries on a machine without a GPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=/usr/bin/python3
+PY=${PYTHON:-/usr/bin/python3}   # the Python of every script (see Makefile)
 
 step() { printf '\n==== %s\n' "$*"; }
 
-step "dependencies"
-bash scripts/install_deps.sh
+step "dependencies (checked; \`make deps\` installs them)"
+bash scripts/install_deps.sh --check
 
 step "default dataset rebuilds byte for byte"
 bash scripts/check_data.sh
 
 step "PyTorch reference (float64) -> build/ref"
-$PY scripts/gpt2_reference.py --out-dir build/ref
+"$PY" scripts/gpt2_reference.py --out-dir build/ref
 
 step "CPU target: build"
 make -j2 cpu

@@ -113,4 +113,69 @@ else
     done
     [ $ran -gt 0 ] || echo "skipped: no GPU binaries were built (no nvcc)"
 fi
+
+echo "== 5. dependencies: checked by make test, installed by make deps"
+# PATH folders made of links to /usr/bin's commands, less some: without g++, and also without apt-get
+mkdir -p "$TMP/stubs" "$TMP/no-gxx" "$TMP/no-apt"
+cp -rs /usr/bin/. "$TMP/no-gxx/" 2>/dev/null || true
+rm -f "$TMP/no-gxx/g++"
+cp -rs /usr/bin/. "$TMP/no-apt/" 2>/dev/null || true
+rm -f "$TMP/no-apt/g++" "$TMP/no-apt/apt-get" "$TMP/no-apt/dpkg"
+cat > "$TMP/stubs/apt-get" <<EOF
+#!/bin/sh
+echo "apt-get \$*" >> "$TMP/installs.log"
+EOF
+cat > "$TMP/stubs/sudo" <<EOF
+#!/bin/sh
+echo "sudo \$*" >> "$TMP/installs.log"
+exec "\$@"
+EOF
+chmod +x "$TMP/stubs/apt-get" "$TMP/stubs/sudo"
+deps() {  # PATH then install_deps.sh arguments; output in $TMP/out, exit code in $rc
+    rm -f "$TMP/installs.log"; rc=0
+    PATH=$1 bash scripts/install_deps.sh "${@:2}" > "$TMP/out" 2>&1 || rc=$?
+}
+installs() { if [ -f "$TMP/installs.log" ]; then cat "$TMP/installs.log"; fi; }
+
+deps "$TMP/stubs:$TMP/no-gxx" --check
+[ $rc -eq 1 ] && grep -q "missing: g++ (command) (Debian: g++)" "$TMP/out" && grep -q "make deps" "$TMP/out" \
+    && [ -z "$(installs)" ] || { cat "$TMP/out"; installs; fail "--check did not report g++ and stop without installing"; }
+echo "ok: install_deps.sh --check without g++: exit 1: $(tail -n 1 "$TMP/out")"
+
+rm -f "$TMP/installs.log"; rc=0
+(PATH="$TMP/stubs:$TMP/no-gxx" timeout 120 env -u MAKELEVEL -u MAKEFLAGS -u MFLAGS make test) > "$TMP/out" 2>&1 || rc=$?
+[ $rc -ne 0 ] && grep -q "missing: g++" "$TMP/out" && [ -z "$(installs)" ] \
+    || { tail -n 20 "$TMP/out"; fail "make test without g++ did not stop at the dependency check"; }
+echo "ok: make test without g++ stops (exit $rc) at the dependency check, installing nothing"
+
+deps "$TMP/stubs:$TMP/no-gxx"
+[ $rc -eq 1 ] && installs | grep -q "apt-get install -y g++$" && grep -q "still missing after apt-get install" "$TMP/out" \
+    || { cat "$TMP/out"; installs; fail "make deps did not apt-get install g++"; }
+echo "ok: install_deps.sh without g++ ran: $(installs | grep -c '^apt-get') apt-get calls, the last: $(installs | tail -n 1)"
+
+deps "$TMP/no-apt"
+[ $rc -eq 1 ] && grep -q "no apt-get here" "$TMP/out" && grep -q "missing: g++" "$TMP/out" \
+    || { cat "$TMP/out"; fail "without apt-get, install_deps.sh did not say what to install"; }
+echo "ok: without apt-get: exit 1, saying what to install in $(grep -c '^install_deps:' "$TMP/out") lines"
+ln -s /usr/bin/g++ "$TMP/no-apt/g++"
+deps "$TMP/no-apt"
+[ $rc -eq 0 ] || { cat "$TMP/out"; fail "without apt-get but with everything present, install_deps.sh failed"; }
+echo "ok: without apt-get, nothing missing: exit 0: $(cat "$TMP/out")"
+
+echo "== 6. one Python for every script"
+for f in scripts/*.py; do
+    [ "$(head -n 1 "$f")" = "#!/usr/bin/python3" ] || fail "$f starts with '$(head -n 1 "$f")', not #!/usr/bin/python3"
+done
+if grep -n "env python\|command -v python3" Makefile toolchain.mk scripts/*.sh scripts/*.py .ci/run | grep -v "^scripts/test_build.sh:"; then
+    fail "a script finds Python on PATH instead of through PYTHON (default /usr/bin/python3)"
+fi
+printf '#!/bin/sh\necho "the python3 on PATH was used" >&2; exit 1\n' > "$TMP/stubs/python3"
+chmod +x "$TMP/stubs/python3"
+cat > "$TMP/trace.json" <<'EOF'
+{"traceEvents": [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "rank 0"}},
+ {"ph": "X", "pid": 0, "tid": 0, "cat": "forward", "name": "F 0", "ts": 0, "dur": 5}]}
+EOF
+PATH="$TMP/stubs:$PATH" scripts/plot_trace.py "$TMP/trace.json" "$TMP/trace.png" > "$TMP/out" 2>&1 && [ -s "$TMP/trace.png" ] \
+    || { cat "$TMP/out"; fail "scripts/plot_trace.py did not run with a python3 on PATH that lacks matplotlib"; }
+echo "ok: every scripts/*.py starts with #!/usr/bin/python3; plot_trace.py ran with a python3 on PATH that fails"
 echo "test_build: passed"

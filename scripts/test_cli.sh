@@ -7,7 +7,7 @@
 #        scripts/gpt2_reference.py for the model-file cases)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+PY=${PYTHON:-/usr/bin/python3}
 REF=build/ref/ref_small_model.bin
 [ -x "$BIN" ] || { echo "no trainer at $BIN"; exit 1; }
 [ -f "$REF" ] || { echo "no reference model at $REF (run scripts/gpt2_reference.py first)"; exit 1; }

@@ -11,7 +11,7 @@ start=$(date +%s)
 "$BIN" --log "$TMP/log.jsonl" | tee "$TMP/out"
 end=$(date +%s)
 echo "default job took $((end - start)) s"
-"${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}" - "$TMP/log.jsonl" <<'PYEOF'
+"${PYTHON:-/usr/bin/python3}" - "$TMP/log.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 val = [r["val_loss"] for r in rows if "val_loss" in r]
