@@ -1537,6 +1537,10 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     } else if (tc->model_file) {
         model_file_read(tc->model_file, &config, &params);
     }
+    if (tc->resume && tc->steps < state.step)
+        fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state.step, tc->resume);
+    if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state.step)
+        fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state.step, tc->resume);
     uint64_t run_id = tc->resume ? state.run_id : new_run_id(comm);
     if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
     const GPT2Config* a = &tc->arch;
@@ -1570,7 +1574,14 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     Tokenizer tok = {0, 0, NULL};
     // the ranks of the first DP group sample (together, with TP); world rank 0 prints
     int have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
-    if (have_tok) tokenizer_init(&tok, tc->tokenizer);
+    if (have_tok) {
+        tokenizer_init(&tok, tc->tokenizer);
+        // samples are ids of the model's vocabulary, started by the end-of-text id: the table must be the model's
+        if (tok.V != c->V)
+            fatal("the tokenizer '%s' has %d tokens, the model's vocabulary %d: it cannot decode this model's samples "
+                  "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok.V, c->V);
+        if (tok.eot < 0 || tok.eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok.eot, c->V);
+    }
     // without pipelining, 1F1B is forward and backward of each micro-batch in turn (one activation slot)
     Schedule schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
     PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
@@ -1592,7 +1603,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         scaler.hysteresis_left = state.scale_hysteresis_left;
     }
     Logger logger = {NULL};
-    if (main_rank) logger_open(&logger, tc->log_file, tc->resume != NULL);
+    if (main_rank && tc->resume) logger_open_resumed(&logger, tc->log_file, start_step);
+    else if (main_rank) logger_open(&logger, tc->log_file, 0);
 
     size_t tokens_per_step = (size_t)D * tc->B * tc->T * tc->grad_accum;
     double flops_per_token = 6.0 * model.num_parameters + 6.0 * c->L * c->C * tc->T;
@@ -1622,12 +1634,15 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     float val_loss = NAN;
     for (long long step = start_step; step <= tc->steps; step++) {
         int last = step == tc->steps;
-        if (have_val && (step % tc->val_every == 0 || last)) {
+        // the run that saved the checkpoint we resumed from has evaluated and sampled at this step, just
+        // before saving (the sampling generator in the checkpoint is past that sample): not again
+        int resumed_here = tc->resume && step == start_step;
+        if (have_val && !resumed_here && (step % tc->val_every == 0 || last)) {
             val_loss = evaluate(&model, &val_loader, tc->val_batches);
             if (main_rank) printf("step %lld: val loss %.4f\n", step, val_loss);
             logger_eval(&logger, step, val_loss);
         }
-        if (have_tok && step > 0 && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len, main_rank);
+        if (have_tok && step > 0 && !resumed_here && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len, main_rank);
         int stopping = tc->stop_after > 0 && step == tc->stop_after;
         int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
         if (periodic || (stopping && step > start_step)) {
@@ -1734,7 +1749,7 @@ static double parse_size(const char* flag, const char* v) {
     else if (!strcmp(end, "MiB") || !strcmp(end, "M")) unit = 1048576.0;
     else if (!strcmp(end, "MB")) unit = 1e6;
     else if (*end != '\0' || end == v) fatal("%s expects a size like 80GiB, 80GB or 512MiB, got '%s'", flag, v);
-    if (!(x > 0)) fatal("%s must be positive, got '%s'", flag, v);
+    if (!(x > 0) || !isfinite(x * unit)) fatal("%s must be a positive, finite size, got '%s'", flag, v);
     return x * unit;
 }
 

@@ -53,8 +53,21 @@ static void (*fatal_hook)(void) = NULL;
 // ----------------------------------------------------------------------------------------------------
 // checked file and memory calls
 
+// Files read are opened without blocking and must be regular files: a FIFO with no writer would block
+// fopen forever, and a device or a folder is never one of our inputs.
 static inline FILE* fopen_check(const char* path, const char* mode) {
-    FILE* f = fopen(path, mode);
+    if (mode[0] != 'r') {
+        FILE* f = fopen(path, mode);
+        if (f == NULL) fatal("cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
+        return f;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) fatal("cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) fatal("cannot stat '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) fatal("'%s' is not a regular file (a FIFO, device or folder cannot be read as one)", path);
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) fatal("cannot read '%s': %s", path, strerror(errno));
+    FILE* f = fdopen(fd, mode);
     if (f == NULL) fatal("cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
     return f;
 }

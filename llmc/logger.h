@@ -3,8 +3,14 @@
  *   per step:       {"step": 12, "loss": 5.12, "lr": 0.0006, "grad_norm": 1.3, "tokens_per_s": 41234, "ms": 12.4}
  *   per evaluation: {"step": 12, "val_loss": 5.31}
  *   per skipped step (loss scaling, gradients overflowed): {"step": 12, "skipped": true, "loss_scale": 32768}
- * Every line is flushed as it is written, so a crash loses nothing already logged. On resume the file is
- * appended to. A write that fails (a full disk) ends the run with an error, like any other lost output.
+ * Every line is flushed as it is written, so a crash loses nothing already logged. A write that fails (a
+ * full disk) ends the run with an error, like any other lost output.
+ *
+ * On resume from the checkpoint of step S the log continues where that checkpoint left off: the lines
+ * of steps after S (written before a crash, and about to be trained again) and a torn last line are
+ * dropped (the file is rewritten atomically), then new lines are appended. So after any number of
+ * crashes and resumes every step appears once, as in an uninterrupted run. (The evaluation at step S
+ * itself was logged before the checkpoint was saved, and a resumed run does not repeat it.)
  */
 #pragma once
 
@@ -18,6 +24,29 @@ typedef struct {
 static void logger_open(Logger* lg, const char* path, int append) {
     lg->f = path != NULL && path[0] != '\0' ? fopen_check(path, append ? "a" : "w") : NULL;
     lg->path = path;
+}
+
+// Resume from step `step`: keep only the complete lines of steps <= step, then append (see above). A
+// log that is not a regular file (a pipe, a terminal) is appended to as it is.
+static void logger_open_resumed(Logger* lg, const char* path, long long step) {
+    struct stat st;
+    if (path != NULL && path[0] != '\0' && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        char tmp[4200], line[4096];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE* in = fopen_check(path, "r");
+        FILE* out = fopen_check(tmp, "w");
+        while (fgets(line, sizeof(line), in) != NULL) {
+            long long s;
+            size_t len = strlen(line);
+            if (line[len - 1] != '\n' || sscanf(line, "{\"step\": %lld", &s) != 1 || s > step) continue;
+            if (fputs(line, out) == EOF) fatal("cannot write '%s': %s", tmp, strerror(errno));
+        }
+        if (ferror(in)) fatal("read error in '%s': %s", path, strerror(errno));
+        fclose(in);
+        if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) fatal("cannot write '%s': %s", tmp, strerror(errno));
+        if (rename(tmp, path) != 0) fatal("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    }
+    logger_open(lg, path, 1);
 }
 
 // Ends a line: flushed now, and any error of the writes since the last line reported

@@ -129,6 +129,35 @@ cp "$TMP/ck/model_00000001.bin" "$TMP/ck_big/model_99999999.bin" && cp "$TMP/ck/
 timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck_big" --batch-size 2 --seq-len 8 --steps 100000001 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
 check "newest of steps 99999999 and 100000000" grep -q "resuming from step 100000000 of" "$TMP/out"
 
+echo "inputs that are not regular files (a FIFO with no writer blocked in fopen)"
+mkfifo "$TMP/fifo"
+expect_error "--model FIFO" "fifo' is not a regular file" --model "$TMP/fifo" "${GOOD[@]}" --batch-size 2 --seq-len 8
+expect_error "--train-data FIFO" "fifo' is not a regular file" "${TINY[@]}" --train-data "$TMP/fifo" --val-data "" --tokenizer ""
+expect_error "--val-data FIFO" "fifo' is not a regular file" "${TINY[@]}" --train-data "$TMP/good.bin" --val-data "$TMP/fifo" --val-every 1 --tokenizer ""
+expect_error "--tokenizer FIFO" "fifo' is not a regular file" "${TINY[@]}" "${GOOD[@]}" --tokenizer "$TMP/fifo" --sample-every 1
+expect_error "--model folder" "is not a regular file" --model "$TMP" "${GOOD[@]}" --batch-size 2 --seq-len 8
+echo "flags against the model and the checkpoint"
+expect_error "GPT-2 tokenizer, --vocab 512" "has 50257 tokens, the model's vocabulary 512" "${TINY[@]}" "${GOOD[@]}" \
+    --tokenizer data/gpt2_tokenizer.bin --sample-every 1
+expect_error "--stop-after at the resumed step" "--stop-after 2 is not after the step 2" "${GOOD[@]}" --resume "$TMP/ck" \
+    --batch-size 2 --seq-len 8 --steps 4 --stop-after 2
+expect_error "--steps below the resumed step" "--steps 1 is below the step 2" "${GOOD[@]}" --resume "$TMP/ck" --batch-size 2 --seq-len 8 --steps 1
+expect_error "--device-memory inf" "--device-memory must be a positive, finite size" "${TINY[@]}" --plan --device-memory inf
+expect_error "--device-memory 1e308GiB" "--device-memory must be a positive, finite size" "${TINY[@]}" --plan --device-memory 1e308GiB
+
+echo "crash and resume: the same samples and log lines as an uninterrupted run"
+# U runs 4 steps; C is killed at step 3 (after logging it) with a checkpoint at 2, and R resumes C
+GPT2TOK=(--vocab 50257 --tokenizer data/gpt2_tokenizer.bin --sample-every 2 --sample-len 6 --val-every 2)
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/u.jsonl" >"$TMP/u.out" 2>&1
+(timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/r.jsonl" --save-every 2 --checkpoint-dir "$TMP/ck_crash" \
+    --fault-rank 0 --fault-step 3 >"$TMP/c.out" 2>&1) 2>/dev/null  # (no "Killed" line from the shell)
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/r.jsonl" --resume "$TMP/ck_crash" >"$TMP/r.out" 2>&1
+check "samples: crashed + resumed == uninterrupted (2 samples)" \
+    test "$(grep -h '^sample:' "$TMP/c.out" "$TMP/r.out")" = "$(grep '^sample:' "$TMP/u.out")" -a "$(grep -c '^sample:' "$TMP/u.out")" = 2
+# the log's steps and values, without the timings: every step once, as in the uninterrupted run
+log_values() { "$PY" -c 'import json, sys; [print(r["step"], r.get("loss"), r.get("val_loss")) for r in map(json.loads, open(sys.argv[1]))]' "$1"; }
+check "log: crashed + resumed == uninterrupted (steps and values)" test "$(log_values "$TMP/r.jsonl")" = "$(log_values "$TMP/u.jsonl")"
+
 echo "output paths (checked before the first step)"
 no_step_ran() { ! grep -q "^step " "$TMP/out"; }
 expect_error "--save-model into no folder" "--save-model: folder '.*/nodir': No such file" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/nodir/m.bin"
