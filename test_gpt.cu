@@ -561,7 +561,7 @@ static void test_memory_plan(void) {
                             for (int st = 0; st < pp; st++) {
                                 Placement pl = {zero, dp, dp - 1, tp, tp - 1, pp, st, first[st], first[st + 1]};
                                 int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
-                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat);
+                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1);
                                 size_t before = device_allocated_bytes;
                                 GPT2 model;
                                 gpt2_build(&model, &c, comm_single(), &pl);

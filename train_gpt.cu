@@ -1304,11 +1304,56 @@ typedef struct {
 
 typedef struct {
     size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
-    size_t kernel_scratch;  // GPU only: cuBLASLt workspace and the layer kernels' scratch, allocated on first use
+    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes
+    size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
 } MemoryPlan;
 
 static size_t plan_total(const MemoryPlan* p) {
-    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->comm + p->kernel_scratch;
+    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->comm + p->kernel_scratch + p->host;
+}
+
+// On the CPU target "device" memory is host memory: the plan is the process's, and counts what the CPU
+// build allocates besides the model's buffers. (A CPU build planning bf16 or fp16 plans for a GPU.)
+static int plan_is_cpu(void) {
+#ifdef LLMC_CPU
+    return elem_bytes == sizeof(float);
+#else
+    return 0;
+#endif
+}
+
+// CPU target: the transposed operand the CPU matmuls keep (llmc/matmul.h, the largest weight in
+// forward, the largest output gradient in backward), and the vocab-parallel loss's scratch
+static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T) {
+    size_t BT = (size_t)B * T, C = c->C, Cl = C / pl->tp, widest = 4 * Cl > C ? 4 * Cl : C;
+    if (last && (size_t)c->Vp / pl->tp > widest) widest = c->Vp / pl->tp;
+    size_t transposed = C * widest > BT * widest ? C * widest : BT * widest;
+    return (transposed + (pl->tp > 1 ? 3 * BT : 0)) * sizeof(float);
+}
+
+// what a run does besides training, for the CPU target's host copies (see plan_host_copies)
+enum { PLAN_RESUMES = 1, PLAN_SAVES_MODEL = 2, PLAN_CHECKPOINTS = 4 };
+
+// CPU target: the host copies of the model that loading and saving make (in file order, see
+// gpt2_set_parameters, load_checkpoint, gpt2_export_master, save_checkpoint), while the model's buffers
+// are allocated: the extra at the peak, beyond plan_total's other categories. Loading happens before
+// the activations and kernel scratch exist, saving after.
+static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratch) {
+    size_t n = m->num_parameters, total = m->layout.total, shard = m->zero.shard_total, tp = m->tp;
+    size_t master = master_is_params() ? 0 : shard;
+    size_t load = n + total + master;  // the parameters in file order, and in the memory layout
+    if (phases & PLAN_RESUMES) {       // m and v in file order too, and first one shard file's m, v
+        size_t resume = 3 * n + total + shard;
+        load = resume > 4 * n ? resume : 4 * n;
+    }
+    size_t save = 0, export_ = n + 2 * total * tp + (m->place.pp > 1 ? n : 0);  // the whole master weights
+    if (phases & PLAN_SAVES_MODEL) save = export_;
+    // a checkpoint then writes the state shard from 4 host copies; the heap keeps the space of the model's
+    // file-order copy, freed just before, so both are counted (the measured peak is within the stated
+    // tolerance of scripts/test_cli.sh)
+    if (phases & PLAN_CHECKPOINTS) save = n + (2 * total * tp > 4 * shard ? 2 * total * tp : 4 * shard) + (m->place.pp > 1 ? n : 0);
+    size_t load_extra = load * sizeof(float) > acts_and_scratch ? load * sizeof(float) - acts_and_scratch : 0;
+    return save * sizeof(float) > load_extra ? save * sizeof(float) : load_extra;
 }
 
 // the scratch the GPU kernels allocate on first use (llmc/*.h Scratch buffers, cuBLASLt's workspace)
@@ -1320,15 +1365,20 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     return (32 << 20) + attention + reductions + embedding;
 }
 
-// Builds one rank dry (llmc/device.h) and reads off its allocation by category.
-static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize) {
+// Builds one rank dry (llmc/device.h) and reads off its allocation by category. `phases` (PLAN_*):
+// what the run does besides training, for the CPU target's host copies (0: not counted).
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize,
+                            int phases) {
     device_dry_run = 1;
     GPT2 model;
     gpt2_build(&model, c, comm_single(), pl);
     model.recompute = recompute;
     gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
+    int cpu = plan_is_cpu();
     MemoryPlan p = {model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_activations,
-                    model.bytes_workspace, model.bytes_comm, gpu_kernel_scratch(c, pl, B, T)};
+                    model.bytes_workspace, model.bytes_comm,
+                    cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T), 0};
+    if (cpu && phases >= 0) p.host = plan_host_copies(&model, phases, p.activations + p.kernel_scratch);
     gpt2_free(&model);
     device_dry_run = 0;
     return p;
@@ -1344,15 +1394,19 @@ static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, in
     for (int s = 0; s < tc->pp; s++) {
         Placement pl = {tc->zero, dp, 0, tc->tp, 0, tc->pp, s, first[s], first[s + 1]};
         int slots = pipeline_schedule(tc->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule, tc->pp, s, tc->grad_accum, plan);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize);
+        int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
+                     (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;
         if (print) {
             const double G = 1073741824.0;
             printf("  stage %2d (layers %2d-%2d): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
-                   "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f | total %7.3f GiB\n",
+                   "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
                    s, first[s], first[s + 1] - 1, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slots,
-                   slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G, total / G);
+                   slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G);
+            if (plan_is_cpu()) printf(" | load/save copies %6.3f", p.host / G);
+            printf(" | total %7.3f GiB\n", total / G);
         }
     }
     free(plan);
@@ -1370,8 +1424,8 @@ static void print_plan(const TrainConfig* tc, const char* precision, double devi
     if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
     elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;
     int dp = tc->dp > 0 ? tc->dp : 1;
-    printf("memory plan per rank (device memory, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n", c.L, c.C, c.NH,
-           c.V, c.maxT, gpt2_num_parameters(&c));
+    printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
+           plan_is_cpu() ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
     printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
            dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, tc->B, tc->T, tc->grad_accum,
            tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
@@ -1705,7 +1759,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         if (main_rank && step == start_step && !tc->quiet) {  // the plan against what the device reports
             size_t free_b, total_b;
             cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-            MemoryPlan p = plan_rank(c, &place, tc->B, tc->T, n_slots, tc->recompute, tc->rematerialize);
+            MemoryPlan p = plan_rank(c, &place, tc->B, tc->T, n_slots, tc->recompute, tc->rematerialize, -1);
             printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
                    (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
         }

@@ -149,14 +149,46 @@ echo "crash and resume: the same samples and log lines as an uninterrupted run"
 # U runs 4 steps; C is killed at step 3 (after logging it) with a checkpoint at 2, and R resumes C
 GPT2TOK=(--vocab 50257 --tokenizer data/gpt2_tokenizer.bin --sample-every 2 --sample-len 6 --val-every 2)
 timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/u.jsonl" >"$TMP/u.out" 2>&1
-(timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/r.jsonl" --save-every 2 --checkpoint-dir "$TMP/ck_crash" \
-    --fault-rank 0 --fault-step 3 >"$TMP/c.out" 2>&1) 2>/dev/null  # (no "Killed" line from the shell)
+{ timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/r.jsonl" --save-every 2 --checkpoint-dir "$TMP/ck_crash" \
+    --fault-rank 0 --fault-step 3 >"$TMP/c.out" 2>&1; } 2>/dev/null  # (no "Killed" line from the shell)
 timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TMP/r.jsonl" --resume "$TMP/ck_crash" >"$TMP/r.out" 2>&1
 check "samples: crashed + resumed == uninterrupted (2 samples)" \
     test "$(grep -h '^sample:' "$TMP/c.out" "$TMP/r.out")" = "$(grep '^sample:' "$TMP/u.out")" -a "$(grep -c '^sample:' "$TMP/u.out")" = 2
 # the log's steps and values, without the timings: every step once, as in the uninterrupted run
 log_values() { "$PY" -c 'import json, sys; [print(r["step"], r.get("loss"), r.get("val_loss")) for r in map(json.loads, open(sys.argv[1]))]' "$1"; }
 check "log: crashed + resumed == uninterrupted (steps and values)" test "$(log_values "$TMP/r.jsonl")" = "$(log_values "$TMP/u.jsonl")"
+
+echo "CPU target: the memory plan against the peak resident memory of runs"
+# The plan counts the model's buffers, the CPU matmuls' scratch and the host copies of loading and
+# saving. Measured: peak RSS (getrusage of the child) minus the peak RSS of a tiny run (binary, libraries,
+# MPI and OpenMP runtime, which the plan does not count). Tolerance: the plan may over-count by up to 10%
+# (the allocator's placement of freed copies varies) and under-count by at most 3% (it must not
+# promise memory that is not there).
+"$PY" - "$BIN" "$TMP" <<'PYEOF' || fails=$((fails + 1))
+import re, resource, struct, subprocess, sys
+BIN, d = sys.argv[1], sys.argv[2]
+ids = [i * 7 % 16384 for i in range(4000)]
+with open(f"{d}/v16k.bin", "wb") as f:
+    f.write(struct.pack("<256i", *([20240520, 1, len(ids)] + [0] * 253)) + struct.pack("<%dH" % len(ids), *ids))
+def peak_mib(args):  # in a fresh process, so that RUSAGE_CHILDREN holds this run only
+    code = "import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    return int(subprocess.run([sys.executable, "-c", code, BIN] + args, capture_output=True, text=True, timeout=120).stdout) / 1024
+common = ["--val-every", "0", "--sample-every", "0", "--tokenizer", "", "--steps", "2"]
+tiny = ["--layers", "1", "--channels", "16", "--heads", "2", "--vocab", "512", "--max-seq-len", "16", "--batch-size", "2", "--seq-len", "8",
+        "--train-data", f"{d}/good.bin"] + common
+big = ["--layers", "2", "--channels", "256", "--heads", "4", "--vocab", "16384", "--max-seq-len", "64", "--batch-size", "2", "--seq-len", "16",
+       "--train-data", f"{d}/v16k.bin"] + common
+baseline = peak_mib(tiny)
+ok = True
+for name, extra in [("--save-model", ["--save-model", f"{d}/plan_m.bin"]), ("--stop-after 1 (checkpoint)", ["--stop-after", "1", "--checkpoint-dir", f"{d}/ck_plan"])]:
+    measured = peak_mib(big + extra) - baseline
+    out = subprocess.run([BIN] + big + extra + ["--plan"], capture_output=True, text=True, timeout=60).stdout
+    planned = float(re.findall(r"total +([0-9.]+) GiB", out)[-1]) * 1024
+    good = 0.97 <= planned / measured <= 1.10
+    ok &= good
+    print(f"  {'ok  ' if good else 'FAIL'}  plan of a {name} run: {planned:.1f} MiB, measured {measured:.1f} MiB (ratio {planned / measured:.3f}, want 0.97 to 1.10)")
+sys.exit(0 if ok else 1)
+PYEOF
 
 echo "output paths (checked before the first step)"
 no_step_ran() { ! grep -q "^step " "$TMP/out"; }
