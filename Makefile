@@ -5,7 +5,8 @@
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
 #   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
-# PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`; GPU_ARCH overrides the -arch list.
+# PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`, TRAIN_FLAGS adds flags to its run
+# (e.g. TRAIN_FLAGS="--steps 20"); GPU_ARCH overrides the -arch list.
 
 CXX ?= g++
 PRECISION ?= BF16
@@ -76,10 +77,10 @@ build/ref/ref_small_debug.bin: scripts/gpt2_reference.py
 
 ifeq ($(HAVE_GPU),1)
 train: build/gpu-$(PRECISION_LC)/train_gpt
-	./build/gpu-$(PRECISION_LC)/train_gpt
+	./build/gpu-$(PRECISION_LC)/train_gpt $(TRAIN_FLAGS)
 else
 train: build/cpu/train_gpt
-	./build/cpu/train_gpt
+	./build/cpu/train_gpt $(TRAIN_FLAGS)
 endif
 
 deps:

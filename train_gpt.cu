@@ -1864,7 +1864,7 @@ static void print_usage(void) {
         "  --seq-len T           tokens per sequence (<= maxT)        [%d]\n"
         "  --grad-accum N        micro-batches per optimizer step     [%d]\n"
         "parallelism (launch with mpirun -np W, or torchrun-style RANK/WORLD_SIZE/LOCAL_RANK on GPUs)\n"
-        "  --dp D                data-parallel ranks                  [world size / tp]\n"
+        "  --dp D                data-parallel ranks                  [world size / (tp x pp)]\n"
         "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
         "  --pp P                pipeline stages (P <= L)             [1]\n"
         "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"

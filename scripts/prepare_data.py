@@ -27,7 +27,7 @@ followed by its tokens, as llm.c's data preparation does, and documents go eithe
 Val split (paragraphs, devil): evenly spaced documents, document i (from 0) is in val when
 floor((i+1)·f) > floor(i·f) for f = --val-fraction; with f = 0.1 that is documents 9, 19, 29, ...
 
-File formats (little-endian; the same as llm.c, see DESIGN.md):
+File formats (little-endian; the same as llm.c, see "File formats" in README.md):
   tokens:       256 int32 header [20240520, 1, n_tokens, 0, ...], then n_tokens uint16 ids.
   decode table: 256 int32 header [20240328, 2, V=50257, eot_id=50256, 0, ...], then for each id 0..V-1
                 a uint8 byte length followed by the raw bytes of that token.

@@ -6,9 +6,11 @@
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
 #      tensor and pipeline parallelism under mpirun, the default training job (its final validation loss must be 2 nats below the first)
+#      and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it
-#   6. the build itself: Makefile errors and flags stamps, the GPU binaries on a machine without a GPU
+#   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
+#      on a machine without a GPU, `make test` checking and `make deps` installing the dependencies, one Python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-/usr/bin/python3}   # the Python of every script (see Makefile)
@@ -47,6 +49,9 @@ bash scripts/test_loss_scale.sh build/cpu/train_gpt
 
 step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt
+
+step "the documentation's commands (README.md, docs/) run"
+bash scripts/test_readme.sh build/cpu/train_gpt
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     step "GPU target: build FP32, BF16 and FP16, and the kernel variants in dev/cuda"
