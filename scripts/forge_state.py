@@ -3,12 +3,13 @@
 changed and its checksum recomputed, so that tests can feed the trainer well-formed files that lie.
 
 usage: forge_state.py SRC DST [FIELD=VALUE ...]
-  FIELD: step (int64 at header int 12), shard (int32 at 22), num_shards (23), B (8), T (9)
+  FIELD: version (int32 at header int 1), B (8), T (9), grad_accum (10), shuffle (11), shard (22),
+         num_shards (23), run_id_lo (33), run_id_hi (34); step (int64 at 12), updates (int64 at 28)
 """
 import struct
 import sys
 
-INT32 = {"B": 8, "T": 9, "grad_accum": 10, "shuffle": 11, "shard": 22, "num_shards": 23}
+INT32 = {"version": 1, "run_id_lo": 33, "run_id_hi": 34, "B": 8, "T": 9, "grad_accum": 10, "shuffle": 11, "shard": 22, "num_shards": 23}
 INT64 = {"step": 12, "updates": 28}
 
 

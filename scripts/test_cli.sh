@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Bad input must end in one clear line on stderr ("error: ...") and exit code 1: never a crash (a
 # signal), a hang (timeout), silent garbage (exit 0) or a wall of text. Each case below feeds the trainer
-# one kind of bad input and checks all of that, plus a word of the expected message.
+# one kind of bad input and checks all of that, plus a word of the expected message. Also on one rank:
+# forged checkpoints, a diverging run (nothing non-finite is applied or saved), output paths checked
+# before training, a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
+# memory plan against the measured peak memory.
 #
 # usage: scripts/test_cli.sh [path/to/train_gpt]   (default build/cpu/train_gpt; needs build/ref from
 #        scripts/gpt2_reference.py for the model-file cases)
@@ -116,6 +119,10 @@ cp -r "$TMP/ck" "$TMP/ck_neg" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin
 expect_error "resume: forged step -3" "step -3 is out of range" "${GOOD[@]}" --resume "$TMP/ck_neg" --batch-size 2 --seq-len 8 --steps 4
 cp -r "$TMP/ck" "$TMP/ck_upd" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_upd/state_00000002_00000.bin" updates=-5
 expect_error "resume: forged updates -5" "-5 optimizer updates in 2 steps is impossible" "${GOOD[@]}" --resume "$TMP/ck_upd" --batch-size 2 --seq-len 8 --steps 4
+# a version 1 state file (no run id) is still read
+cp -r "$TMP/ck" "$TMP/ck_v1" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_v1/state_00000002_00000.bin" version=1 run_id_lo=0 run_id_hi=0
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck_v1" --batch-size 2 --seq-len 8 --steps 3 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
+check "resume from a version 1 state file" grep -q "resuming from step 2 of" "$TMP/out"
 expect_error "fresh run into another run's folder" "holds checkpoints of another run" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --checkpoint-dir "$TMP/ck"
 # a folder name with glob metacharacters is taken literally
 "$BIN" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir "$TMP/ck[1]" >/dev/null 2>&1

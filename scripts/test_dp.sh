@@ -8,7 +8,8 @@
 #      saved at dp=4 (ZeRO-2) and resumed at dp=2 (ZeRO-1) re-shards and continues with the same losses
 #      to 1e-5; a duplicated or forged shard (one that is not what its name says, or shards that cover
 #      some parameters twice) is refused
-#   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s
+#   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s; a divergence
+#      ends both ranks with one error line and exit 1
 #   4. bad input: a world size that is not dp x tp x pp
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
@@ -79,6 +80,15 @@ rc=$?
 took=$(($(date +%s) - start))
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] && grep -q "error: no checkpoint" "$TMP/err.out"; then echo "  ok    an error on every rank: exit $rc after $took s"
 else echo "  FAIL  an error on every rank: exit $rc after $took s"; fails=$((fails + 1)); fi
+
+# a divergence (an inf gradient, no loss scaling) ends every rank together: one error line, exit 1
+timeout 90 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --zero 1 --loss-scale off --fault-inf-rank 1 --fault-inf-step 2 \
+    --save-every 1 --checkpoint-dir "$TMP/ck_div" >"$TMP/div.out" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && [ "$(grep -c '^error:' "$TMP/div.out")" -eq 1 ] && grep -q "^error: training diverged at step 2" "$TMP/div.out" \
+    && ! grep -q "MPI_ABORT" "$TMP/div.out" && [ ! -e "$TMP/ck_div/model_00000002.bin" ]; then
+    echo "  ok    diverged on 2 ranks: $(grep '^error:' "$TMP/div.out")"
+else echo "  FAIL  diverged on 2 ranks: exit $rc (want 1, one error line, no abort, no checkpoint of step 2)"; tail -5 "$TMP/div.out"; fails=$((fails + 1)); fi
 
 echo "4. bad input"
 expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
