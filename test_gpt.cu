@@ -618,7 +618,12 @@ static void test_token_grouping(void) {
 
 int main(int argc, char** argv) {
     const char* dir = argc > 1 ? argv[1] : "build/ref";
-    printf("test_gpt: target %s, precision %s, references in %s\n", TARGET_NAME, PRECISION_NAME, dir);
+    // LLMC_FUSED_KERNELS=1 runs every check with --fused-kernels 1 (llmc/device.h), same tolerances
+    const char* fused = getenv("LLMC_FUSED_KERNELS");
+    if (fused != NULL && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0) fatal("LLMC_FUSED_KERNELS must be 0 or 1, got '%s'", fused);
+    fused_kernels = fused != NULL && strcmp(fused, "1") == 0;
+    printf("test_gpt: target %s, precision %s, fused kernels %s, references in %s\n", TARGET_NAME, PRECISION_NAME,
+           fused_kernels ? "on" : "off", dir);
     device_require_gpu();
     test_against_reference(dir, "small");
     test_against_reference(dir, "odd");

@@ -669,9 +669,15 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
     matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl);  // TP: column-parallel, our heads
     attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl);
-    row_parallel_forward(model, la->residual2, la->input, la->atty, w->attprojw, w->attprojb, BT, Cl);
+    if (fused_kernels && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
+        matmul_forward(model->acts.scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C);
+        residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, model->acts.scratch, w->ln2w,
+                                   w->ln2b, BT, C);
+    } else {
+        row_parallel_forward(model, la->residual2, la->input, la->atty, w->attprojw, w->attprojb, BT, Cl);
+        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
+    }
     // MLP block: output = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
     matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl);  // TP: column-parallel, our hidden units
     gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
     row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * Cl);
@@ -708,7 +714,8 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     Activations* a = &model->acts;
     Comm* comm = model->comm;
     if (model->first) {
-        copy_to_device(a->inputs, inputs, BT * sizeof(int));
+        if (fused_kernels) copy_to_device_nowait(a->inputs, inputs, BT * sizeof(int));  // llmc/device.h: pageable, staged
+        else copy_to_device(a->inputs, inputs, BT * sizeof(int));
         if (a->host_inputs != inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));  // the pipeline passes them in place
         // TP: each rank looks up the ids in its rows of wte; the sum over the group has exactly one of
         // them (and wpe, added by rank 0 only), so the all-reduce is exact
@@ -729,7 +736,8 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
-    copy_to_device(a->targets, targets, BT * sizeof(int));
+    if (fused_kernels) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
+    else copy_to_device(a->targets, targets, BT * sizeof(int));
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl);
     copy_to_host(model->host_losses, a->losses, BT * sizeof(float));
@@ -1361,6 +1369,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
     size_t attention = (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;   // attention.h
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
+    if (fused_kernels) reductions = 512 * 2 * c->C * 4 + 128 * widest * 4 + 1024 * 4;  // --fused-kernels: 512 LayerNorm (LNB_BLOCKS) and 128 bias partial rows
     size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
@@ -1889,6 +1898,11 @@ static void print_usage(void) {
         "                        recompute/batch) without allocating, and exit\n"
         "  --device-memory SIZE  with --plan: also the largest micro-batch that fits, e.g. 80GiB\n"
         "  --precision P         with --plan: bf16 | fp16 | fp32      [this build's]\n"
+        "GPU speed\n"
+        "  --fused-kernels 0|1   GPU: fused LayerNorm (residual add + forward; one-pass backward), 16-byte GELU,\n"
+        "                        bias-gradient and classifier kernels, cuBLASLt plans kept per shape, micro-step\n"
+        "                        inputs copied without waiting. Off until verified on a GPU (scripts/check_gpu.sh).\n"
+        "                        CPU target: accepted, the same reference loops, identical results [0]\n"
         "optimization\n"
         "  --steps N             optimizer steps                      [%lld]\n"
         "  --stop-after N        end this run after step N (checkpointing there); resume later\n"
@@ -1977,6 +1991,7 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
         else if (!strcmp(f, "--trace")) tc->trace = v;
         else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
+        else if (!strcmp(f, "--fused-kernels")) fused_kernels = (int)parse_int(f, v, 0, 1);  // llmc/device.h
         else if (!strcmp(f, "--loss-scale")) {
             if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
             else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;

@@ -11,6 +11,9 @@
  * The probabilities are never stored: a first read of the row finds the max and the sum of
  * exponentials, a second read writes the gradient. With dloss == 0 the logits are left untouched
  * (evaluation).
+ * With --fused-kernels 1 the GPU kernel reads and writes 16 bytes at a time (Pack128) and folds a whole
+ * pack into the running (max, sum) with one rescale; Vp % Pack128::size == 0 and aligned logits are
+ * needed (Vp is a multiple of 128; the launcher checks and otherwise uses the scalar kernel).
  */
 #pragma once
 
@@ -84,6 +87,62 @@ __global__ void classifier_kernel(floatX* logits, float* losses, const int* targ
         x[i] = float_to_floatX(g);
     }
 }
+
+// (m, s) <- the pair for the union of both sets, where s = sum of exp(x - m) over a set with max m
+__device__ static inline void classifier_online_merge(float& m, float& s, float m2, float s2) {
+    float m_new = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.0f : s * expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
+    m = m_new;
+}
+
+// --fused-kernels: one block per row, 16-byte loads. Pass 1 reads the row once (online max and sum,
+// one pack at a time); pass 2 reads it again (from L2 mostly) and writes the gradient in place.
+#define CLASSIFIER_THREADS 1024
+__global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_vec_kernel(floatX* logits, float* losses, const int* targets,
+                                                                            float dloss, int N, int V, int Vp) {
+    __shared__ float s_max[32], s_sum[32];
+    const int P = Pack128::size;
+    int n = blockIdx.x;
+    floatX* x = logits + (size_t)n * Vp;
+    int target = targets[n];
+    float target_logit = floatX_to_float(x[target]);  // read before any thread overwrites the row
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x * P; i < V; i += blockDim.x * P) {  // packs that hold at least one real token
+        Pack128 p = load128(x + i);
+        float pm = -INFINITY;
+        for (int k = 0; k < P; k++)
+            if (i + k < V) pm = fmaxf(pm, floatX_to_float(p.v[k]));
+        float ps = 0.0f;
+        for (int k = 0; k < P; k++)
+            if (i + k < V) ps += expf(floatX_to_float(p.v[k]) - pm);
+        classifier_online_merge(m, s, pm, ps);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffff, m, offset), s2 = __shfl_xor_sync(0xffffffff, s, offset);
+        classifier_online_merge(m, s, m2, s2);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    if (lane == 0) {
+        s_max[warp] = m;
+        s_sum[warp] = s;
+    }
+    __syncthreads();  // also: every thread has read x[target]
+    float maxv = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < warps; w++) classifier_online_merge(maxv, sum, s_max[w], s_sum[w]);
+    if (threadIdx.x == 0) losses[n] = logf(sum) + maxv - target_logit;
+    if (dloss == 0.0f) return;
+    float inv = 1.0f / sum;
+    for (int i = threadIdx.x * P; i < Vp; i += blockDim.x * P) {
+        Pack128 p = load128(x + i), g;
+        for (int k = 0; k < P; k++) {
+            int idx = i + k;
+            float grad = 0.0f;
+            if (idx < V) grad = (expf(floatX_to_float(p.v[k]) - maxv) * inv - (idx == target ? 1.0f : 0.0f)) * dloss;
+            g.v[k] = float_to_floatX(grad);
+        }
+        store128(x + i, g);
+    }
+}
 #endif
 
 // ----------------------------------------------------------------------------------------------------
@@ -93,7 +152,10 @@ static void classifier_forward_backward(floatX* logits, float* losses, const int
 #ifdef LLMC_CPU
     classifier_forward_backward_cpu(logits, losses, targets, dloss, N, V, Vp);
 #else
-    classifier_kernel<<<N, 512, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
+    if (fused_kernels && Vp % Pack128::size == 0 && aligned16(logits))
+        classifier_vec_kernel<<<N, CLASSIFIER_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
+    else
+        classifier_kernel<<<N, 512, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
     launchCheck();
 #endif
 }

@@ -76,6 +76,13 @@ __host__ __device__ static inline floatX float_to_floatX(float x) { return (floa
 static cudaStream_t main_stream = 0;
 #endif
 
+// --fused-kernels 1 (README): the GPU target uses the fused and vectorized kernels of the layer headers
+// (LayerNorm backward in one pass, residual + LayerNorm forward, 16-byte GELU, bias-gradient and classifier
+// kernels), cached cuBLASLt plans, and no host synchronization for the inputs of a micro-step. Off by
+// default until check_gpu.sh has passed with it. The CPU target accepts it and runs the same reference
+// loops (identical results).
+static int fused_kernels = 0;
+
 // ----------------------------------------------------------------------------------------------------
 // is there a GPU at all?
 
@@ -178,6 +185,16 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
+// The same without waiting: safe only for pageable host memory (cudaMallocHost is never used here),
+// which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once.
+static inline void copy_to_device_nowait(void* dst, const void* src, size_t bytes) {
+#ifdef LLMC_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+#endif
+}
+
 static inline void device_copy(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU
     memcpy(dst, src, bytes);
@@ -234,6 +251,17 @@ __device__ static inline float warp_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
     return v;
 }
+
+// 16 bytes of floatX as one value (8 bf16/fp16 or 4 float), for 128-bit loads and stores. Only for
+// addresses that are 16-byte aligned: every launcher that uses it checks with aligned16() and otherwise
+// falls back to its scalar kernel.
+struct alignas(16) Pack128 {
+    static constexpr int size = 16 / sizeof(floatX);
+    floatX v[16 / sizeof(floatX)];
+};
+static inline bool aligned16(const void* p) { return p == NULL || ((uintptr_t)p % 16) == 0; }
+__device__ static inline Pack128 load128(const floatX* p) { return *(const Pack128*)p; }
+__device__ static inline void store128(floatX* p, Pack128 x) { *(Pack128*)p = x; }
 
 // A device scratch buffer owned by one layer header, grown on demand and kept for the whole run.
 typedef struct {

@@ -9,10 +9,19 @@
  *
  * The CPU backward runs two passes, one parallel over rows (dx) and one over channels (dw, db), so that
  * every sum has a fixed order. The GPU version does the same with a warp per row and a column reduction.
+ *
+ * With --fused-kernels 1 (llmc/device.h) the GPU uses instead:
+ *   - residual_layernorm_forward: res = a + b and out = layernorm(res) in one kernel (a warp per row,
+ *     16-byte loads), which also serves plain layernorm_forward (b = NULL);
+ *   - one backward kernel that computes dx and, per block, partial sums of dw and db in fp32 shared
+ *     memory (each warp its own copy, so no atomics), followed by a kernel that adds the blocks'
+ *     partials in a fixed order: deterministic, and dout and x are read from DRAM once.
+ * Their CPU reference is the same loops (residual_forward_cpu, then layernorm_forward_cpu).
  */
 #pragma once
 
 #include "device.h"
+#include "residual.h"
 
 static const float LAYERNORM_EPS = 1e-5f;
 
@@ -171,6 +180,115 @@ __global__ void layernorm_backward_finish_kernel(floatX* dweight, floatX* dbias,
     dbias[c] = float_to_floatX(floatX_to_float(dbias[c]) + db);
 }
 static Scratch layernorm_scratch = {NULL, 0};
+
+// --fused-kernels: one warp per row, 16-byte loads. With b != NULL: res = a + b (rounded to floatX,
+// written), then out = layernorm(res); with b == NULL the row is a and res is not touched. The statistics
+// are taken over the rounded residual, exactly what a separate layernorm_forward would read back.
+// Needs C % Pack128::size == 0 and 16-byte aligned pointers (the launcher checks).
+__global__ void residual_layernorm_forward_kernel(floatX* res, floatX* out, float* mean, float* rstd, const floatX* a,
+                                                  const floatX* b, const floatX* weight, const floatX* bias, int N, int C) {
+    const int V = Pack128::size;
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    size_t base = (size_t)row * C;
+    const floatX* x = (b != NULL ? res : a) + base;  // the residual row (each lane rereads what it wrote)
+    float sum = 0.0f;
+    for (int c = lane * V; c < C; c += 32 * V) {
+        Pack128 r = load128(a + base + c);
+        if (b != NULL) {
+            Pack128 pb = load128(b + base + c);
+            for (int k = 0; k < V; k++) r.v[k] = float_to_floatX(floatX_to_float(r.v[k]) + floatX_to_float(pb.v[k]));
+            store128(res + base + c, r);
+        }
+        for (int k = 0; k < V; k++) sum += floatX_to_float(r.v[k]);
+    }
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane * V; c < C; c += 32 * V) {
+        Pack128 r = load128(x + c);
+        for (int k = 0; k < V; k++) {
+            float diff = floatX_to_float(r.v[k]) - m;
+            var += diff * diff;
+        }
+    }
+    float s = rsqrtf(warp_sum(var) / C + LAYERNORM_EPS);
+    for (int c = lane * V; c < C; c += 32 * V) {
+        Pack128 r = load128(x + c), w = load128(weight + c), bb = load128(bias + c), o;
+        for (int k = 0; k < V; k++) {
+            float n = (floatX_to_float(r.v[k]) - m) * s;
+            o.v[k] = float_to_floatX(n * floatX_to_float(w.v[k]) + floatX_to_float(bb.v[k]));
+        }
+        store128(out + base + c, o);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+// --fused-kernels backward, one pass: a warp per row (rows strided over the grid) adds dx into dinp and
+// accumulates dout * norm and dout for its lane's channels into its own fp32 copy in shared memory; at
+// the end the block adds its warps' copies (warp 0 first) into one partial row of 2C floats (dw | db).
+// Shared layout per warp: channel c + k of pack c/V at [k * C/V + c/V], so that for a fixed k the 32
+// lanes touch 32 consecutive floats (no bank conflicts). Needs C % V == 0 and aligned pointers.
+#define LNB_WARPS 4
+#define LNB_BLOCKS 512  // partial rows (fixed, so the order of the sums does not depend on the GPU)
+__global__ void __launch_bounds__(32 * LNB_WARPS) layernorm_backward_fused_kernel(
+    floatX* dinp, float* partial, const floatX* dout, const floatX* inp, const floatX* weight, const float* mean,
+    const float* rstd, int N, int C) {
+    extern __shared__ float ln_shared[];  // [LNB_WARPS][2][C]
+    const int V = Pack128::size;
+    int CP = C / V;  // packs per row
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* acc_dw = ln_shared + (size_t)warp * 2 * C;
+    float* acc_db = acc_dw + C;
+    for (int i = lane; i < 2 * C; i += 32) acc_dw[i] = 0.0f;
+    __syncwarp();
+    for (int row = blockIdx.x * LNB_WARPS + warp; row < N; row += gridDim.x * LNB_WARPS) {
+        size_t base = (size_t)row * C;
+        float m = mean[row], s = rstd[row];
+        float g_sum = 0.0f, gn_sum = 0.0f;
+        for (int c = lane * V; c < C; c += 32 * V) {
+            Pack128 d = load128(dout + base + c), x = load128(inp + base + c), w = load128(weight + c);
+            for (int k = 0; k < V; k++) {
+                float norm = (floatX_to_float(x.v[k]) - m) * s;
+                float g = floatX_to_float(d.v[k]) * floatX_to_float(w.v[k]);
+                g_sum += g;
+                gn_sum += g * norm;
+            }
+        }
+        float g_mean = warp_sum(g_sum) / C, gn_mean = warp_sum(gn_sum) / C;
+        for (int c = lane * V; c < C; c += 32 * V) {  // the second read of the row comes from L1/L2
+            Pack128 d = load128(dout + base + c), x = load128(inp + base + c), w = load128(weight + c);
+            Pack128 dx = load128(dinp + base + c);
+            int p = c / V;
+            for (int k = 0; k < V; k++) {
+                float dk = floatX_to_float(d.v[k]);
+                float norm = (floatX_to_float(x.v[k]) - m) * s;
+                float g = dk * floatX_to_float(w.v[k]);
+                dx.v[k] = float_to_floatX(floatX_to_float(dx.v[k]) + (g - g_mean - norm * gn_mean) * s);
+                acc_dw[k * CP + p] += dk * norm;
+                acc_db[k * CP + p] += dk;
+            }
+            store128(dinp + base + c, dx);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {  // i = channel (i < C: dw, else db)
+        int which = i < C ? 0 : 1, ch = i - which * C;
+        int slot = which * C + (ch % V) * CP + ch / V;
+        float sum = 0.0f;
+        for (int w = 0; w < LNB_WARPS; w++) sum += ln_shared[(size_t)w * 2 * C + slot];
+        partial[(size_t)blockIdx.x * 2 * C + i] = sum;
+    }
+}
+
+// the largest dynamic shared memory one block may have on this GPU (0 until asked)
+static int layernorm_smem_optin = 0;
+static bool layernorm_fused_ok(const void* p0, const void* p1, const void* p2, const void* p3, const void* p4, int C) {
+    return C % Pack128::size == 0 && aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3) && aligned16(p4);
+}
 #endif
 
 // ----------------------------------------------------------------------------------------------------
@@ -182,9 +300,30 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, C);
 #else
     const int block = 256, rows_per_block = block / 32;
-    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    if (fused_kernels && layernorm_fused_ok(out, inp, weight, bias, NULL, C))
+        residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(NULL, out, mean, rstd, inp, NULL,
+                                                                                                   weight, bias, N, C);
+    else
+        layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight, bias, N, C);
     launchCheck();
 #endif
+}
+
+// res (N,C) = a + b, then out = layernorm(res) (with mean, rstd): the residual add of a block and the
+// LayerNorm that follows it. One kernel with --fused-kernels on the GPU, else the two separate launchers.
+static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, float* rstd, const floatX* a, const floatX* b,
+                                       const floatX* weight, const floatX* bias, int N, int C) {
+#ifndef LLMC_CPU
+    if (fused_kernels && layernorm_fused_ok(res, out, a, b, weight, C) && aligned16(bias)) {
+        const int block = 256, rows_per_block = block / 32;
+        residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(res, out, mean, rstd, a, b,
+                                                                                                   weight, bias, N, C);
+        launchCheck();
+        return;
+    }
+#endif
+    residual_forward(res, a, b, (size_t)N * C);
+    layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
 }
 
 static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
@@ -192,6 +331,25 @@ static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
 #ifdef LLMC_CPU
     layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 #else
+    if (fused_kernels && layernorm_fused_ok(dinp, dout, inp, weight, NULL, C)) {
+        size_t smem = (size_t)LNB_WARPS * 2 * C * sizeof(float);
+        if (layernorm_smem_optin == 0) {
+            int dev = 0;
+            cudaCheck(cudaGetDevice(&dev));
+            cudaCheck(cudaDeviceGetAttribute(&layernorm_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        }
+        if (smem <= (size_t)layernorm_smem_optin) {
+            if (smem > 48 * 1024)
+                cudaCheck(cudaFuncSetAttribute(layernorm_backward_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            int blocks = ceil_div(N, LNB_WARPS) < LNB_BLOCKS ? ceil_div(N, LNB_WARPS) : LNB_BLOCKS;
+            float* partial = (float*)scratch_get(&layernorm_scratch, (size_t)LNB_BLOCKS * 2 * C * sizeof(float));
+            layernorm_backward_fused_kernel<<<blocks, 32 * LNB_WARPS, smem, main_stream>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C);
+            launchCheck();
+            layernorm_backward_finish_kernel<<<ceil_div(C, 256), 256, 0, main_stream>>>(dweight, dbias, partial, blocks, C);
+            launchCheck();
+            return;
+        }
+    }
     const int block = 256, rows_per_block = block / 32;
     layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     launchCheck();

@@ -11,6 +11,8 @@
  * row-major, tiles of 4x16 outputs held in registers and parallel over tiles with OpenMP. Every output
  * is one dot product summed in index order, so CPU results do not depend on the thread count. The three
  * products above map onto it after transposing one operand into a scratch buffer.
+ * With --fused-kernels 1 the GPU keeps each shape's cuBLASLt plan (descriptor, layouts, algorithm) instead
+ * of making it per call, and sums the bias gradient with 16-byte loads.
  * (An optimized BLAS would be faster still; this one stays short, readable and deterministic.)
  */
 #pragma once
@@ -131,28 +133,32 @@ static uint32_t pointer_alignment(const void* p) {
     return align;
 }
 
-// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ bias (m) broadcast over n].
-// A row-major matrix seen column-major is its transpose, which is how the row-major products above map
-// onto this call (see matmul_forward / matmul_backward).
-static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                            bool trans_a, bool trans_b, bool accumulate) {
-    matmul_init();
+// Everything cuBLASLt needs for one product shape: the descriptor (transposes, epilogue), the three
+// layouts and the algorithm its heuristic chose for the stated pointer alignments.
+typedef struct {
+    int m, n, k, trans_a, trans_b, has_bias;
+    uint32_t align[3];  // of a, b, d
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (bias != NULL) {
-        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        cudaDataType_t bias_type = CUDA_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-    }
     cublasLtMatrixLayout_t la, lb, ld;
-    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_FLOATX, trans_a ? k : m, trans_a ? m : k, trans_a ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, trans_b ? n : k, trans_b ? k : n, trans_b ? n : k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_FLOATX, m, n, m));
+    cublasLtMatmulAlgo_t algo;
+} MatmulPlan;
+
+static void matmul_plan_create(MatmulPlan* p, const floatX* bias) {
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (p->has_bias) {
+        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cudaDataType_t bias_type = CUDA_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
+    int m = p->m, n = p->n, k = p->k;
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUDA_FLOATX, p->trans_a ? k : m, p->trans_a ? m : k, p->trans_a ? k : m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUDA_FLOATX, p->trans_b ? n : k, p->trans_b ? k : n, p->trans_b ? n : k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->ld, CUDA_FLOATX, m, n, m));
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -162,23 +168,61 @@ static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    const void* ptrs[4] = {a, b, d, d};
-    for (int i = 0; i < 4; i++) {
-        uint32_t align = pointer_alignment(ptrs[i]);
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align, sizeof(align)));
-    }
+    const uint32_t aligns[4] = {p->align[0], p->align[1], p->align[2], p->align[2]};
+    for (int i = 0; i < 4; i++)
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &aligns[i], sizeof(aligns[i])));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-    if (found == 0) fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, trans_a, trans_b, bias != NULL);
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heuristic.algo,
-                               cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heuristic, &found));
+    if (found == 0) fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, p->trans_a, p->trans_b, p->has_bias);
+    p->algo = heuristic.algo;
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    cublasCheck(cublasLtMatrixLayoutDestroy(la));
-    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
-    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+
+static void matmul_plan_destroy(MatmulPlan* p) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->ld));
+    cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+}
+
+// --fused-kernels: plans are made once per shape and kept (a training step has about ten shapes; the
+// table is generous, and a shape beyond it simply gets a plan made for the call as before)
+#define MATMUL_PLAN_CACHE 64
+static MatmulPlan matmul_plan_cache[MATMUL_PLAN_CACHE];
+static int matmul_plan_cached = 0;
+static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const floatX* bias) {
+    for (int i = 0; i < matmul_plan_cached; i++) {
+        MatmulPlan* p = &matmul_plan_cache[i];
+        if (p->m == key->m && p->n == key->n && p->k == key->k && p->trans_a == key->trans_a && p->trans_b == key->trans_b &&
+            p->has_bias == key->has_bias && !memcmp(p->align, key->align, sizeof(p->align)))
+            return p;
+    }
+    if (matmul_plan_cached == MATMUL_PLAN_CACHE) return NULL;
+    MatmulPlan* p = &matmul_plan_cache[matmul_plan_cached++];
+    *p = *key;
+    matmul_plan_create(p, bias);
+    return p;
+}
+
+// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ bias (m) broadcast over n].
+// A row-major matrix seen column-major is its transpose, which is how the row-major products above map
+// onto this call (see matmul_forward / matmul_backward).
+static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                            bool trans_a, bool trans_b, bool accumulate) {
+    matmul_init();
+    MatmulPlan key = {m, n, k, trans_a, trans_b, bias != NULL, {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d)}};
+    MatmulPlan* plan = fused_kernels ? matmul_plan_lookup(&key, bias) : NULL;
+    if (plan == NULL) {  // made for this call only
+        plan = &key;
+        matmul_plan_create(plan, bias);
+    } else if (bias != NULL) {  // a kept plan: point it at this call's bias
+        cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, d, plan->ld, d, plan->ld,
+                               &plan->algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+    if (plan == &key) matmul_plan_destroy(plan);
 }
 
 // dbias (OC) += column sums of dout (N, OC): blocks of 32 columns x 8 row-lanes, partial sums per
@@ -205,6 +249,32 @@ __global__ void bias_backward_finish_kernel(floatX* dbias, const float* partial,
     dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + sum);
 }
 static Scratch bias_scratch = {NULL, 0};
+
+// --fused-kernels: the same sums with 16-byte loads. A block of 32 lanes x 8 row-lanes covers 32 packs
+// (32 * Pack128::size columns, 256 in bf16); BIAS_VEC_CHUNKS chunks of rows, each summed into one
+// partial row, which bias_backward_finish_kernel adds up in order. Needs OC % Pack128::size == 0.
+#define BIAS_VEC_CHUNKS 128
+__global__ void bias_backward_partial_vec_kernel(float* partial, const floatX* dout, int N, int OC) {
+    const int P = Pack128::size;
+    __shared__ float s[8][32 * Pack128::size];
+    int pack = blockIdx.x * 32 + threadIdx.x;  // this thread's columns: pack * P .. pack * P + P - 1
+    bool active = pack * P < OC;
+    float sum[Pack128::size];
+    for (int k = 0; k < P; k++) sum[k] = 0.0f;
+    if (active) {
+        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8) {
+            Pack128 d = load128(dout + (size_t)n * OC + (size_t)pack * P);
+            for (int k = 0; k < P; k++) sum[k] += floatX_to_float(d.v[k]);
+        }
+    }
+    for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && active) {
+        for (int i = 1; i < 8; i++)
+            for (int k = 0; k < P; k++) sum[k] += s[i][threadIdx.x * P + k];
+        for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
+    }
+}
 #endif
 
 // ----------------------------------------------------------------------------------------------------
@@ -228,7 +298,14 @@ static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
     matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, false, false, false);
     // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
     matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, false, true, true);
-    if (dbias != NULL) {
+    if (dbias != NULL && fused_kernels && OC % Pack128::size == 0 && aligned16(dout)) {
+        float* partial = (float*)scratch_get(&bias_scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
+        int packs = OC / Pack128::size;
+        bias_backward_partial_vec_kernel<<<dim3(ceil_div(packs, 32), BIAS_VEC_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
+        launchCheck();
+        bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
+        launchCheck();
+    } else if (dbias != NULL) {
         float* partial = (float*)scratch_get(&bias_scratch, (size_t)BIAS_CHUNKS * OC * sizeof(float));
         bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), BIAS_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
         launchCheck();

@@ -81,6 +81,7 @@ expect_error "non-numeric float" "expects a number" "${TINY[@]}" "${GOOD[@]}" --
 expect_error "trailing garbage" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --batch-size 4x
 expect_error "out of range" "must be between" "${TINY[@]}" "${GOOD[@]}" --batch-size 0
 expect_error "--zero out of range" "--zero must be between 0 and 2" "${TINY[@]}" "${GOOD[@]}" --zero 3
+expect_error "--fused-kernels out of range" "--fused-kernels must be between 0 and 1" "${TINY[@]}" "${GOOD[@]}" --fused-kernels 2
 expect_error "bad schedule" "lr-schedule" "${TINY[@]}" "${GOOD[@]}" --lr-schedule sawtooth
 expect_error "C not divisible by NH" "not divisible" "${TINY[@]}" "${GOOD[@]}" --channels 18 --heads 4
 expect_error "T > maxT (scratch)" "longer than maxT" "${TINY[@]}" "${GOOD[@]}" --seq-len 32
@@ -238,6 +239,24 @@ check "inf gradient: newest checkpoint is step 1, no model" \
 expect_error "diverging run" "training diverged at step" "${TINY[@]}" "${GOOD[@]}" --steps 60 --lr 10 --weight-decay 10 \
     --grad-clip 0 --warmup 0 --save-every 1 --checkpoint-dir "$TMP/ck_div" --save-model "$TMP/div.bin"
 check "diverging run: every checkpoint finite, no model" eval 'finite_model "$TMP"/ck_div/model_*.bin && test ! -e "$TMP/div.bin"'
+
+# The CPU target accepts --fused-kernels and runs the same reference loops: losses and gradient norms must
+# agree in every printed digit (gradient accumulation and --recompute 2 included, as they take the fused
+# paths of the layer forward on the GPU). On the GPU the fused kernels round differently: test_gpt checks them.
+if "$BIN" --help | grep -q "target CPU"; then
+    echo "fused kernels (CPU target)"
+    for f in 0 1; do
+        timeout 120 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --grad-accum 2 --recompute 2 --fused-kernels $f \
+            --log "$TMP/fused$f.jsonl" >/dev/null 2>&1 || echo "  (run with --fused-kernels $f failed)"
+        grep -o '"loss": [^,]*\|"grad_norm": [^,]*' "$TMP/fused$f.jsonl" >"$TMP/fused$f.txt" 2>/dev/null
+    done
+    if [ -s "$TMP/fused0.txt" ] && [ "$(grep -c . "$TMP/fused0.txt")" -eq 6 ] && cmp -s "$TMP/fused0.txt" "$TMP/fused1.txt"; then
+        echo "  ok    --fused-kernels 1 gives the same 3 losses and norms on the CPU"
+    else
+        echo "  FAIL  --fused-kernels 1 changed the CPU results (or a run failed)"
+        fails=$((fails + 1))
+    fi
+fi
 
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi

@@ -12,6 +12,9 @@
  *      Vp % 4 == 0): the online max/sum folds 4 values per step (one rescale per float4 instead of
  *      per element), and the gradient pass reads and writes float4 with the last columns handled per
  *      element. 1024 threads per row.
+ *   3  the trainer's kernel with --fused-kernels 1 (llmc/classifier.h classifier_vec_kernel): Pack128
+ *      loads and stores (4 floats here, 8 bf16 in the BF16 trainer), each pack folded into the running
+ *      (max, sum) with one rescale, lanes beyond V masked inside the pack; 1024 threads per row.
  *
  * CPU reference: classifier_forward_backward_cpu (llmc/classifier.h), dloss = 1/(B*T) as in training.
  * Tolerance: losses 1e-4 abs + 1e-5 rel; dlogits 1e-4 * dloss abs + 1e-4 rel (a gradient entry is at
@@ -76,12 +79,16 @@ static void run_version(int v, float* logits, float* losses, const int* targets,
     switch (v) {
         case 1: classifier_forward_backward(logits, losses, targets, dloss, N, V, Vp); break;
         case 2: classifier_float4_kernel<<<N, CLS2_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp); break;
+        case 3:
+            if (Vp % Pack128::size != 0 || !aligned16(logits)) fatal("version 3 needs Vp %% 4 == 0 and aligned logits");
+            classifier_vec_kernel<<<N, CLASSIFIER_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
+            break;
     }
     cudaCheck(cudaGetLastError());
 }
 
 int main(int argc, char** argv) {
-    const int NV = 2;
+    const int NV = 3;
     int selected = parse_version(argc, argv, NV);
     const int B = 8, T = 1024, V = 50257, Vp = 50304, N = B * T;
     size_t n = (size_t)N * Vp;

@@ -6,6 +6,8 @@
  *   1  the project's kernel (llmc/gelu.h): one thread per element.
  *   2  float4: one thread per 4 elements, 16-byte loads and stores.
  *   3  float4 with streaming cache hints (__ldcs / __stcs) and two float4 per thread.
+ *   4  the trainer's kernel with --fused-kernels 1 (llmc/gelu.h gelu_backward_vec_kernel): one thread per
+ *      16 bytes (Pack128), in place like the others.
  * All use gelu_derivative from llmc/gelu.h. As in the project, dinp may alias dout (each element reads
  * its own dout before writing), which all three versions respect.
  *
@@ -50,7 +52,7 @@ __global__ void gelu_backward_stream_kernel(float* dinp, const float* inp, const
 static void run_version(int v, float* dinp, const float* inp, const float* dout, size_t n) {
     const int block = 256;
     switch (v) {
-        case 1: gelu_backward(dinp, inp, dout, n); break;
+        case 1: fused_kernels = 0, gelu_backward(dinp, inp, dout, n); break;
         case 2:
             gelu_backward_float4_kernel<<<grid_for((n + 3) / 4, block), block, 0, main_stream>>>(dinp, inp, dout, n);
             break;
@@ -59,12 +61,17 @@ static void run_version(int v, float* dinp, const float* inp, const float* dout,
             gelu_backward_stream_kernel<<<(int)(blocks > 0 ? blocks : 1), block, 0, main_stream>>>(dinp, inp, dout, n);
             break;
         }
+        case 4:  // the trainer's kernel under --fused-kernels 1
+            fused_kernels = 1;
+            if (!gelu_vec_ok(dinp, inp, dout, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
+            gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, block), block, 0, main_stream>>>(dinp, inp, dout, n);
+            break;
     }
     cudaCheck(cudaGetLastError());
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
+    const int NV = 4;
     int selected = parse_version(argc, argv, NV);
     const int B = 8, T = 1024, C = 768;
     size_t n = (size_t)B * T * 4 * C;

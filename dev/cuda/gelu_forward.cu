@@ -8,6 +8,8 @@
  *   2  float4: one thread per 4 elements, 16-byte loads and stores.
  *   3  float4 with streaming cache hints (__ldcs / __stcs: the data is used once here) and two float4
  *      per thread for more loads in flight.
+ *   4  the trainer's kernel with --fused-kernels 1 (llmc/gelu.h gelu_forward_vec_kernel): one thread per
+ *      16 bytes (Pack128: 4 floats here, 8 bf16 in the BF16 trainer).
  * The formula is the one of llmc/gelu.h (gelu_value), so the versions differ only in data movement.
  *
  * CPU reference: gelu_forward_cpu. Tolerance 1e-6 abs + 1e-5 rel (device and host tanhf may differ by
@@ -50,19 +52,24 @@ __global__ void gelu_forward_stream_kernel(float* out, const float* inp, size_t 
 static void run_version(int v, float* out, const float* inp, size_t n) {
     const int block = 256;
     switch (v) {
-        case 1: gelu_forward(out, inp, n); break;
+        case 1: fused_kernels = 0, gelu_forward(out, inp, n); break;
         case 2: gelu_forward_float4_kernel<<<grid_for((n + 3) / 4, block), block, 0, main_stream>>>(out, inp, n); break;
         case 3: {
             size_t blocks = (n / 4 + 2 * block - 1) / (2 * block);
             gelu_forward_stream_kernel<<<(int)(blocks > 0 ? blocks : 1), block, 0, main_stream>>>(out, inp, n);
             break;
         }
+        case 4:  // the trainer's kernel under --fused-kernels 1
+            fused_kernels = 1;
+            if (!gelu_vec_ok(out, inp, NULL, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
+            gelu_forward_vec_kernel<<<grid_for(n / Pack128::size, block), block, 0, main_stream>>>(out, inp, n);
+            break;
     }
     cudaCheck(cudaGetLastError());
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
+    const int NV = 4;
     int selected = parse_version(argc, argv, NV);
     const int B = 8, T = 1024, C = 768;
     size_t n = (size_t)B * T * 4 * C;

@@ -12,6 +12,9 @@
  *      them, 6 at C = 768), mean and variance (two-pass, as the reference) come from registers, weight
  *      and bias through the read-only path, out written with float4 streaming stores. One read of x.
  *      Needs C % 4 == 0 and C <= 1024 (compiled for up to 8 float4 per lane).
+ *   4  the trainer's kernel with --fused-kernels 1 (llmc/layernorm.h residual_layernorm_forward_kernel
+ *      without a residual): one warp per row, Pack128 loads (4 floats here, 8 bf16 in the BF16
+ *      trainer), three passes over the row (the second and third from L1/L2). Any C % 4 == 0.
  *
  * CPU reference: layernorm_forward_cpu (llmc/layernorm.h). Tolerance 1e-5 abs + 1e-4 rel on out,
  * mean and rstd.
@@ -106,12 +109,16 @@ static void run_version(int v, float* out, float* mean, float* rstd, const float
                 default: launch_reg<8>(out, mean, rstd, inp, w, b, N, C); break;
             }
             break;
+        case 4:
+            if (!layernorm_fused_ok(out, inp, w, b, NULL, C)) fatal("version 4 needs C %% 4 == 0 and aligned buffers");
+            residual_layernorm_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(NULL, out, mean, rstd, inp, NULL, w, b, N, C);
+            break;
     }
     cudaCheck(cudaGetLastError());
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
+    const int NV = 4;
     int selected = parse_version(argc, argv, NV);
     const int B = 8, T = 1024, C = 768, N = B * T;
     size_t n = (size_t)N * C;

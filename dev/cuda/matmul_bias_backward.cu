@@ -10,7 +10,10 @@
  *      each summed into a partial row, then one thread per column adds the 64 partials in order.
  *   3  version 2 with float4: blocks of 32 threads x 8 row-lanes cover 128 columns, 16-byte loads, and
  *      128 row chunks so that even OC = 768 gives 768 blocks. Deterministic, like version 2.
- * Version 3 needs OC % 4 == 0.
+ *   4  the trainer's kernels with --fused-kernels 1 (llmc/matmul.h): bias_backward_partial_vec_kernel with
+ *      Pack128 loads (4 floats here, 8 bf16 in the BF16 trainer), 128 row chunks, the same finishing
+ *      kernel as version 2.
+ * Versions 3 and 4 need OC % 4 == 0.
  *
  * CPU reference: a plain loop summing each column in double (the llmc CPU reference does this inside
  * matmul_backward_cpu together with the weight gradient). dbias starts from random values.
@@ -84,18 +87,26 @@ static void run_version(int v, float* dbias, float* partial, const float* dout, 
             cudaCheck(cudaGetLastError());
             bias_backward_float4_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, MB3_CHUNKS, OC);
             break;
+        case 4:
+            if (OC % Pack128::size != 0 || !aligned16(dout)) fatal("version 4 needs OC %% 4 == 0 and an aligned dout");
+            bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), BIAS_VEC_CHUNKS), dim3(32, 8), 0, main_stream>>>(
+                partial, dout, N, OC);
+            cudaCheck(cudaGetLastError());
+            bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
+            break;
     }
     cudaCheck(cudaGetLastError());
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
+    const int NV = 4;
     int selected = parse_version(argc, argv, NV);
     const int B = 8, T = 1024, N = B * T;
     const int OCs[3] = {768, 2304, 3072};
     printf("matmul_bias_backward: N=B*T=%d\n", N);
     bench_init();
     int max_chunks = BIAS_CHUNKS > MB3_CHUNKS ? BIAS_CHUNKS : MB3_CHUNKS;
+    if (BIAS_VEC_CHUNKS > max_chunks) max_chunks = BIAS_VEC_CHUNKS;
     for (int k = 0; k < 3; k++) {
         int OC = OCs[k];
         size_t n = (size_t)N * OC;
