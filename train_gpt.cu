@@ -42,6 +42,7 @@
 #include "llmc/residual.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
+#include "llmc/bpe.h"
 #include "llmc/zero.h"
 
 #include <signal.h>
@@ -1197,23 +1198,75 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
     fatal("no complete checkpoint found in '%s'", dir);
 }
 
-// Generates `len` tokens after an end-of-text token, printing them if `print`. Reads logits at the last
-// position of a full forward over the sequence so far (no KV cache: clear, and cheap at these lengths).
-// With TP it is collective over the TP group: the vocabulary slices of the logits are all-gathered, and
-// every rank draws the same token from the same generator state.
-static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len, int print) {
+// How to sample: the prompt's tokens (after an end-of-text token), how many tokens to generate, and how
+// to draw each one: temperature 0 is greedy (the most likely token), otherwise softmax(logits / temperature)
+// restricted to the top_k most likely tokens (0: all; tokens tied with the k-th are kept too).
+typedef struct {
+    const int* prompt;
+    int n_prompt;
+    int len;
+    float temperature;
+    int top_k;
+} SampleConfig;
+
+static int compare_floats_descending(const void* a, const void* b) {
+    float x = *(const float*)a, y = *(const float*)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// Draws the next token from the logits of the V real tokens (r uniform in [0, 1)). `probs` and `sorted`
+// are scratch of V floats.
+static int draw_token(const SampleConfig* sc, const float* logits, int V, float r, float* probs, float* sorted) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (sc->temperature == 0.0f) return best;  // greedy
+    float cut = -INFINITY;                     // top-k: logits below the k-th largest are excluded
+    if (sc->top_k > 0 && sc->top_k < V) {
+        memcpy(sorted, logits, V * sizeof(float));
+        qsort(sorted, V, sizeof(float), compare_floats_descending);
+        cut = sorted[sc->top_k - 1];
+    }
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) sum += probs[i] = logits[i] >= cut ? expf((logits[i] - logits[best]) / sc->temperature) : 0.0f;
+    double target = r * sum, acc = 0.0;
+    for (int i = 0; i < V; i++) {
+        acc += probs[i];
+        if (target < acc) return i;
+    }
+    return V - 1;
+}
+
+// Prints a sampled token; an end-of-text token is a document break, shown as a marker line
+static void print_sampled_token(const Tokenizer* tok, int id) {
+    if (id == tok->eot) printf("\n--- end of document ---\n");
+    else tokenizer_print(tok, id);
+}
+
+// Generates sc->len tokens after an end-of-text token and the prompt, printing them if `print`. Reads
+// logits at the last position of a full forward over the sequence so far (no KV cache: clear, and cheap
+// at these lengths). With TP it is collective over the TP group: the vocabulary slices of the logits are
+// all-gathered, and every rank draws the same token from the same generator state. With PP the last
+// stage draws and tells the others.
+static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const SampleConfig* sc, int print) {
     const GPT2Config* c = &model->config;
     Comm* comm = model->comm;
-    int T = len + 1 < model->T ? len + 1 : model->T;
+    int T = 1 + sc->n_prompt + sc->len < model->T ? 1 + sc->n_prompt + sc->len : model->T;
     int Vpl = c->Vp / model->tp;
     int* seq = (int*)calloc_check(T * sizeof(int));
     float* probs = (float*)malloc_check(c->Vp * sizeof(float));
+    float* logits = (float*)malloc_check(c->Vp * sizeof(float));
+    float* sorted = (float*)malloc_check(c->Vp * sizeof(float));
     floatX* row = (floatX*)malloc_check(c->Vp * sizeof(floatX));
     floatX* gathered = (floatX*)device_malloc(c->Vp * sizeof(floatX));  // [TP rank 0's ids | 1's | ...]
     use_slot(model, 0, 1, T);
     seq[0] = tok->eot;
     if (print) printf("sample: ");
-    for (int t = 1; t < T; t++) {
+    for (int t = 1; t <= sc->n_prompt; t++) {
+        seq[t] = sc->prompt[t - 1];
+        if (print) print_sampled_token(tok, seq[t]);
+    }
+    for (int t = 1 + sc->n_prompt; t < T; t++) {
         // PP: the sequence flows through the stages; the last one has the logits
         if (!model->first) {
             comm_recv(comm, &comm->pp_group, model->acts.encoded, (size_t)t * c->C, DT_FLOATX, comm->pp_rank - 1);
@@ -1232,27 +1285,18 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, int len, in
             comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
             comm_join(comm);
             copy_to_host(row, gathered, c->Vp * sizeof(floatX));
-            float maxv = -INFINITY;
-            for (int i = 0; i < c->V; i++) maxv = fmaxf(maxv, floatX_to_float(row[i]));
-            double sum = 0.0;
-            for (int i = 0; i < c->V; i++) sum += probs[i] = expf(floatX_to_float(row[i]) - maxv);
-            double target = r * sum, acc = 0.0;
-            for (int i = 0; i < c->V; i++) {
-                acc += probs[i];
-                if (target < acc) { next = i; break; }
-            }
+            for (int i = 0; i < c->V; i++) logits[i] = floatX_to_float(row[i]);
+            next = draw_token(sc, logits, c->V, r, probs, sorted);
         }
         double shared = model->last ? next : 0.0;  // the last stage tells the others
         comm_all_reduce_host(comm, &comm->pp_group, &shared, 1, REDUCE_SUM);
         seq[t] = (int)shared;
-        if (print) tokenizer_print(tok, seq[t]);
+        if (print) print_sampled_token(tok, seq[t]);
         fflush(stdout);
     }
     if (print) printf("\n");
     device_free(gathered);
-    free(seq);
-    free(probs);
-    free(row);
+    free(seq), free(probs), free(logits), free(sorted), free(row);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1302,6 +1346,11 @@ typedef struct {
     float lr_min_frac;
     // evaluation, sampling, checkpoints, logs
     int val_every, val_batches, sample_every, sample_len;
+    const char* prompt;      // --prompt TEXT: samples continue it (NULL: they start from end-of-text alone)
+    const char* bpe_dir;     // folder of encoder.json and vocab.bpe (NULL: beside --tokenizer, else data/)
+    const char* encode_file; // --encode FILE: print its GPT-2 tokens and exit
+    float temperature;       // sampling: 0 greedy
+    int top_k;               // sampling: 0 all tokens
     int save_every;
     const char* checkpoint_dir;
     const char* resume;  // checkpoint folder to resume from, or NULL
@@ -1572,6 +1621,53 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id) {
     free(steps);
 }
 
+// The folder of encoder.json and vocab.bpe: --bpe-dir, else the --tokenizer file's folder if it holds
+// encoder.json, else data/
+static const char* bpe_dir_of(const TrainConfig* tc, char* buf, size_t cap) {
+    if (tc->bpe_dir) return tc->bpe_dir;
+    const char* slash = tc->tokenizer ? strrchr(tc->tokenizer, '/') : NULL;
+    snprintf(buf, cap, "%.*s/encoder.json", slash ? (int)(slash - tc->tokenizer) : 1, slash ? tc->tokenizer : ".");
+    struct stat st;
+    if (tc->tokenizer && tc->tokenizer[0] != '\0' && stat(buf, &st) == 0) {
+        buf[strlen(buf) - strlen("/encoder.json")] = '\0';
+        return buf;
+    }
+    return "data";
+}
+
+// --encode FILE: prints the GPT-2 token ids of the file's text on one line
+static void encode_file(const TrainConfig* tc) {
+    char dir[4200];
+    BpeEncoder bpe;
+    bpe_init(&bpe, bpe_dir_of(tc, dir, sizeof(dir)));
+    size_t n, count;
+    char* text = read_whole_file(tc->encode_file, &n);
+    int* ids = bpe_encode(&bpe, text, n, &count);
+    for (size_t i = 0; i < count; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write the token ids: %s", strerror(errno));
+    free(ids), free(text);
+    bpe_free(&bpe);
+}
+
+// --prompt: its tokens (malloc'd), checked against the model's vocabulary and the sequence length
+static int* encode_prompt(const TrainConfig* tc, const GPT2Config* c, int* n_prompt) {
+    char dir[4200];
+    BpeEncoder bpe;
+    bpe_init(&bpe, bpe_dir_of(tc, dir, sizeof(dir)));
+    size_t count;
+    int* ids = bpe_encode(&bpe, tc->prompt, strlen(tc->prompt), &count);
+    bpe_free(&bpe);
+    if (count == 0) fatal("--prompt is empty");
+    if (1 + count >= (size_t)tc->T)
+        fatal("--prompt is %zu tokens: after the end-of-text token that starts a sample it leaves no room to generate "
+              "within --seq-len %d", count, tc->T);
+    for (size_t i = 0; i < count; i++)
+        if (ids[i] >= c->V) fatal("--prompt: token %d is outside the model's vocabulary of %d", ids[i], c->V);
+    *n_prompt = (int)count;
+    return ids;
+}
+
 // Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
 // (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
 // Returns the last validation loss (or NAN).
@@ -1645,6 +1741,9 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
                   "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok.V, c->V);
         if (tok.eot < 0 || tok.eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok.eot, c->V);
     }
+    SampleConfig sample = {NULL, 0, tc->sample_len, tc->temperature, tc->top_k};
+    int* prompt = have_tok && tc->prompt ? encode_prompt(tc, c, &sample.n_prompt) : NULL;
+    sample.prompt = prompt;
     // without pipelining, 1F1B is forward and backward of each micro-batch in turn (one activation slot)
     Schedule schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
     PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
@@ -1705,7 +1804,9 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             if (main_rank) printf("step %lld: val loss %.4f\n", step, val_loss);
             logger_eval(&logger, step, val_loss);
         }
-        if (have_tok && step > 0 && !resumed_here && (step % tc->sample_every == 0 || last)) gpt2_sample(&model, &tok, &sample_rng, tc->sample_len, main_rank);
+        // --steps 0 samples once, from the model as given
+        if (have_tok && (step > 0 || tc->steps == 0) && !resumed_here && (step % tc->sample_every == 0 || last))
+            gpt2_sample(&model, &tok, &sample_rng, &sample, main_rank);
         int stopping = tc->stop_after > 0 && step == tc->stop_after;
         int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
         if (periodic || (stopping && step > start_step)) {
@@ -1796,6 +1897,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     free(tracer.events);
     logger_close(&logger);
     if (have_tok) tokenizer_free(&tok);
+    free(prompt);
     if (have_val) dataloader_free(&val_loader);
     dataloader_free(&train_loader);
     gpt2_free(&model);
@@ -1838,6 +1940,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->val_batches = 10;
     tc->sample_every = 75;
     tc->sample_len = 48;
+    tc->temperature = 1.0f;
     tc->checkpoint_dir = "checkpoints";
     tc->engine = "auto";
     tc->tp = 1;
@@ -1918,6 +2021,12 @@ static void print_usage(void) {
         "  --val-batches N       micro-batches per validation         [%d]\n"
         "  --sample-every N      print a sample every N steps, 0 off  [%d]\n"
         "  --sample-len N        tokens per sample                    [%d]\n"
+        "  --prompt TEXT         samples continue TEXT (GPT-2 BPE; needs encoder.json and vocab.bpe)\n"
+        "  --temperature X       sampling temperature, 0 = greedy     [1]\n"
+        "  --top-k K             sample among the K most likely tokens, 0 = all [0]\n"
+        "  --bpe-dir DIR         folder of encoder.json, vocab.bpe    [beside --tokenizer, else data]\n"
+        "  --encode FILE         print the GPT-2 token ids of a UTF-8 text file and exit\n"
+        "                        (--steps 0 --model FILE --prompt TEXT: sample once from a model, no training)\n"
         "  --save-every N        checkpoint every N steps, 0 off      [%d]\n"
         "  --checkpoint-dir DIR  where checkpoints go (created if missing) [%s]\n"
         "  --resume DIR          continue from the newest checkpoint in DIR\n"
@@ -2042,6 +2151,11 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--val-batches")) tc->val_batches = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--sample-every")) tc->sample_every = (int)parse_int(f, v, 0, 1 << 30);
         else if (!strcmp(f, "--sample-len")) tc->sample_len = (int)parse_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--prompt")) tc->prompt = v;
+        else if (!strcmp(f, "--temperature")) tc->temperature = parse_float(f, v, 0.0, 1e6);
+        else if (!strcmp(f, "--top-k")) tc->top_k = (int)parse_int(f, v, 0, 1 << 30);
+        else if (!strcmp(f, "--bpe-dir")) tc->bpe_dir = v;
+        else if (!strcmp(f, "--encode")) tc->encode_file = v;
         else if (!strcmp(f, "--save-every")) tc->save_every = (int)parse_int(f, v, 0, 1 << 30);
         else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = v;
         else if (!strcmp(f, "--resume")) tc->resume = v;
@@ -2062,6 +2176,8 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    if (tc->prompt && (tc->tokenizer == NULL || tc->tokenizer[0] == '\0' || tc->sample_every == 0))
+        fatal("--prompt needs sampling on: a --tokenizer and --sample-every above 0");
     tc->arch.Vp = padded_vocab(tc->arch.V);
     if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
     if (!tc->model_file && !tc->resume && tc->T > tc->arch.maxT)
@@ -2073,6 +2189,10 @@ int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(&tc, argc, argv);
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (tc.encode_file) {
+        encode_file(&tc);
+        return 0;
+    }
     if (tc.plan) {
         const char* own = BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32";
         print_plan(&tc, tc.plan_precision ? tc.plan_precision : own, tc.device_memory);

@@ -35,6 +35,9 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} ./build/cpu/test_gpt build/ref
 step "CPU target: bad input"
 bash scripts/test_cli.sh build/cpu/train_gpt
 
+step "CPU target: the GPT-2 encoder against the Python one, sampling with a prompt (one rank, TP, PP)"
+bash scripts/test_sample.sh build/cpu/train_gpt
+
 step "CPU target: data parallelism and ZeRO under mpirun"
 bash scripts/test_dp.sh build/cpu/train_gpt
 
