@@ -312,6 +312,11 @@ typedef struct {
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
     Tracer* tracer;  // spans for --trace (NULL: off)
     float* host_losses; // (B, T)
+    // --fused-kernels in a training step: gpt2_forward leaves its mean loss at loss_dest (device) instead
+    // of copying the losses over and waiting; pipeline_step fetches the step's (M) means in one copy
+    float* loss_dest;        // NULL: gpt2_forward returns the loss itself
+    float* step_losses;      // (step_losses_cap) device
+    int step_losses_cap;
 } GPT2;
 
 // Bytes of one parameter, gradient or activation element: sizeof(floatX), or what the planner sets to
@@ -407,6 +412,7 @@ static void gpt2_free(GPT2* model) {
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
     free(model->host_losses);
+    if (model->step_losses) device_free(model->step_losses);
 }
 
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
@@ -741,6 +747,10 @@ static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, in
     else copy_to_device(a->targets, targets, BT * sizeof(int));
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl);
+    if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
+        loss_mean(model->loss_dest, a->losses, (int)BT);
+        return 0.0f;
+    }
     copy_to_host(model->host_losses, a->losses, BT * sizeof(float));
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
@@ -1011,6 +1021,12 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     pipeline_schedule(schedule, pl->pp, s, M, actions);
     PendingSend pending = {NULL, -1, 0};
     double loss = 0.0, t_start = wall_seconds();
+    int defer_loss = fused_kernels && model->last;  // the micro-steps' mean losses stay on the device
+    if (defer_loss && model->step_losses_cap < M) {
+        if (model->step_losses) device_free(model->step_losses);
+        model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
+        model->step_losses_cap = M;
+    }
     for (int i = 0; i < 2 * M; i++) {
         int m = actions[i].micro;
         Activations* slot = &model->slots[m % model->n_slots];
@@ -1023,7 +1039,9 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
             pipe_exchange(model, &pending, model->first ? NULL : slot->encoded, s - 1, n, m);
             use_slot(model, m, B, T);
             t0 = trace_now_us(model->tracer);
-            loss += gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);
+            model->loss_dest = defer_loss ? model->step_losses + m : NULL;
+            loss += gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);  // 0 when deferred
+            model->loss_dest = NULL;
             trace_add(model->tracer, "forward", "F", m, t0);
             if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1, 0};
         } else {
@@ -1039,6 +1057,12 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     pipe_exchange(model, &pending, NULL, -1, n, -1);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
+    if (defer_loss) {  // one copy for the whole step, in micro-step order (the order forwards run in)
+        float* means = (float*)malloc_check((size_t)M * sizeof(float));
+        copy_to_host(means, model->step_losses, (size_t)M * sizeof(float));
+        for (int m = 0; m < M; m++) loss += means[m];
+        free(means);
+    }
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
     if (pl->pp > 1 && (model->first || model->last)) {
         // the tied wte: the first stage's gradient (embedding) and the last stage's (classifier) add up
@@ -2004,7 +2028,8 @@ static void print_usage(void) {
         "GPU speed\n"
         "  --fused-kernels 0|1   GPU: fused LayerNorm (residual add + forward; one-pass backward), 16-byte GELU,\n"
         "                        bias-gradient and classifier kernels, cuBLASLt plans kept per shape, micro-step\n"
-        "                        inputs copied without waiting. Off until verified on a GPU (scripts/check_gpu.sh).\n"
+        "                        inputs copied without waiting, a step's losses summed on the device and copied\n"
+        "                        once. Off until verified on a GPU (scripts/check_gpu.sh).\n"
         "                        CPU target: accepted, the same reference loops, identical results [0]\n"
         "optimization\n"
         "  --steps N             optimizer steps                      [%lld]\n"

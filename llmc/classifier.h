@@ -11,6 +11,9 @@
  * The probabilities are never stored: a first read of the row finds the max and the sum of
  * exponentials, a second read writes the gradient. With dloss == 0 the logits are left untouched
  * (evaluation).
+ * loss_mean() reduces the per-position losses to their mean where they are (one float on the device), so
+ * that a training step with --fused-kernels 1 brings its micro-steps' losses to the host in one copy at
+ * its end instead of one copy (and one wait) per micro-step.
  * With --fused-kernels 1 the GPU kernel reads and writes 16 bytes at a time (Pack128) and folds a whole
  * pack into the running (max, sum) with one rescale; Vp % Pack128::size == 0 and aligned logits are
  * needed (Vp is a multiple of 128; the launcher checks and otherwise uses the scalar kernel).
@@ -40,6 +43,13 @@ static void classifier_forward_backward_cpu(float* logits, float* losses, const 
             for (int i = V; i < Vp; i++) x[i] = 0.0f;
         }
     }
+}
+
+// *out = mean of losses (N): summed in double in index order, what the host did with a copy of them
+static void loss_mean_cpu(float* out, const float* losses, int N) {
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += losses[i];
+    *out = (float)(sum / N);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -145,8 +155,35 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_vec_kernel(floa
 }
 #endif
 
+#ifndef LLMC_CPU
+// one block: each thread sums a strided subset in double, then a tree in shared memory (a fixed order)
+#define LOSS_MEAN_THREADS 1024
+__global__ void loss_mean_kernel(float* out, const float* losses, int N) {
+    __shared__ double partial[LOSS_MEAN_THREADS];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) sum += losses[i];
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = (float)(partial[0] / N);
+}
+#endif
+
 // ----------------------------------------------------------------------------------------------------
-// launcher
+// launchers
+
+// out: one float in device memory
+static void loss_mean(float* out, const float* losses, int N) {
+#ifdef LLMC_CPU
+    loss_mean_cpu(out, losses, N);
+#else
+    loss_mean_kernel<<<1, LOSS_MEAN_THREADS, 0, main_stream>>>(out, losses, N);
+    launchCheck();
+#endif
+}
 
 static void classifier_forward_backward(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
 #ifdef LLMC_CPU

@@ -78,7 +78,8 @@ static cudaStream_t main_stream = 0;
 
 // --fused-kernels 1 (README): the GPU target uses the fused and vectorized kernels of the layer headers
 // (LayerNorm backward in one pass, residual + LayerNorm forward, 16-byte GELU, bias-gradient and classifier
-// kernels), cached cuBLASLt plans, and no host synchronization for the inputs of a micro-step. Off by
+// kernels), cached cuBLASLt plans, no host synchronization for the inputs of a micro-step, and a step's
+// losses summed on the device (one copy per step, llmc/classifier.h loss_mean). Off by
 // default until check_gpu.sh has passed with it. The CPU target accepts it and runs the same reference
 // loops (identical results).
 static int fused_kernels = 0;

@@ -5,7 +5,7 @@
 #      loss to 1e-5 relative, final parameters to 1e-5 relative norm); also an explicit --pp-split and
 #      rematerialization
 #   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run; resuming
-#      that grid from a checkpoint is bit-exact
+#      that grid from a checkpoint is bit-exact; so is --fused-kernels 1 (device-side losses) against 0
 #   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans, and the
 #      bubble printed
 #   4. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
@@ -46,6 +46,16 @@ for Z in 0 1; do
     run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule 1f1b --batch-size 4 --micro-batches 4 --log "$TMP/3d.jsonl" --save-model "$TMP/3d.bin"
     compare "2x2x2, ZeRO-$Z" "$TMP/3d.jsonl" "$TMP/3d.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
 done
+# --fused-kernels 1 keeps each micro-step's mean loss on the device and fetches the step's losses in one
+# copy at its end (1F1B: the last stage interleaves forwards and backwards); the CPU target must give the
+# same bits as the run above
+run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3df.jsonl" --save-model "$TMP/3df.bin"
+if cmp -s "$TMP/3d.bin" "$TMP/3df.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3d.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3df.jsonl")" ] &&
+    [ "$(grep -c '"loss"' "$TMP/3df.jsonl")" -eq 10 ]; then
+    echo "  ok    2x2x2 ZeRO-1 1f1b with --fused-kernels 1: the same 10 losses and final model, bit for bit"
+else
+    echo "  FAIL  2x2x2 ZeRO-1 1f1b with --fused-kernels 1 differs from the run without"; fails=$((fails + 1))
+fi
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --stop-after 5 --checkpoint-dir "$TMP/ck"
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --resume "$TMP/ck" --save-model "$TMP/3dr.bin"
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --save-model "$TMP/3ds.bin"
