@@ -59,6 +59,23 @@ print(f'mean loss of the last 10 steps: fp16 {mf:.4f}, bf16 {mb:.4f}, relative {
 # recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
 run plan_big ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB
 run recompute3_big ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 160 --steps 3 --recompute 3
+# --fused-kernels 1 (off by default until this passes): the reference checks in every precision (same
+# tolerances), its 200 BF16 steps against the default path's (mean of the last 10 losses within 1%),
+# and its throughput; its kernels' own checks ran in dev_cuda above
+run test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
+run test_bf16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref
+run test_fp16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref
+run bf16_200_fused ./build/gpu-bf16/train_gpt "${G124[@]}" --fused-kernels 1 --log "$OUT/bf16_fused.jsonl"
+run fused_vs_default "$PY" -c "
+import json, sys
+def last(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r][-10:]
+f, d = last('$OUT/bf16_fused.jsonl'), last('$OUT/bf16.jsonl')
+mf, md = sum(f) / len(f), sum(d) / len(d)
+print(f'mean loss of the last 10 of 200 BF16 steps: fused {mf:.4f}, default {md:.4f}, relative {abs(mf - md) / md:.4f} (limit 0.01)')
+sys.exit(0 if len(f) == 10 and abs(mf - md) <= 0.01 * md else 1)
+"
+run bench_124M_bf16_fused ./build/gpu-bf16/train_gpt --layers 12 --channels 768 --heads 12 --max-seq-len 1024 \
+    --batch-size 16 --seq-len 1024 --steps 30 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 10 --fused-kernels 1
 # this trainer against PyTorch torch.compile (and llm.c, if LLMC=path/to/train_gpt2cu is set)
 run benchmark "$PY" scripts/benchmark_gpu.py ${LLMC:+--llmc "$LLMC"}
 exit $status
