@@ -1351,6 +1351,7 @@ typedef struct {
     int recompute;         // --recompute 0..3 (see LayerActs)
     int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
     int plan;                 // --plan: print the memory plan and exit
+    int print_schedule;       // --print-schedule: print every stage's pipeline schedule and exit
     const char* plan_precision;
     double device_memory;     // --device-memory, bytes (0: not given)
     const char* trace;     // --trace FILE, or NULL
@@ -2007,6 +2008,8 @@ static void print_usage(void) {
         "  --schedule S          gpipe | 1f1b                         [gpipe]\n"
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
+        "  --print-schedule      print every stage's schedule for --pp, --micro-batches, --schedule\n"
+        "                        (timeline, actions, which sends pair with which receives), and exit\n"
         "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
         "  --trace-steps N       steps to trace, after the first      [2]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
@@ -2095,6 +2098,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         if (strncmp(f, "--", 2) != 0) fatal("unexpected argument '%s' (flags start with --; see --help)", f);
         if (!strcmp(f, "--plan")) {
             tc->plan = 1;
+            continue;
+        }
+        if (!strcmp(f, "--print-schedule")) {
+            tc->print_schedule = 1;
             continue;
         }
         if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);
@@ -2216,6 +2223,10 @@ int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (tc.encode_file) {
         encode_file(&tc);
+        return 0;
+    }
+    if (tc.print_schedule) {  // no ranks needed: every stage's schedule is a function of P, M and the schedule
+        pipeline_print_schedule(tc.pipe_schedule, tc.pp, tc.grad_accum);
         return 0;
     }
     if (tc.plan) {

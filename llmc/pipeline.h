@@ -83,6 +83,92 @@ static int pipeline_schedule(Schedule sched, int P, int s, int M, PipeAction* ac
 }
 
 // ----------------------------------------------------------------------------------------------------
+// --print-schedule: the schedule of every stage, before running it
+
+// The messages before an action, as pipeline_step exchanges them (train_gpt.cu, pipe_exchange): the
+// send left over from the previous action goes out first, and when the action receives from the same
+// neighbour the two travel as one send-receive. "a3>1": micro-batch 3's activation sent to stage 1;
+// "g3<2": its gradient received from stage 2.
+static void print_messages(int pending, int pending_peer, int recv, int recv_peer) {
+    char send_s[32] = "", recv_s[32] = "";
+    if (pending_peer >= 0) snprintf(send_s, sizeof(send_s), "%c%d>%d", pending < 0 ? 'g' : 'a', pending < 0 ? -pending - 1 : pending, pending_peer);
+    if (recv_peer >= 0) snprintf(recv_s, sizeof(recv_s), "%c%d<%d", recv < 0 ? 'g' : 'a', recv < 0 ? -recv - 1 : recv, recv_peer);
+    if (pending_peer >= 0 && recv_peer >= 0 && pending_peer == recv_peer) printf(" sendrecv %s %s |", send_s, recv_s);
+    else {
+        if (pending_peer >= 0) printf(" send %s |", send_s);
+        if (recv_peer >= 0) printf(" recv %s |", recv_s);
+    }
+}
+
+// Prints, for P stages and M micro-batches: a timeline (one column a time slot, a forward taking one
+// slot and a backward two, each action starting when its stage is free and its input has arrived), and
+// each stage's actions with the messages between them, so the sends and receives can be paired by eye.
+static void pipeline_print_schedule(Schedule sched, int P, int M) {
+    PipeAction* acts = (PipeAction*)malloc_check((size_t)P * 2 * M * sizeof(PipeAction));
+    int* slots = (int*)malloc_check(P * sizeof(int));
+    int* f_end = (int*)malloc_check((size_t)P * M * sizeof(int));  // [stage][micro] when its forward ends
+    int* b_end = (int*)malloc_check((size_t)P * M * sizeof(int));
+    int* start = (int*)malloc_check((size_t)P * 2 * M * sizeof(int));
+    for (int s = 0; s < P; s++) slots[s] = pipeline_schedule(sched, P, s, M, acts + (size_t)s * 2 * M);
+    for (int i = 0; i < P * M; i++) f_end[i] = b_end[i] = -1;
+    // timeline: sweep until every action is placed (an action waits for the one before it on its stage
+    // and for its input: the forward of the stage before, or the backward of the stage after)
+    int* next = (int*)calloc_check(P * sizeof(int));
+    int* free_at = (int*)calloc_check(P * sizeof(int));
+    int placed = 0, width = 0;
+    while (placed < P * 2 * M) {
+        int placed_before = placed;
+        for (int s = 0; s < P; s++) {
+            if (next[s] == 2 * M) continue;
+            PipeAction a = acts[(size_t)s * 2 * M + next[s]];
+            int ready = a.backward ? (s == P - 1 ? f_end[s * M + a.micro] : b_end[(s + 1) * M + a.micro])
+                                   : (s == 0 ? 0 : f_end[(s - 1) * M + a.micro]);
+            if (ready < 0) continue;  // its input is not computed yet
+            int t = ready > free_at[s] ? ready : free_at[s];
+            start[(size_t)s * 2 * M + next[s]] = t;
+            free_at[s] = t + (a.backward ? 2 : 1);
+            (a.backward ? b_end : f_end)[s * M + a.micro] = free_at[s];
+            width = free_at[s] > width ? free_at[s] : width;
+            next[s]++, placed++;
+        }
+        check_internal(placed > placed_before, "the pipeline schedule waits on itself");
+    }
+    printf("pipeline schedule %s: %d stage%s, %d micro-batch%s per step\n", sched == SCHEDULE_GPIPE ? "GPipe" : "1F1B", P,
+           P > 1 ? "s" : "", M, M > 1 ? "es" : "");
+    printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
+    for (int s = 0; s < P; s++) {
+        printf("  stage %2d |", s);
+        int t = 0;
+        for (int i = 0; i < 2 * M; i++) {
+            PipeAction a = acts[(size_t)s * 2 * M + i];
+            for (; t < start[(size_t)s * 2 * M + i]; t++) printf(" .  ");
+            printf(" %c%-3d", a.backward ? 'B' : 'F', a.micro);  // every slot 4 characters wide
+            if (a.backward) printf(" == ");
+            t += a.backward ? 2 : 1;
+        }
+        for (; t < width; t++) printf(" .  ");
+        printf("\n");
+    }
+    printf("actions and messages of each stage, in order (a3>1: micro-batch 3's activation sent to stage 1;\n"
+           "g3<2: its gradient received from stage 2; a send and a receive with the same neighbour go as one sendrecv):\n");
+    for (int s = 0; s < P; s++) {
+        printf("  stage %2d (%d activation slot%s) |", s, slots[s], slots[s] > 1 ? "s" : "");
+        int pending = 0, pending_peer = -1;  // pending >= 0: activation of that micro-batch; < 0: gradient of -pending-1
+        for (int i = 0; i < 2 * M; i++) {
+            PipeAction a = acts[(size_t)s * 2 * M + i];
+            int recv_peer = a.backward ? (s < P - 1 ? s + 1 : -1) : (s > 0 ? s - 1 : -1);
+            print_messages(pending, pending_peer, a.backward ? -a.micro - 1 : a.micro, recv_peer);
+            printf(" %c%d |", a.backward ? 'B' : 'F', a.micro);
+            pending = a.backward ? -a.micro - 1 : a.micro;
+            pending_peer = a.backward ? (s > 0 ? s - 1 : -1) : (s < P - 1 ? s + 1 : -1);
+        }
+        print_messages(pending, pending_peer, 0, -1);
+        printf("\n");
+    }
+    free(acts), free(slots), free(f_end), free(b_end), free(start), free(next), free(free_at);
+}
+
+// ----------------------------------------------------------------------------------------------------
 // tracer: Chrome/Perfetto trace events ("X" spans), one file per rank, merged by rank 0
 
 typedef struct {

@@ -8,7 +8,9 @@
 #      that grid from a checkpoint is bit-exact; so is --fused-kernels 1 (device-side losses) against 0
 #   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans, and the
 #      bubble printed
-#   4. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
+#   4. --print-schedule: the GPipe timeline equals the diagram in llmc/pipeline.h, a 1F1B case equals
+#      the messages worked out by hand, every printed send has its receive
+#   5. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
 #      the micro-batches, ZeRO-2 with pipelining
 # usage: scripts/test_pp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
@@ -81,7 +83,41 @@ if "$PY" -c "import matplotlib" 2>/dev/null; then
     else echo "  FAIL  plot_trace.py"; fails=$((fails + 1)); fi
 fi
 
-echo "4. bad configurations"
+echo "4. --print-schedule"
+# the GPipe timeline for P=2, M=4 equals the hand-drawn one in llmc/pipeline.h's header (where a
+# backward's second slot is drawn '.': compare with '==' as '.', spaces squeezed, trailing idle dropped)
+norm() { sed -e 's/==/./g' -e 's/  */ /g' -e 's/\( \.\)* *$//'; }
+"$BIN" --print-schedule --pp 2 --batch-size 4 --micro-batches 4 >"$TMP/sched.out" 2>&1
+got=$(grep '^  stage  [01] |' "$TMP/sched.out" | sed 's/^  stage  \([01]\) |/stage \1/' | norm)
+want=$(sed -n 's/^ \*   \(stage [01]\)   \(.*\)/\1 \2/p' llmc/pipeline.h | sed 's/ *(GPipe.*//' | norm)
+if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "  ok    GPipe P=2 M=4 timeline equals the diagram in llmc/pipeline.h"
+else echo "  FAIL  GPipe P=2 M=4 timeline:"; echo "$got"; echo "  want:"; echo "$want"; fails=$((fails + 1)); fi
+# 1F1B, P=2, M=2: the messages as pipe_exchange sends them, worked out by hand from its rules
+"$BIN" --print-schedule --pp 2 --batch-size 2 --micro-batches 2 --schedule 1f1b >"$TMP/sched.out" 2>&1
+if grep -qF "stage  0 (2 activation slots) | F0 | send a0>1 | F1 | sendrecv a1>1 g0<1 | B0 | recv g1<1 | B1 |" "$TMP/sched.out" \
+    && grep -qF "stage  1 (1 activation slot) | recv a0<0 | F0 | B0 | sendrecv g0>0 a1<0 | F1 | B1 | send g1>0 |" "$TMP/sched.out"; then
+    echo "  ok    1F1B P=2 M=2 actions and messages as worked out by hand"
+else echo "  FAIL  1F1B P=2 M=2 actions and messages:"; cat "$TMP/sched.out"; fails=$((fails + 1)); fi
+# every message printed as sent from stage s to k is printed as received by k from s, once, for P 2..4,
+# M 1..7, both schedules
+before=$fails
+for S in gpipe 1f1b; do for P in 2 3 4; do for M in 1 4 7; do
+    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule $S >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
+    "$PY" - "$TMP/sched.out" <<'PYEOF' || { echo "  FAIL  --print-schedule $S P=$P M=$M: unpaired messages"; fails=$((fails + 1)); }
+import re, sys, collections
+sent, recv = collections.Counter(), collections.Counter()
+for line in open(sys.argv[1]):
+    m = re.match(r"  stage +(\d+) \(", line)
+    if not m: continue
+    s = int(m.group(1))
+    for kind, micro, op, peer in re.findall(r"([ag])(\d+)([<>])(\d+)", line):
+        (sent if op == ">" else recv)[(kind, micro, s, int(peer)) if op == ">" else (kind, micro, int(peer), s)] += 1
+sys.exit(0 if sent and sent == recv and max(sent.values()) == 1 else 1)
+PYEOF
+done; done; done
+[ $fails -eq $before ] && echo "  ok    every printed send has its receive: gpipe and 1f1b, P 2..4, M 1, 4, 7"
+
+echo "5. bad configurations"
 expect_mpi_error "more stages than layers" "more pipeline stages than the 5 layers" 6 "$BIN" "${COMMON[@]}" --pp 6 --batch-size 2
 expect_mpi_error "zero micro-batches" "--micro-batches must be between 1" 2 "$BIN" "${COMMON[@]}" --pp 2 --micro-batches 0
 expect_mpi_error "batch not divisible" "--batch-size 6 does not split into 4 micro-batches" 2 "$BIN" "${COMMON[@]}" --pp 2 --batch-size 6 --micro-batches 4
