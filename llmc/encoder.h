@@ -149,7 +149,11 @@ static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, con
     int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
     int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);
     int* dev = (int*)scratch_get(&encoder_scratch, (3 * (size_t)BT + 1) * sizeof(int));
-    copy_to_device(dev, host, (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int));
+    size_t bytes = (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int);
+    // --fused-kernels: no wait; the pageable `host` is staged before the call returns (llmc/device.h), and
+    // the copy into `dev` is ordered after the previous micro-step's kernels that read it (one stream)
+    if (fused_kernels) copy_to_device_nowait(dev, host, bytes);
+    else copy_to_device(dev, host, bytes);
     free(host);
     if (n_unique > 0)
         encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique, dev + 2 * n_unique + 1, C);
