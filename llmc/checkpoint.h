@@ -387,7 +387,8 @@ static void state_file_read(const char* path, RunState* s, float** m_full, float
     fread_check(ranges, sizeof(int64_t), 2 * n_ranges, f, path);
     uint64_t count = 0;
     for (uint64_t r = 0; r < n_ranges; r++) {
-        if (ranges[2 * r] < 0 || ranges[2 * r + 1] < 0 || (uint64_t)(ranges[2 * r] + ranges[2 * r + 1]) > n)
+        // offset + count > n, written so that forged values cannot overflow the sum
+        if (ranges[2 * r] < 0 || ranges[2 * r + 1] < 0 || (uint64_t)ranges[2 * r] > n || (uint64_t)ranges[2 * r + 1] > n - (uint64_t)ranges[2 * r])
             fatal("'%s' is corrupt: range %llu is outside the model", path, (unsigned long long)r);
         count += ranges[2 * r + 1];
     }

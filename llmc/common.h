@@ -31,6 +31,15 @@
 // rank's error never leaves the others waiting in a collective.
 static void (*fatal_hook)(void) = NULL;
 
+#ifdef LLMC_FUZZ
+// Only in the fuzz harnesses (fuzz/, never the trainer): they feed millions of forged files to the
+// readers in one process, so fatal() jumps back to the harness (which then closes and frees what the
+// reader held) instead of exiting. The message is kept for the harness to show on request.
+#include <setjmp.h>
+static jmp_buf* fatal_jump = NULL;
+static char fatal_message[2048];
+#endif
+
 [[noreturn]] static inline void fatal(const char* fmt, ...) {
     fflush(stdout);
     char msg[2048];
@@ -38,6 +47,12 @@ static void (*fatal_hook)(void) = NULL;
     va_start(args, fmt);
     vsnprintf(msg, sizeof(msg), fmt, args);
     va_end(args);
+#ifdef LLMC_FUZZ
+    if (fatal_jump) {
+        memcpy(fatal_message, msg, sizeof(msg));
+        longjmp(*fatal_jump, 1);
+    }
+#endif
     fprintf(stderr, "error: %s\n", msg);  // one write, so lines of several ranks do not interleave
     fflush(stderr);
     if (fatal_hook) fatal_hook();

@@ -48,7 +48,7 @@ typedef struct {
 static void check_token_ids(const char* path, long long n, int V) {
     FILE* f = fopen_check(path, "rb");
     fseek_check(f, 1024, path);
-    const long long chunk = 1 << 20;
+    const long long chunk = n < (1 << 20) ? n : (1 << 20);  // tokens per read (a small file needs no 2 MB buffer)
     uint16_t* buf = (uint16_t*)malloc_check(chunk * sizeof(uint16_t));
     for (long long pos = 0; pos < n; pos += chunk) {
         long long m = n - pos < chunk ? n - pos : chunk;

@@ -12,6 +12,8 @@
 #                                        python3-numpy        timelines (scripts/plot_trace.py)
 #                                        python3-matplotlib
 #   /usr/share/dictd/devil.dict.dz       dict-devil           the source of the default dataset in data/
+#   clang++ and its libFuzzer runtime    clang                the fuzz harnesses of the file readers (fuzz/)
+#                                        libclang-rt-14-dev
 #
 # Usage: scripts/install_deps.sh           (`make deps`) install what is missing: apt-get as root, through
 #                                          sudo when not root; elsewhere than Debian, say what to install
@@ -63,6 +65,11 @@ PYEOF
         done
     fi
     [ -r "$DEVIL" ] || MISSING+=("dict-devil|The Devil's Dictionary, $DEVIL")
+    if ! command -v clang++ >/dev/null 2>&1; then
+        MISSING+=("clang|clang++ (command, for fuzz/)")
+    elif [ ! -f "$(clang++ -print-file-name="libclang_rt.fuzzer-$(uname -m).a")" ]; then
+        MISSING+=("libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for fuzz/)")
+    fi
     return 0
 }
 
@@ -98,7 +105,8 @@ if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1; th
     echo "install_deps: no apt-get here (not Debian), so nothing was installed; with your system's tools install:"
     echo "install_deps:   a C++17 compiler with OpenMP (g++) and make; Open MPI with its compiler wrapper (mpirun, mpicxx);"
     echo "install_deps:   for $PYTHON (or set PYTHON): the modules regex, torch (CPU is enough), numpy, matplotlib;"
-    echo "install_deps:   The Devil's Dictionary as $DEVIL (only scripts/check_data.sh needs it)"
+    echo "install_deps:   The Devil's Dictionary as $DEVIL (only scripts/check_data.sh needs it);"
+    echo "install_deps:   clang++ with its libFuzzer and sanitizer runtimes (only fuzz/ needs them)"
     exit 1
 fi
 read -r -a pkgs <<< "$(packages)"

@@ -5,7 +5,7 @@
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
-#      tensor and pipeline parallelism under mpirun, the default training job (its final validation loss must be 2 nats below the first)
+#      tensor and pipeline parallelism under mpirun, fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be 2 nats below the first)
 #      and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it
@@ -49,6 +49,9 @@ bash scripts/test_pp.sh build/cpu/train_gpt
 
 step "CPU target: dynamic loss scaling (an injected overflow is skipped everywhere)"
 bash scripts/test_loss_scale.sh build/cpu/train_gpt
+
+step "fuzzing the file readers (libFuzzer, ASan, UBSan): kept regression inputs, then 12 s per reader"
+bash fuzz/run.sh build/cpu/train_gpt
 
 step "CPU target: the default training job"
 bash scripts/test_train.sh build/cpu/train_gpt
