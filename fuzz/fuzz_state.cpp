@@ -17,12 +17,13 @@ static char valid_shard[512];  // path of the valid shard of the tiny model
 typedef struct {
     const char* path;
     RunState state;
-    float *m, *v;  // (n) whole-model moments, allocated by the first shard read
+    float *m, *v;         // (n) whole-model moments, allocated by the first shard read
+    RangeList covered;  // the ranges of the shards read so far
 } StateCall;
 
 static void read_state(void* ctx) {
     StateCall* call = (StateCall*)ctx;
-    state_file_read(call->path, &call->state, &call->m, &call->v);
+    state_file_read(call->path, &call->state, &call->m, &call->v, &call->covered);
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {  // one shard with every moment of the tiny model
@@ -39,20 +40,25 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {  // one shard with every mo
     return 0;
 }
 
-// reads `paths` in order into one pair of moment arrays, as the shards of one checkpoint
+// reads `paths` in order into one pair of moment arrays, as the shards of one checkpoint, then checks
+// that their ranges cover the model, as load_checkpoint does
 static void read_shards(const char* const* paths, int count) {
-    StateCall call = {NULL, {}, NULL, NULL};
+    StateCall call = {NULL, {}, NULL, NULL, {NULL, 0, 0}};
     for (int i = 0; i < count; i++) {
         call.path = paths[i];
-        float *m_before = call.m, *v_before = call.v;  // the caller's (from an earlier shard), or NULL
+        StateCall before = call;  // what earlier shards allocated belongs to this function
         if (!fuzz_try(read_state, &call)) {  // what this call allocated is freed already
-            free(m_before);
-            free(v_before);
+            free(before.m);  // a reader allocates the moments only when they are NULL
+            free(before.v);
+            if (call.covered.pairs == before.covered.pairs) free(before.covered.pairs);  // else realloc freed it
             return;
         }
     }
+    char why[256];
+    ranges_cover(&call.covered, gpt2_num_parameters(&call.state.config), call.state.version >= 2, why, sizeof(why));
     free(call.m);
     free(call.v);
+    free(call.covered.pairs);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
