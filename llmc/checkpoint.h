@@ -261,7 +261,7 @@ static int compare_range_offsets(const void* a, const void* b) {
 // Checks that the ranges cover parameters [0, n) exactly once (exact) or at least once; on failure
 // writes what is wrong into msg and returns 0.
 static int ranges_cover(RangeList* l, uint64_t n, int exact, char* msg, size_t msg_len) {
-    qsort(l->pairs, l->n, 2 * sizeof(int64_t), compare_range_offsets);
+    if (l->n > 0) qsort(l->pairs, l->n, 2 * sizeof(int64_t), compare_range_offsets);  // pairs is NULL when there are none
     uint64_t pos = 0;  // everything below pos is covered
     for (size_t i = 0; i < l->n; i++) {
         uint64_t off = (uint64_t)l->pairs[2 * i], end = off + (uint64_t)l->pairs[2 * i + 1];
