@@ -1183,12 +1183,20 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
     for (int i = 0; i < n_steps; i++) {
         long long step = steps[i];
         snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
-        int complete = access(path, R_OK) == 0;
+        if (access(path, R_OK) != 0) {
+            printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
+            continue;
+        }
+        // the model's sizes first (its header, checked against its length): every shard must have the
+        // same, so no shard can size the moment arrays, or write past them, beyond what the model needs
+        GPT2Config model_config;
+        model_file_read(path, &model_config, NULL);
+        int complete = 1;
         *m = *v = NULL;
         RunState first;
         RangeList covered = {NULL, 0, 0};
         snprintf(first_path, sizeof(first_path), "%s/state_%08lld_00000.bin", dir, step);
-        state_file_read(first_path, &first, m, v, &covered);
+        state_file_read(first_path, &model_config, &first, m, v, &covered);
         for (int s = 1; complete && s < first.num_shards; s++) {
             snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
             complete = access(path, R_OK) == 0;
@@ -1200,7 +1208,7 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
         }
         for (int s = 0; s < first.num_shards; s++) {
             snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
-            if (s > 0) state_file_read(path, state, m, v, &covered);
+            if (s > 0) state_file_read(path, &model_config, state, m, v, &covered);
             else *state = first;
             if (state->shard != s || state->step != step)
                 fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path, state->shard, state->step);

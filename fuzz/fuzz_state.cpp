@@ -5,8 +5,10 @@
  *   1. as it is, as the first shard (the reader allocates the whole-model moment arrays);
  *   2. with its trailing checksum recomputed, as the first shard: a mutated file almost never carries a
  *      matching FNV-1a checksum, and without this the fuzzer would hardly get past that check;
- *   3. the same, as a later shard, after a valid shard of the tiny model (TINY_CONFIG, the sizes
- *      make_seeds.sh trains) has allocated the arrays: a later shard must fit them.
+ *   3. the same, as a later shard, after a valid shard of the tiny model has allocated the arrays: a
+ *      later shard must fit them.
+ * The model file of the checkpoint is taken to be the tiny model's: TINY_CONFIG, the sizes the seeds
+ * of make_seeds.sh are trained with (it also makes a seed of other sizes, which must be refused).
  */
 #include "fuzz_harness.h"
 #include "../llmc/checkpoint.h"
@@ -23,7 +25,7 @@ typedef struct {
 
 static void read_state(void* ctx) {
     StateCall* call = (StateCall*)ctx;
-    state_file_read(call->path, &call->state, &call->m, &call->v, &call->covered);
+    state_file_read(call->path, &TINY_CONFIG, &call->state, &call->m, &call->v, &call->covered);  // the model file's sizes
 }
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {  // one shard with every moment of the tiny model

@@ -5,7 +5,8 @@
 #   OUT/tokenizer  the first 64 and 300 entries of data/gpt2_tokenizer.bin (versions 1 and 2)
 #   OUT/model      the tiny model (L=1 C=4 NH=1 V=64 maxT=8) after 2 steps, fp32 (version 3) and bf16 (5)
 #   OUT/state      its optimizer state: one shard (1 rank), and two shards (2 ranks, ZeRO-1) if mpirun is
-#                  there. fuzz_state.cpp expects these sizes (TINY_CONFIG there).
+#                  there; fuzz_state.cpp takes these sizes to be the model's (TINY_CONFIG there). And the
+#                  state of the same model with L=2, which the reader must refuse.
 # usage: fuzz/make_seeds.sh TRAINER OUT      (run from the repository root; TRAINER: build/cpu/train_gpt)
 set -euo pipefail
 BIN=$1
@@ -51,6 +52,9 @@ OMP_NUM_THREADS=1 timeout 60 "$BIN" "${TINY[@]}" --checkpoint-dir "$W/ck1" >"$W/
     || { cat "$W/train1.out"; exit 1; }
 cp "$W"/ck1/model_*.bin "$OUT/model/tiny_fp32.bin"
 cp "$W"/ck1/state_*_00000.bin "$OUT/state/tiny_1shard.bin"
+OMP_NUM_THREADS=1 timeout 60 "$BIN" "${TINY[@]}" --layers 2 --checkpoint-dir "$W/ck_l2" >"$W/train_l2.out" 2>&1 \
+    || { cat "$W/train_l2.out"; exit 1; }
+cp "$W"/ck_l2/state_*_00000.bin "$OUT/state/tiny_layers2.bin"
 if command -v mpirun >/dev/null; then
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 120 \
         mpirun --oversubscribe --bind-to none -np 2 "$BIN" "${TINY[@]}" --zero 1 --checkpoint-dir "$W/ck2" \

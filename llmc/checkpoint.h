@@ -338,8 +338,12 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
 
 // Reads one shard, verifying magic, version, sizes, the range of every header field and the checksum,
 // scatters its moments into the whole-model arrays m_full and v_full (file order; allocated, zeroed,
-// on the first call), and appends its ranges to *covered (if not NULL).
-static void state_file_read(const char* path, RunState* s, float** m_full, float** v_full, RangeList* covered) {
+// on the first call), and appends its ranges to *covered (if not NULL). `model` holds the sizes of the
+// model file saved with the shard (whose header is checked against its length): a shard of any other
+// sizes is refused before anything is allocated, so a forged header cannot ask for more memory than
+// the model needs, and m_full and v_full always hold that model's parameter count.
+static void state_file_read(const char* path, const GPT2Config* model, RunState* s, float** m_full, float** v_full,
+                            RangeList* covered) {
     int header[HEADER_INTS];
     long long size;
     FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
@@ -348,6 +352,10 @@ static void state_file_read(const char* path, RunState* s, float** m_full, float
     s->run_id = s->version >= 2 ? get_u64(header + 33) : 0;
     s->config = (GPT2Config){header[2], header[3], header[7], header[4], header[5], header[6]};
     validate_config(&s->config, path);
+    if (memcmp(&s->config, model, sizeof(*model)) != 0)
+        fatal("'%s' holds the optimizer state of a model of other sizes (L=%d C=%d NH=%d V=%d maxT=%d) than its model file "
+              "(L=%d C=%d NH=%d V=%d maxT=%d)", path, s->config.L, s->config.C, s->config.NH, s->config.V, s->config.maxT,
+              model->L, model->C, model->NH, model->V, model->maxT);
     s->B = header[8];
     s->T = header[9];
     s->grad_accum = header[10];
