@@ -11,7 +11,7 @@
 set -euo pipefail
 BIN=$1
 OUT=$2
-PY=${PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+PY=${PYTHON:-/usr/bin/python3}
 rm -rf "$OUT"
 mkdir -p "$OUT"/{tokens,tokenizer,model,state,work}
 W=$OUT/work
