@@ -5,8 +5,8 @@
  * fuzzer runs millions of inputs in one process, so here:
  * - each input is written to a file in a private temporary folder (in /dev/shm when it exists),
  * - fatal() jumps back to fuzz_try() (common.h does that when LLMC_FUZZ is defined, only in this build),
- * - a reader stopped half way has its files closed (every fopen/fclose of the readers goes through the
- *   two wrappers below) and its heap blocks freed (AddressSanitizer's allocation hooks record the blocks
+ * - a reader stopped half way has its files closed (every fopen/fdopen/fclose of the readers goes
+ *   through the wrappers below) and its heap blocks freed (AddressSanitizer's allocation hooks record the blocks
  *   allocated during the call), so a million rejected inputs leak neither descriptors nor memory, and
  *   LeakSanitizer still reports a reader that leaks on its success path.
  * Set FUZZ_VERBOSE=1 to print the error message of each rejected input (when replaying one file).
@@ -29,8 +29,7 @@
 #define FUZZ_MAX_OPEN_FILES 64
 static FILE* fuzz_open_files[FUZZ_MAX_OPEN_FILES];
 
-static FILE* fuzz_fopen(const char* path, const char* mode) {
-    FILE* f = fopen(path, mode);
+static FILE* fuzz_track_file(FILE* f) {
     if (f == NULL) return f;
     for (int i = 0; i < FUZZ_MAX_OPEN_FILES; i++)
         if (fuzz_open_files[i] == NULL) {
@@ -40,6 +39,9 @@ static FILE* fuzz_fopen(const char* path, const char* mode) {
     fprintf(stderr, "fuzz harness: more than %d files open at once\n", FUZZ_MAX_OPEN_FILES);
     abort();
 }
+
+static FILE* fuzz_fopen(const char* path, const char* mode) { return fuzz_track_file(fopen(path, mode)); }
+static FILE* fuzz_fdopen(int fd, const char* mode) { return fuzz_track_file(fdopen(fd, mode)); }
 
 static int fuzz_fclose(FILE* f) {
     for (int i = 0; i < FUZZ_MAX_OPEN_FILES; i++)
@@ -55,8 +57,9 @@ static void fuzz_close_open_files(void) {
         }
 }
 
-// from here on, the readers' fopen and fclose are the tracked ones
+// from here on, the readers' fopen, fdopen and fclose are the tracked ones
 #define fopen fuzz_fopen
+#define fdopen fuzz_fdopen
 #define fclose fuzz_fclose
 
 #include "../llmc/common.h"
