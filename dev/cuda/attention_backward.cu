@@ -29,10 +29,28 @@
  *      project requires of all its kernels. Shared memory: five 64 x 68 float tiles + lse and D, 85.5 KiB
  *      per block (opt-in above 48 KiB). Needs HS = 64 (every GPT-2 size); any T.
  *
+ *   3  flash attention backward on tensor cores, bf16 (llmc/attention_flash.h, the trainer's
+ *      `--attention flash`): the same three kernels as version 2 (D, then dK/dV per key tile walking the
+ *      query tiles, then dQ per query tile walking the key tiles: deterministic, no atomics), with every
+ *      tile product on mma.sync m16n8k16 (bf16 operands, fp32 accumulation) fed by ldmatrix (.trans for
+ *      the products whose B operand is a tile taken as is: P^T dO, dS^T Q, dS K). 4 warps of 16 rows;
+ *      the walked tiles are double-buffered by cp.async. Layouts: see atop llmc/attention_flash.h.
+ *      Checked also for determinism: a second run must give the same bits.
+ *   4  the same with fp16 operands.
+ *
  * CPU reference: attention_backward_cpu (llmc/attention.h), fed by attention_forward_cpu. The flash
  * version gets out from attention_forward_cpu and lse recomputed on the host (attention_lse_cpu), so
- * this file tests the backward on its own. Checked at T = 200 (not a multiple of 64) and at GPT-2 124M
- * shapes; tolerance 1e-4 abs + 1e-3 rel on dqkv.
+ * this file tests the backward on its own. Checked at odd shapes (attention_common.cuh: T = 37, 64, 100,
+ * 129, 200, B 1..3, NH 1..12) and at GPT-2 124M shapes. Inputs are rounded to bf16 first (so out, lse
+ * and every version see the same numbers). Tolerances on dqkv:
+ *   versions 1-2: 1e-4 abs + 1e-3 rel (fp32 throughout).
+ *   version 3 (bf16): 3e-2 abs + 3e-2 rel. The 16-bit versions take out rounded to bf16/fp16 (as the
+ *      trainer stores it), and round P, dS to bf16 (relative 2^-9 each) before the products dV = P^T dO,
+ *      dK = dS^T Q, dQ = dS K, whose sums run over up to T terms; D = rowsum(dO * O) sees out's rounding
+ *      (2^-9 relative of |O|, times |dO| ~ 1..4 summed over 64 channels in random directions). Elements
+ *      of dqkv are O(1) for N(0,1) inputs, so bf16 leaves about 1e-2 absolute; 3e-2 leaves room for
+ *      the long sums of the first keys (sum_t P_tu ~ ln T). Layout or mask bugs give errors of order 1.
+ *   version 4 (fp16, 4x finer rounding): 1e-2 abs + 1e-2 rel.
  *
  * Benchmark: TFLOP/s counting 5 causal T x T x HS products, 5 * B * NH * T^2 * HS (the usual convention,
  * 2.5 x the forward), for both versions.
@@ -287,8 +305,50 @@ static void flash_attention_backward(float* dqkv, float* D, const float* dout, c
 
 // ----------------------------------------------------------------------------------------------------
 
-static const int NV = 2;
-static const char* version_names[NV + 1] = {"", "cuBLAS over stored att (llmc)", "flash, recompute from lse"};
+static const int NV = 4;
+static const char* version_names[NV + 1] = {"", "cuBLAS over stored att (llmc)", "flash, recompute from lse",
+                                            "flash, tensor cores (mma.sync bf16)", "flash, tensor cores (mma.sync fp16)"};
+
+// versions 3 and 4: 16-bit copies of the inputs, one run of the tensor-core backward into d_dqkv (floats)
+template <typename Tp>
+static void run_tc_backward(float* d_dqkv, float* d_D, Tp* qkv16, Tp* dout16, Tp* out16, Tp* dqkv16, const float* d_lse,
+                            int B, int T, int C, int NH) {
+    size_t n_qkv = (size_t)B * T * 3 * C;
+    cudaCheck(cudaMemset(dqkv16, 0xff, n_qkv * sizeof(Tp)));  // NaN: unwritten outputs fail the check
+    flash_tc_attention_backward(dqkv16, d_D, dout16, qkv16, out16, d_lse, B, T, C, NH, main_stream);
+    from_16bit(d_dqkv, dqkv16, n_qkv);
+}
+
+template <typename Tp>
+static void check_tc_version(int v, float* d_dqkv, const float* d_qkv, const float* d_dout, const float* d_out_f,
+                             const float* dqkv_ref, const float* lse, int B, int T, int C, int NH, bool bench) {
+    size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    Tp *qkv16 = dev_alloc<Tp>(n_qkv), *dout16 = dev_alloc<Tp>(n_out), *out16 = dev_alloc<Tp>(n_out), *dqkv16 = dev_alloc<Tp>(n_qkv);
+    to_16bit(qkv16, d_qkv, n_qkv);
+    to_16bit(dout16, d_dout, n_out);
+    to_16bit(out16, d_out_f, n_out);
+    float *d_lse = dev_upload(lse, n_lse), *d_D = dev_alloc<float>(n_lse);
+    run_tc_backward(d_dqkv, d_D, qkv16, dout16, out16, dqkv16, d_lse, B, T, C, NH);
+    double tol = v == 3 ? 3e-2 : 1e-2;  // justified atop this file
+    check_close("dqkv", d_dqkv, dqkv_ref, n_qkv, tol, tol);
+    // determinism: a second run must reproduce the first bit for bit
+    float* first = (float*)malloc_check(n_qkv * sizeof(float));
+    dev_download(first, d_dqkv, n_qkv);
+    run_tc_backward(d_dqkv, d_D, qkv16, dout16, out16, dqkv16, d_lse, B, T, C, NH);
+    check_close("rerun", d_dqkv, first, n_qkv, 0.0, 0.0);
+    free(first);
+    if (bench) {
+        double flops = 5.0 * B * NH * (double)T * T * (C / NH);
+        float ms = benchmark_ms([&] { flash_tc_attention_backward(dqkv16, d_D, dout16, qkv16, out16, d_lse, B, T, C, NH, main_stream); }, 20, 2);
+        print_flops("attention_backward", ms, flops);
+    }
+    cudaCheck(cudaFree(qkv16));
+    cudaCheck(cudaFree(dout16));
+    cudaCheck(cudaFree(out16));
+    cudaCheck(cudaFree(dqkv16));
+    cudaCheck(cudaFree(d_lse));
+    cudaCheck(cudaFree(d_D));
+}
 
 static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
     int hs = C / NH;
@@ -297,6 +357,8 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
     size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_att = (size_t)B * NH * T * T, n_lse = (size_t)B * NH * T;
     float* qkv = make_random_normal(n_qkv, 11, 1.0f);
     float* dout = make_random_normal(n_out, 12, 1.0f);
+    round_to_bf16(qkv, n_qkv);
+    round_to_bf16(dout, n_out);
     float* out = (float*)malloc_check(n_out * sizeof(float));
     float* att = (float*)malloc_check(n_att * sizeof(float));
     float* lse = (float*)malloc_check(n_lse * sizeof(float));
@@ -324,6 +386,11 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
                 print_flops("attention_backward", ms, flops);
             }
             cudaCheck(cudaFree(d_att));
+        } else if (v >= 3) {
+            float* d_out_f = dev_upload(out, n_out);
+            if (v == 3) check_tc_version<__nv_bfloat16>(v, d_dqkv, d_qkv, d_dout, d_out_f, dqkv_ref, lse, B, T, C, NH, bench);
+            else check_tc_version<__half>(v, d_dqkv, d_qkv, d_dout, d_out_f, dqkv_ref, lse, B, T, C, NH, bench);
+            cudaCheck(cudaFree(d_out_f));
         } else {
             float *d_out = dev_upload(out, n_out), *d_lse = dev_upload(lse, n_lse), *d_D = dev_alloc<float>(n_lse);
             flash_attention_backward(d_dqkv, d_D, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
@@ -349,7 +416,7 @@ int main(int argc, char** argv) {
     bench_init();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FLASH_BWD_SMEM));
     cudaCheck(cudaFuncSetAttribute(flash_backward_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FLASH_BWD_SMEM));
-    run_shape(selected, 2, 200, 256, 4, false);   // T not a multiple of the tile
+    for (const AttentionShape& s : odd_shapes) run_shape(selected, s.B, s.T, 64 * s.NH, s.NH, false);
     run_shape(selected, 8, 1024, 768, 12, true);  // GPT-2 124M
     return finish();
 }

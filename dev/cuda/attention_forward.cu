@@ -23,14 +23,28 @@
  *      sharing the row with warp shuffles, P is written to shared memory and each thread accumulates a
  *      4 x 4 block of O = P V (rows ty*4.., channels tx*4..). Blocks of the last query tiles (the most
  *      key tiles under the causal mask) are launched first.
- * Versions 2 and 3 also write the logsumexp of each score row, lse (B,NH,T) = m + log(l), which the
+ *   4  flash attention on tensor cores, bf16 (llmc/attention_flash.h, the trainer's `--attention flash`):
+ *      FlashAttention-2 with mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and ldmatrix, 4 warps
+ *      of 16 query rows per 64-query tile, K/V tiles double-buffered by cp.async, online softmax in
+ *      registers with exp2. Reads qkv in place and writes out (B,T,C) and lse; the algorithm, tiling and
+ *      fragment layouts are written out atop llmc/attention_flash.h.
+ *   5  the same kernel with fp16 operands.
+ * Versions 2 to 5 also write the logsumexp of each score row, lse (B,NH,T) = m + log(l), which the
  * flash backward pass (attention_backward.cu) uses to recompute the probabilities. They need HS = 64
  * (true of every GPT-2 size); any T works (tiles past T are zero-filled and masked).
  *
  * CPU reference: attention_forward_cpu (llmc/attention.h) for out (and att, checked for version 1), and
  * the logsumexp recomputed on the host (attention_lse_cpu, attention_common.cuh) for versions 2-3. Checked at an
- * awkward small shape (T = 200, not a multiple of 64) and at GPT-2 124M shapes. Tolerance 1e-4 abs +
- * 1e-3 rel (fp32 throughout; the sums run in a different order than on the CPU).
+ * odd shapes (T = 37, 64, 100, 129, 200; B 1..3; NH 1..12: partial tiles, a single tile, one head) and at
+ * GPT-2 124M shapes. The inputs are rounded to bf16 first (attention_common.cuh), so all versions see
+ * the same numbers. Tolerances:
+ *   versions 1-3: 1e-4 abs + 1e-3 rel (fp32 throughout; the sums run in a different order than on the CPU).
+ *   version 4 (bf16): out 1e-2 abs + 1e-2 rel. Scores are exact products of bf16 inputs summed in fp32,
+ *      so the error comes from rounding P to bf16 before P V (relative 2^-9 per term, so at most
+ *      2^-9 * max|v| ~ 0.01 for |v| <= 5 of N(0,1) inputs, far less on average) plus rounding out to bf16
+ *      (2^-9 relative). lse is fp32 from fp32 sums: 1e-3 abs + 1e-3 rel (exp2f/log2f approximations).
+ *   version 5 (fp16, unit roundoff 2^-11, 4x finer): out 3e-3 abs + 3e-3 rel, lse as for bf16.
+ *   A wrong fragment layout, mask or rescaling gives errors of order 1, far outside these.
  *
  * Benchmark: TFLOP/s counting the causal work only, 2 * B * NH * T^2 * HS (two T x T x HS products,
  * halved by the mask), for every version.
@@ -264,8 +278,13 @@ __global__ void __launch_bounds__(256) flash_forward_tiled_kernel(float* out, fl
 
 // ----------------------------------------------------------------------------------------------------
 
-static const int NV = 3;
-static const char* version_names[NV + 1] = {"", "cuBLAS (llmc)", "flash, thread per query", "flash, tiled 64x64"};
+static const int NV = 5;
+static const char* version_names[NV + 1] = {"", "cuBLAS (llmc)", "flash, thread per query", "flash, tiled 64x64",
+                                            "flash, tensor cores (mma.sync bf16)", "flash, tensor cores (mma.sync fp16)"};
+
+// 16-bit copies of qkv and out for versions 4 and 5 (bf16 or fp16 bits, 2 bytes each)
+static void* d_qkv16 = NULL;
+static void* d_out16 = NULL;
 
 static void run_version(int v, float* out, float* att, float* lse, const float* qkv, int B, int T, int C, int NH) {
     float scale = 1.0f / sqrtf((float)(C / NH));
@@ -278,6 +297,10 @@ static void run_version(int v, float* out, float* att, float* lse, const float* 
             break;
         }
         case 3: flash_forward_tiled_kernel<<<grid, 256, FLASH3_SMEM, main_stream>>>(out, lse, qkv, B, T, C, NH, scale); break;
+        case 4:
+            flash_tc_attention_forward((__nv_bfloat16*)d_out16, lse, (const __nv_bfloat16*)d_qkv16, B, T, C, NH, main_stream);
+            break;
+        case 5: flash_tc_attention_forward((__half*)d_out16, lse, (const __half*)d_qkv16, B, T, C, NH, main_stream); break;
     }
     cudaCheck(cudaGetLastError());
 }
@@ -289,6 +312,7 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
     if (hs != FA_HS || C % NH != 0) fatal("these kernels need HS = %d", FA_HS);
     size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_att = (size_t)B * NH * T * T, n_lse = (size_t)B * NH * T;
     float* qkv = make_random_normal(n_qkv, 7, 1.0f);
+    round_to_bf16(qkv, n_qkv);
     float* out_ref = (float*)malloc_check(n_out * sizeof(float));
     float* att_ref = (float*)malloc_check(n_att * sizeof(float));
     float* lse_ref = (float*)malloc_check(n_lse * sizeof(float));
@@ -301,15 +325,25 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
     float* d_out = dev_alloc<float>(n_out);
     float* d_att = dev_alloc<float>(n_att);
     float* d_lse = dev_alloc<float>(n_lse);
+    d_qkv16 = dev_alloc<uint16_t>(n_qkv);
+    d_out16 = dev_alloc<uint16_t>(n_out);
     double flops = 2.0 * B * NH * (double)T * T * hs;
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
         printf("version %d: %s\n", v, version_names[v]);
         cudaCheck(cudaMemset(d_out, 0xff, n_out * sizeof(float)));  // NaN: unwritten outputs fail the check
         cudaCheck(cudaMemset(d_lse, 0xff, n_lse * sizeof(float)));
+        if (v == 4) to_16bit((__nv_bfloat16*)d_qkv16, d_qkv, n_qkv);
+        if (v == 5) to_16bit((__half*)d_qkv16, d_qkv, n_qkv);
+        if (v >= 4) cudaCheck(cudaMemset(d_out16, 0xff, n_out * 2));  // NaN in both formats
         run_version(v, d_out, d_att, d_lse, d_qkv, B, T, C, NH);
-        check_close("out", d_out, out_ref, n_out, 1e-4, 1e-3);
+        if (v == 4) from_16bit(d_out, (const __nv_bfloat16*)d_out16, n_out);
+        if (v == 5) from_16bit(d_out, (const __half*)d_out16, n_out);
+        double tol = v == 4 ? 1e-2 : v == 5 ? 3e-3 : 0.0;  // the tolerances are justified atop this file
+        if (v >= 4) check_close("out", d_out, out_ref, n_out, tol, tol);
+        else check_close("out", d_out, out_ref, n_out, 1e-4, 1e-3);
         if (v == 1) check_close("att", d_att, att_ref, n_att, 1e-5, 1e-3);
+        else if (v >= 4) check_close("lse", d_lse, lse_ref, n_lse, 1e-3, 1e-3);
         else check_close("lse", d_lse, lse_ref, n_lse, 1e-4, 1e-4);
         if (bench) {
             float ms = benchmark_ms([&] { run_version(v, d_out, d_att, d_lse, d_qkv, B, T, C, NH); }, 20, 2);
@@ -320,6 +354,8 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
     cudaCheck(cudaFree(d_out));
     cudaCheck(cudaFree(d_att));
     cudaCheck(cudaFree(d_lse));
+    cudaCheck(cudaFree(d_qkv16));
+    cudaCheck(cudaFree(d_out16));
     free(qkv), free(out_ref), free(att_ref), free(lse_ref);
 }
 
@@ -329,7 +365,7 @@ int main(int argc, char** argv) {
     bench_init();
     cudaCheck(cudaFuncSetAttribute(flash_forward_simple_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * 64 * 64 * (int)sizeof(float)));
     cudaCheck(cudaFuncSetAttribute(flash_forward_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FLASH3_SMEM));
-    run_shape(selected, 2, 200, 256, 4, false);   // T not a multiple of the tile
+    for (const AttentionShape& s : odd_shapes) run_shape(selected, s.B, s.T, 64 * s.NH, s.NH, false);
     run_shape(selected, 8, 1024, 768, 12, true);  // GPT-2 124M
     return finish();
 }
