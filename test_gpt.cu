@@ -11,7 +11,10 @@
  * resumed steps, in every bit of every loss), gradient accumulation against one larger batch, and
  * loading a bf16 (version 5) model file.
  *
- * usage: test_gpt [reference folder, default build/ref]    exit code 0 = all passed
+ * usage: test_gpt [reference folder, default build/ref] [--attention flash]    exit code 0 = all passed
+ * With --attention flash (GPU BF16/FP16 builds) the checks that can use the tensor-core flash attention
+ * (head size 64: the "hs64" reference, recomputation on it, the memory plan) run with it; the others
+ * (their references have head size 16) are skipped, and say so.
  */
 #define TRAIN_GPT_NO_MAIN
 #include "train_gpt.cu"
@@ -485,20 +488,20 @@ static void test_pipeline_memory(void) {
 // Recomputation: 10 training steps give bit-identical losses and final parameters at every --recompute
 // level (backward recomputes with the same operations on the same inputs), and the activation memory
 // falls at each level by exactly what that level stops keeping for the layers beyond the first.
-static void test_recompute(const char* dir) {
-    printf("recomputation levels (odd config, B=3 T=37, 10 steps)\n");
+static void test_recompute(const char* dir, const char* name, int B, int T, int V) {
+    printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T, attention_flash ? ", flash attention" : "");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
     char data[4200], model_path[4096], out[4][4300];
     snprintf(data, sizeof(data), "%s/tokens.bin", tmp);
-    snprintf(model_path, sizeof(model_path), "%s/ref_odd_model.bin", dir);
-    write_random_tokens(data, 5000, 1000, 5);
+    snprintf(model_path, sizeof(model_path), "%s/ref_%s_model.bin", dir, name);
+    write_random_tokens(data, 5000, V, 5);
     float losses[4][10];
     for (int R = 0; R <= 3; R++) {
         TrainConfig tc;
         default_train_config(&tc);
         tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
-        tc.B = 3, tc.T = 37, tc.steps = 10, tc.recompute = R;
+        tc.B = B, tc.T = T, tc.steps = 10, tc.recompute = R;
         snprintf(out[R], sizeof(out[R]), "%s/model_R%d.bin", tmp, R);
         tc.save_model = out[R];
         train(&tc, comm_single(), losses[R], 10);
@@ -516,17 +519,18 @@ static void test_recompute(const char* dir) {
         Placement place = placement_single(&c);
         gpt2_build(&model, &c, comm_single(), &place);
         model.recompute = R;
-        gpt2_allocate_activations(&model, 3, 37, 1, 0);
+        gpt2_allocate_activations(&model, B, T, 1, 0);
         bytes[R] = model.bytes_activations;
         gpt2_free(&model);
         // what each level stops keeping for layers 1..L-1 (fx bytes): R1 GELU out, R2 two LN outs,
-        // R3 ln stats, qkv, atty, att, residual2, fch; each buffer rounded to 256 bytes
-        size_t fx = sizeof(floatX), BT = 3 * 37, L = c.L, C = c.C;
+        // R3 ln stats, qkv, atty, att (flash: lse), residual2, fch; each buffer rounded to 256 bytes
+        size_t fx = sizeof(floatX), BT = (size_t)B * T, L = c.L, C = c.C;
+        size_t att = attention_flash ? (size_t)c.NH * T * B * 4 : (size_t)c.NH * T * T * B * fx;
         size_t drop = 0;
         if (R >= 1) drop += round_up(L * BT * 4 * C * fx, 256) - round_up(BT * 4 * C * fx, 256);
         if (R >= 2) drop += 2 * (round_up(L * BT * C * fx, 256) - round_up(BT * C * fx, 256));
         if (R >= 3) {
-            size_t per_layer[] = {BT * 4, BT * 4, BT * 3 * C * fx, BT * C * fx, (size_t)c.NH * 37 * 37 * 3 * fx, BT * C * fx, BT * 4, BT * 4, BT * 4 * C * fx};
+            size_t per_layer[] = {BT * 4, BT * 4, BT * 3 * C * fx, BT * C * fx, att, BT * C * fx, BT * 4, BT * 4, BT * 4 * C * fx};
             for (size_t k = 0; k < sizeof(per_layer) / sizeof(per_layer[0]); k++) drop += round_up(L * per_layer[k], 256) - round_up(per_layer[k], 256);
         }
         int ok = same && bytes[R] == bytes[0] - drop;
@@ -585,6 +589,43 @@ static void test_memory_plan(void) {
     failures += bad;
 }
 
+// --attention flash in the planner: built for real, a rank allocates what the plan says, and its
+// activations lose exactly the (B, NH/tp, T, T) probabilities per kept layer for the (B, NH/tp, T) fp32
+// logsumexp (the T x T term disappears). Planning needs no GPU, so every target checks it.
+static void test_memory_plan_flash(void) {
+    printf("memory plan with --attention flash (L=4 C=48 NH=12 V=700, T=16)\n");
+    GPT2Config c = {16, 700, 768, 4, 12, 48};
+    int saved = attention_flash, bad = 0, T = 16;
+    for (int tp = 1; tp <= 2; tp++)
+        for (int R = 0; R <= 3; R += 3)
+            for (int B = 1; B <= 3; B += 2) {
+                Placement pl = {0, 1, 0, tp, tp - 1, 1, 0, 0, c.L};
+                attention_flash = 0;
+                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1);
+                attention_flash = 1;
+                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, -1);
+                size_t before = device_allocated_bytes;
+                GPT2 model;
+                gpt2_build(&model, &c, comm_single(), &pl);
+                model.recompute = R;
+                gpt2_allocate_activations(&model, B, T, 1, 0);
+                size_t measured = device_allocated_bytes - before;
+                size_t Lall = R < 3 ? c.L : 1, NHl = c.NH / tp, fx = elem_bytes;
+                size_t drop = round_up(Lall * B * NHl * T * T * fx, 256) - round_up(Lall * B * NHl * T * sizeof(float), 256);
+                int ok = measured == plan_total(&flash) - flash.kernel_scratch && flash.activations == model.bytes_activations &&
+                         classic.activations - flash.activations == drop;
+                if (!ok) {
+                    printf("  FAIL tp=%d R=%d B=%d: planned %zu allocated %zu; activations classic %zu flash %zu (drop want %zu)\n",
+                           tp, R, B, plan_total(&flash) - flash.kernel_scratch, measured, classic.activations, flash.activations, drop);
+                    bad++;
+                }
+                gpt2_free(&model);
+            }
+    attention_flash = saved;
+    printf("  8 configurations: %s\n", bad ? "FAIL" : "plan equals the allocation, the T x T term is gone  ok");
+    failures += bad;
+}
+
 // The host side of the GPU embedding backward: positions grouped by token id (only ids in the vocabulary
 // range), every kept position exactly once, ascending inside its group, groups by ascending id.
 static void test_token_grouping(void) {
@@ -617,24 +658,43 @@ static void test_token_grouping(void) {
 }
 
 int main(int argc, char** argv) {
-    const char* dir = argc > 1 ? argv[1] : "build/ref";
+    const char* dir = "build/ref";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--attention") && i + 1 < argc) {
+            if (strcmp(argv[i + 1], "classic") && strcmp(argv[i + 1], "flash")) fatal("--attention must be classic or flash");
+            attention_flash = !strcmp(argv[++i], "flash");
+        } else if (argv[i][0] == '-') fatal("usage: test_gpt [reference folder] [--attention classic|flash]");
+        else dir = argv[i];
+    }
     // LLMC_FUSED_KERNELS=1 runs every check with --fused-kernels 1 (llmc/device.h), same tolerances
     const char* fused = getenv("LLMC_FUSED_KERNELS");
     if (fused != NULL && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0) fatal("LLMC_FUSED_KERNELS must be 0 or 1, got '%s'", fused);
     fused_kernels = fused != NULL && strcmp(fused, "1") == 0;
-    printf("test_gpt: target %s, precision %s, fused kernels %s, references in %s\n", TARGET_NAME, PRECISION_NAME,
-           fused_kernels ? "on" : "off", dir);
+    printf("test_gpt: target %s, precision %s, fused kernels %s, attention %s, references in %s\n", TARGET_NAME, PRECISION_NAME,
+           fused_kernels ? "on" : "off", attention_flash ? "flash" : "classic", dir);
+    if (attention_flash) attention_flash_validate(64, 1, sizeof(floatX), 0);  // a clear error on CPU / FP32 builds
     device_require_gpu();
-    test_against_reference(dir, "small");
-    test_against_reference(dir, "odd");
-    test_resume(dir);
-    test_grad_accumulation(dir);
-    test_bf16_model_file(dir);
-    test_zero_memory(dir);
-    test_tp_memory();
-    test_pipeline_memory();
-    test_recompute(dir);
-    test_memory_plan();
+    if (attention_flash) {  // only head size 64 runs on the flash path
+        printf("--attention flash: checks with head size 64 only (small, odd, resume, accumulation, bf16 file, "
+               "ZeRO, TP and pipeline memory are checked without it)\n");
+        test_against_reference(dir, "hs64");
+        test_recompute(dir, "hs64", 2, 100, 512);
+        test_memory_plan();
+        test_memory_plan_flash();
+    } else {
+        test_against_reference(dir, "small");
+        test_against_reference(dir, "odd");
+        test_against_reference(dir, "hs64");
+        test_resume(dir);
+        test_grad_accumulation(dir);
+        test_bf16_model_file(dir);
+        test_zero_memory(dir);
+        test_tp_memory();
+        test_pipeline_memory();
+        test_recompute(dir, "odd", 3, 37, 1000);
+        test_memory_plan();
+        test_memory_plan_flash();
+    }
     test_token_grouping();
     if (failures) {
         printf("FAILED: %d check(s)\n", failures);

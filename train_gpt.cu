@@ -239,7 +239,8 @@ typedef struct {
     float *ln1_mean, *ln1_rstd;             // (L, B, T)
     floatX* qkv;                            // (L, B, T, 3C)
     floatX* atty;                           // (L, B, T, C) attention output, before the projection
-    floatX* att;                            // (L, B, NH, T, T) attention probabilities
+    floatX* att;                            // (L, B, NH, T, T) attention probabilities (classic attention only)
+    float* lse;                             // (L, B, NH, T) logsumexp of each score row (--attention flash only)
     floatX* residual2;                      // (L, B, T, C) after the attention block
     floatX* ln2;                            // (L, B, T, C)
     float *ln2_mean, *ln2_rstd;             // (L, B, T)
@@ -571,7 +572,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
             {(void**)&a->encoded, BT * C * fx},                  {(void**)&a->ln1, k * Lln * BT * C * fx},
             {(void**)&a->ln1_mean, k * Lall * BT * f},           {(void**)&a->ln1_rstd, k * Lall * BT * f},
             {(void**)&a->qkv, k * Lall * BT * 3 * Cl * fx},      {(void**)&a->atty, k * Lall * BT * Cl * fx},
-            {(void**)&a->att, k * Lall * B * NHl * T * T * fx},  {(void**)&a->residual2, k * Lall * BT * C * fx},
+            {(void**)&a->att, attention_flash ? 0 : k * Lall * B * NHl * T * T * fx},  // flash: no T x T term
+            {(void**)&a->lse, attention_flash ? k * Lall * B * NHl * T * f : 0},       {(void**)&a->residual2, k * Lall * BT * C * fx},
             {(void**)&a->ln2, k * Lln * BT * C * fx},            {(void**)&a->ln2_mean, k * Lall * BT * f},
             {(void**)&a->ln2_rstd, k * Lall * BT * f},           {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},
             {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * L * BT * C * fx},
@@ -637,7 +639,8 @@ typedef struct {
     float *ln1_mean, *ln1_rstd;    // (B, T)
     floatX* qkv;                   // (B, T, 3C/tp)
     floatX* atty;                  // (B, T, C/tp)
-    floatX* att;                   // (B, NH/tp, T, T)
+    floatX* att;                   // (B, NH/tp, T, T) classic attention
+    float* lse;                    // (B, NH/tp, T) --attention flash
     floatX* residual2;             // (B, T, C)
     floatX* ln2;                   // (B, T, C)
     float *ln2_mean, *ln2_rstd;    // (B, T)
@@ -657,7 +660,8 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.ln1_rstd = a->ln1_rstd + all * BT;
     la.qkv = a->qkv + all * BT * 3 * Cl;
     la.atty = a->atty + all * BT * Cl;
-    la.att = a->att + all * B * NHl * T * T;
+    la.att = attention_flash ? NULL : a->att + all * B * NHl * T * T;
+    la.lse = attention_flash ? a->lse + all * B * NHl * T : NULL;
     la.residual2 = a->residual2 + all * BT * C;
     la.ln2 = a->ln2 + ln * BT * C;
     la.ln2_mean = a->ln2_mean + all * BT;
@@ -675,7 +679,8 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     // attention block: residual2 = input + attproj(attention(ln1(input)))
     layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
     matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl);  // TP: column-parallel, our heads
-    attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl);
+    if (attention_flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
+    else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl);
     if (fused_kernels && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
         matmul_forward(model->acts.scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C);
         residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, model->acts.scratch, w->ln2w,
@@ -836,7 +841,8 @@ static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
                            BT, C);                                                                                   // dresidual2 +=
         // attention block
         matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C);    // datty =
-        attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl);                                    // dqkv =
+        if (attention_flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl);  // dqkv =
+        else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl);                               // dqkv =
         matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
         tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
@@ -1449,7 +1455,8 @@ static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratc
 // the scratch the GPU kernels allocate on first use (llmc/*.h Scratch buffers, cuBLASLt's workspace)
 static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T) {
     size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
-    size_t attention = (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;   // attention.h
+    size_t attention = attention_flash ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
+                                       : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
     if (fused_kernels) reductions = 512 * 2 * c->C * 4 + 128 * widest * 4 + 1024 * 4;  // --fused-kernels: 512 LayerNorm (LNB_BLOCKS) and 128 bias partial rows
     size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
@@ -1514,6 +1521,7 @@ static void print_plan(const TrainConfig* tc, const char* precision, double devi
     validate_tp(&c, tc->tp);
     if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
     elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;
+    if (attention_flash) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
     int dp = tc->dp > 0 ? tc->dp : 1;
     printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
            plan_is_cpu() ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
@@ -1746,6 +1754,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     Placement place = {tc->zero, D, comm->dp_rank, comm->tp, comm->tp_rank, comm->pp, comm->pp_rank,
                        stage_first[comm->pp_rank], stage_first[comm->pp_rank + 1]};
     free(stage_first);
+    if (attention_flash) attention_flash_validate(config.C, config.NH, elem_bytes, 0);
     gpt2_build(&model, &config, comm, &place);
     model.recompute = tc->recompute;
     if (params) gpt2_set_parameters(&model, params);
@@ -2032,6 +2041,9 @@ static void print_usage(void) {
         "  --fault-inf-rank R --fault-inf-step S   testing: rank R makes a gradient inf at step S\n"
         "memory\n"
         "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
+        "  --attention classic|flash  classic: cuBLAS over the stored (B,NH,T,T) probabilities (the CPU\n"
+        "                        reference's algorithm); flash: tensor-core flash attention, BF16/FP16 GPU builds,\n"
+        "                        head size 64, no T x T buffer (not yet verified on a GPU) [classic]\n"
         "  --plan                print each rank's memory for this configuration (any size, dp/tp/pp/zero/\n"
         "                        recompute/batch) without allocating, and exit\n"
         "  --device-memory SIZE  with --plan: also the largest micro-batch that fits, e.g. 80GiB\n"
@@ -2141,6 +2153,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--trace")) tc->trace = v;
         else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
         else if (!strcmp(f, "--fused-kernels")) fused_kernels = (int)parse_int(f, v, 0, 1);  // llmc/device.h
+        else if (!strcmp(f, "--attention")) {
+            if (strcmp(v, "classic") && strcmp(v, "flash")) fatal("--attention must be classic or flash, got '%s'", v);
+            attention_flash = strcmp(v, "flash") == 0;
+        }
         else if (!strcmp(f, "--loss-scale")) {
             if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
             else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;

@@ -15,12 +15,35 @@
  * CPU: loops parallel over (batch, head), each thread owning its head's slices, so sums have a fixed
  * order. GPU: heads are split out to (B,NH,T,hs), the two products per direction are strided-batched
  * cuBLAS calls over B*NH matrices, with the causal softmax (and its backward) as a warp-per-row kernel.
- * The full (T,T) matrix is materialized; a flash-attention kernel that avoids it is a later step.
+ * The full (T,T) matrix is materialized.
+ *
+ * `--attention flash` selects instead the tensor-core flash attention of attention_flash.h (GPU, BF16 and
+ * FP16 builds, head size 64): it reads q, k, v in place from qkv, writes out (B,T,C) and keeps only the
+ * logsumexp lse (B,NH,T) in fp32 for backward, which recomputes the probabilities tile by tile; no
+ * (B,NH,T,T) buffer and no head split/merge. The FP32 build and the CPU target keep the reference path
+ * above and refuse the flag with an error (they have no 16-bit tensor-core path to fall back from).
  */
 #pragma once
 
 #include "device.h"
 #include "matmul.h"
+#include "attention_flash.h"
+
+// --attention flash (0: the classic path above). Set once from the command line, before anything is
+// allocated: the activations (att or lse) and the memory plan follow it.
+static int attention_flash = 0;
+
+// the errors for configurations the flash path cannot run: not a 16-bit GPU build (bytes = element size
+// the run or plan uses; for_plan: only planning, so the CPU target may plan a GPU run), or head size != 64
+static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) {
+#ifdef LLMC_CPU
+    if (!for_plan) fatal("--attention flash runs only on the GPU (BF16 or FP16 builds); the CPU target computes attention the classic way: drop the flag");
+#endif
+    if (bytes != 2) fatal("--attention flash needs 16-bit activations (a BF16 or FP16 build%s); FP32 computes attention the classic way",
+                          for_plan ? ", or --precision bf16|fp16 with --plan" : "");
+    if (NH <= 0 || C % NH != 0 || C / NH != 64)
+        fatal("--attention flash needs head size 64 (every GPT-2 size has it), got %d channels / %d heads = %g", C, NH, (double)C / NH);
+}
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
@@ -177,6 +200,8 @@ static void batched_matmul(floatX* c, const floatX* a, const floatX* b, int m, i
 
 // q, k, v, y (and their gradients) as (B,NH,T,hs), plus one (B,NH,T,T) matrix
 static Scratch attention_scratch = {NULL, 0};
+// flash backward: D = rowsum(dout * out), (B,NH,T) floats
+static Scratch attention_flash_scratch = {NULL, 0};
 #endif
 
 // ----------------------------------------------------------------------------------------------------
@@ -238,5 +263,27 @@ static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
     heads_merge_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(dqkv, dk, B, T, NH, hs, 3 * C, C);
     heads_merge_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(dqkv, dv, B, T, NH, hs, 3 * C, 2 * C);
     launchCheck();
+#endif
+}
+
+// --attention flash: out (B,T,C) =, lse (B,NH,T) = (fp32 logsumexp of each scaled score row)
+static void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+#if defined(LLMC_CPU) || !(defined(ENABLE_BF16) || defined(ENABLE_FP16))
+    (void)out, (void)lse, (void)qkv, (void)B, (void)T;
+    attention_flash_validate(C, NH, sizeof(floatX), 0);  // always an error here
+#else
+    flash_tc_attention_forward(out, lse, qkv, B, T, C, NH, main_stream);
+#endif
+}
+
+// --attention flash: dqkv (B,T,3C) = (overwritten), from dout (B,T,C), qkv, the forward's out and lse
+static void attention_backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                                     int B, int T, int C, int NH) {
+#if defined(LLMC_CPU) || !(defined(ENABLE_BF16) || defined(ENABLE_FP16))
+    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
+    attention_flash_validate(C, NH, sizeof(floatX), 0);  // always an error here
+#else
+    float* D = (float*)scratch_get(&attention_flash_scratch, (size_t)B * NH * T * sizeof(float));
+    flash_tc_attention_backward(dqkv, D, dout, qkv, out, lse, B, T, C, NH, main_stream);
 #endif
 }

@@ -1,18 +1,31 @@
 #!/usr/bin/python3
-"""benchmark_gpu.py: training throughput of GPT-2 124M on one GPU, this trainer against PyTorch.
+"""benchmark_gpu.py: training speed of GPT-2 on one GPU: this trainer, PyTorch torch.compile and llm.c, side by side.
 
-Runs, one after the other on the same GPU and with the same shapes (L=12, C=768, NH=12, V=50257 padded
-to 50304, T=1024, the same micro-batch B):
-  1. this trainer, build/gpu-bf16/train_gpt, from scratch on the given token data
-  2. a PyTorch GPT-2 of the same shape: bf16 autocast, flash attention through
-     F.scaled_dot_product_attention, torch.compile, fused AdamW
-  3. llm.c's train_gpt2cu, if --llmc PATH names a local build (its own data and flags: see --llmc-args)
-and prints tokens/s, MFU and the ratios to PyTorch. MFU counts 6N + 6LCT flops per token (N
-parameters, L layers, C channels, T sequence length) against --peak-tflops (989, the dense BF16 peak of
-an H100 SXM). The first --warmup steps of each run are not timed.
+One run, one GPU, the same token file and shapes. For each model size and micro-batch (by default GPT-2
+124M at B=16 and B=32, and GPT-2 350M at B=16; T=1024, BF16, from scratch) it runs
+  1. this trainer, build/gpu-bf16/train_gpt, once per attention path (--attention classic and flash);
+  2. a PyTorch GPT-2 of the same shape: bf16 autocast, F.scaled_dot_product_attention (PyTorch's flash
+     attention), torch.compile, fused AdamW, gradient clipping;
+  3. llm.c's train_gpt2cu, if --llmc DIR names a local llm.c checkout: the script builds it there
+     (`make train_gpt2cu NO_MULTI_GPU=1`, no cuDNN) unless --llmc-no-build, and trains the same size from
+     scratch (-e d12 / d24) on the same token file (llm.c reads the same token format);
+and prints the device, then ms/step, tokens/s, MFU and the ratios to llm.c and to torch.compile. The
+first --warmup steps of each run are not counted. MFU counts 6N + 6LCT flops per token (N parameters,
+L layers, C channels, T sequence length) against --peak-tflops (989: dense BF16 of an H100 SXM).
 
-usage: scripts/benchmark_gpu.py [--batch 16] [--steps 30] [--warmup 10] [--data data/devil_train.bin]
-                                [--llmc path/to/train_gpt2cu] [--llmc-args "..."] [--peak-tflops 989]
+llm.c with CUDA 13 needs two small changes before it builds (describe them to yourself as a patch; the
+script does not edit your checkout):
+  - cudaMemAdvise's last argument is a cudaMemLocation struct in CUDA 13, no longer an int device: where
+    llm.c advises its managed fallback allocation to prefer the host (llmc/cuda_utils.cuh, the call with
+    cudaCpuDeviceId), pass a cudaMemLocation whose type is cudaMemLocationTypeHost instead;
+  - the Makefile links -lnvidia-ml (NVML, for its GPU utilization readout), and CUDA 13's toolkit has no
+    link stub for it: drop -lnvidia-ml from the link flags and build without NVML (or point the linker at
+    the driver's libnvidia-ml.so.1).
+
+usage: scripts/benchmark_gpu.py [--configs 124M:16,124M:32,350M:16] [--steps 30] [--warmup 10]
+                                [--data data/devil_train.bin] [--llmc DIR] [--llmc-no-build]
+                                [--skip-pytorch] [--attention classic,flash] [--peak-tflops 989] [--dry-run]
+--dry-run prints the commands and shapes it would run, without a GPU (make test runs it).
 """
 import argparse
 import json
@@ -23,39 +36,92 @@ import sys
 import tempfile
 import time
 
-L, C, NH, V, VP, T = 12, 768, 12, 50257, 50304, 1024
+V, VP, T = 50257, 50304, 1024
+# name: (layers, channels, heads, llm.c's -e model descriptor)
+SIZES = {"124M": (12, 768, 12, "d12"), "350M": (24, 1024, 16, "d24")}
+OURS = "build/gpu-bf16/train_gpt"
 
 
-def flops_per_token(n_params):
-    return 6 * n_params + 6 * L * C * T
+def n_params(L, C):
+    return VP * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
-def n_params():
-    per_layer = 12 * C * C + 13 * C
-    return VP * C + T * C + L * per_layer + 2 * C
+def flops_per_token(L, C):
+    return 6 * n_params(L, C) + 6 * L * C * T
 
 
-def run_ours(args):
-    binary = "build/gpu-bf16/train_gpt"
-    if not os.path.exists(binary):
-        sys.exit(f"{binary} is missing: run `make gpu` first")
+def parse_configs(text):
+    configs = []
+    for item in text.split(","):
+        size, _, batch = item.partition(":")
+        if size not in SIZES or not batch.isdigit() or int(batch) < 1:
+            sys.exit(f"error: --configs item '{item}' must be SIZE:B with SIZE one of {', '.join(SIZES)}")
+        configs.append((size, int(batch)))
+    return configs
+
+
+def mean_after_warmup(values, warmup, what):
+    kept = values[warmup:]
+    if not kept:
+        sys.exit(f"error: {what}: no timed steps after the {warmup} warmup steps")
+    return sum(kept) / len(kept)
+
+
+def ours_command(args, size, B, attention, log):
+    L, C, NH, _ = SIZES[size]
+    return [OURS, "--layers", str(L), "--channels", str(C), "--heads", str(NH), "--vocab", str(V),
+            "--max-seq-len", str(T), "--seq-len", str(T), "--batch-size", str(B), "--steps", str(args.steps),
+            "--train-data", args.data, "--val-data", "", "--val-every", "0", "--sample-every", "0",
+            "--warmup", "10", "--lr", "6e-4", "--attention", attention, "--log", log]
+
+
+def run_ours(args, size, B, attention):
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "log.jsonl")
-        cmd = [binary, "--layers", str(L), "--channels", str(C), "--heads", str(NH), "--vocab", str(V),
-               "--max-seq-len", str(T), "--seq-len", str(T), "--batch-size", str(args.batch),
-               "--steps", str(args.steps), "--train-data", args.data, "--val-every", "0", "--sample-every", "0",
-               "--warmup", "10", "--lr", "6e-4", "--log", log]
+        cmd = ours_command(args, size, B, attention, log)
         print("running:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         rows = [json.loads(line) for line in open(log)]
-        rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][args.warmup:]
-    return sum(rates) / len(rates)
+    ms = [r["ms"] for r in rows if "ms" in r]
+    return mean_after_warmup(ms, args.warmup, f"this trainer ({attention})")
 
 
-def run_pytorch(args):
+def llmc_binary(args):
+    return os.path.join(args.llmc, "train_gpt2cu")
+
+
+def llmc_command(args, size, B):
+    return [llmc_binary(args), "-i", args.data, "-j", args.data, "-b", str(B), "-t", str(T), "-x", str(args.steps),
+            "-v", "0", "-s", "0", "-e", SIZES[size][3], "-r", "0", "-l", "6e-4", "-u", "10"]
+
+
+def build_llmc(args):
+    cmd = ["make", "-C", args.llmc, "train_gpt2cu", "NO_MULTI_GPU=1", "USE_CUDNN=0"]
+    print("building llm.c:", " ".join(cmd), flush=True)
+    if args.dry_run:
+        return
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    if not os.path.exists(llmc_binary(args)):
+        sys.exit(f"error: {llmc_binary(args)} was not built (see the patch for CUDA 13 in this script's header)")
+
+
+def run_llmc(args, size, B):
+    cmd = llmc_command(args, size, B)
+    print("running:", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    # llm.c prints one line per step: "step N/M | loss ... | ... | 50.61 ms | ... | 324000 tok/s"
+    ms = [float(m) for m in re.findall(r"\|\s*([0-9.]+)\s*ms\b", out)]
+    if not ms:
+        sys.exit("error: no 'ms' figures found in llm.c's output")
+    return mean_after_warmup(ms, args.warmup, "llm.c")
+
+
+def run_pytorch(args, size, B):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
+
+    L, C, NH, _ = SIZES[size]
 
     class Block(nn.Module):
         def __init__(self):
@@ -84,16 +150,17 @@ def run_pytorch(args):
             for b in self.blocks:
                 x = b(x)
             logits = self.lnf(x) @ self.wte.weight.t()  # tied classifier
-            return F.cross_entropy(logits[..., :V].float().view(-1, V), targets.view(-1))
+            # idx and targets are slices of one (B, T+1) tensor: not contiguous, so reshape, not view
+            return F.cross_entropy(logits[..., :V].float().reshape(-1, V), targets.reshape(-1))
 
+    print(f"running: PyTorch torch.compile GPT-2 {size}, B={B}", flush=True)
     torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = True
     model = GPT().cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model)
-    idx = torch.randint(0, V, (args.batch, T + 1), device="cuda")
-    rates = []
-    for step in range(args.steps):
+    idx = torch.randint(0, V, (B, T + 1), device="cuda")
+    ms = []
+    for _ in range(args.steps):
         torch.cuda.synchronize()
         t0 = time.time()
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -103,44 +170,82 @@ def run_pytorch(args):
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        if step >= args.warmup:
-            rates.append(args.batch * T / (time.time() - t0))
-    return sum(rates) / len(rates)
+        ms.append(1000.0 * (time.time() - t0))
+    del model, opt, step_fn
+    torch.cuda.empty_cache()
+    return mean_after_warmup(ms, args.warmup, "PyTorch")
 
 
-def run_llmc(args):
-    cmd = [args.llmc] + args.llmc_args.split()
-    print("running:", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    rates = [float(m) for m in re.findall(r"\|\s*([0-9.]+)\s*tok/s", out)][args.warmup:]
-    if not rates:
-        sys.exit("no 'tok/s' figures found in llm.c's output")
-    return sum(rates) / len(rates)
+def device_name():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()
+        return out[0] if out else "unknown GPU"
+    except (OSError, subprocess.CalledProcessError):
+        return "no GPU found (nvidia-smi failed)"
+
+
+def print_table(args, size, B, results):
+    L, C, _, _ = SIZES[size]
+    fpt = flops_per_token(L, C)
+    print(f"\nGPT-2 {size} (L={L} C={C}), B={B}, T={T}, bf16; MFU = tokens/s x {fpt / 1e9:.3f} GFLOP / "
+          f"{args.peak_tflops:.0f} TFLOP/s")
+    refs = [r for r in ("llm.c", "torch.compile") if r in results]
+    print(f"{'':28s} {'ms/step':>9s} {'tokens/s':>10s} {'MFU':>7s}" + "".join(f" {'vs ' + r:>16s}" for r in refs))
+    for name, ms in results.items():
+        rate = B * T / (ms / 1000.0)
+        line = f"{name:28s} {ms:9.1f} {rate:10.0f} {100 * rate * fpt / (args.peak_tflops * 1e12):6.1f}%"
+        for r in refs:
+            line += f" {results[r] / ms:15.2f}x"  # tokens/s ratio = inverse ms ratio
+        print(line, flush=True)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--configs", default="124M:16,124M:32,350M:16", help="SIZE:B list, SIZE in 124M, 350M")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--data", default="data/devil_train.bin")
-    p.add_argument("--llmc", default=None, help="path of a local llm.c train_gpt2cu build")
-    p.add_argument("--llmc-args", default="-b 16 -t 1024 -x 30 -v 0 -s 0 -e d12",
-                   help="flags for train_gpt2cu (the default trains d12 = 124M from scratch)")
+    p.add_argument("--attention", default="classic,flash", help="this trainer's attention paths to run")
+    p.add_argument("--llmc", default=None, help="a local llm.c checkout (see the CUDA 13 patch above)")
+    p.add_argument("--llmc-no-build", action="store_true", help="use DIR/train_gpt2cu as it is")
+    p.add_argument("--skip-pytorch", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     args = p.parse_args()
     if args.steps <= args.warmup:
-        sys.exit("--steps must exceed --warmup")
-    results = {"this trainer": run_ours(args), "PyTorch (torch.compile)": run_pytorch(args)}
-    if args.llmc:
-        results["llm.c"] = run_llmc(args)
-    fpt = flops_per_token(n_params())
-    base = results["PyTorch (torch.compile)"]
-    print(f"\nGPT-2 124M, B={args.batch}, T={T}, bf16; MFU = tokens/s x {fpt / 1e9:.3f} GFLOP / {args.peak_tflops:.0f} TFLOP/s")
-    print(f"{'':26s} {'tokens/s':>12s} {'MFU':>7s} {'vs PyTorch':>11s}")
-    for name, rate in results.items():
-        mfu = rate * fpt / (args.peak_tflops * 1e12)
-        print(f"{name:26s} {rate:12.0f} {100 * mfu:6.1f}% {rate / base:10.2f}x")
+        sys.exit("error: --steps must exceed --warmup")
+    configs = parse_configs(args.configs)
+    paths = [a for a in args.attention.split(",") if a]
+    if not paths or any(a not in ("classic", "flash") for a in paths):
+        sys.exit("error: --attention takes classic, flash or both (comma-separated)")
+    if not os.path.exists(args.data):
+        sys.exit(f"error: no token file at {args.data}")
+    if args.llmc and not os.path.isdir(args.llmc):
+        sys.exit(f"error: --llmc {args.llmc} is not a directory (give the llm.c checkout)")
+    if not args.dry_run and not os.path.exists(OURS):
+        sys.exit(f"error: {OURS} is missing: run `make gpu` first")
+    print(f"device: {device_name()}", flush=True)
+    if args.llmc and not args.llmc_no_build:
+        build_llmc(args)
+    for size, B in configs:
+        if args.dry_run:
+            for a in paths:
+                print("would run:", " ".join(ours_command(args, size, B, a, "LOG.jsonl")))
+            if not args.skip_pytorch:
+                print(f"would run: PyTorch torch.compile GPT-2 {size} (L, C, NH = {SIZES[size][:3]}), B={B}, T={T}, "
+                      f"{args.steps} steps")
+            if args.llmc:
+                print("would run:", " ".join(llmc_command(args, size, B)))
+            continue
+        results = {}
+        for a in paths:
+            results[f"this trainer ({a})"] = run_ours(args, size, B, a)
+        if not args.skip_pytorch:
+            results["torch.compile"] = run_pytorch(args, size, B)
+        if args.llmc:
+            results["llm.c"] = run_llmc(args, size, B)
+        print_table(args, size, B, results)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # check_gpu.sh: the GPU truth for everything landed so far, in one go on a machine with an NVIDIA GPU.
-#   builds the GPU target in both precisions, runs test_gpt on the GPU against the PyTorch reference,
-#   runs the bad-input tests against the GPU binary, runs the data-parallel tests with 2 to 4 ranks
-#   sharing the one GPU (MPI engine), trains the default job on the GPU, and measures tokens/s of
-#   GPT-2 124M (B=16, T=1024) from scratch on the default data.
+#   builds the GPU target in all three precisions, runs test_gpt on the GPU against the PyTorch reference
+#   (FP32, BF16, FP16, and BF16/FP16 again with --attention flash, the tensor-core flash attention), every
+#   dev/cuda kernel check (including the flash kernels on odd shapes), the bad-input tests against the GPU
+#   binary, the data-, tensor- and pipeline-parallel suites with their ranks sharing the one GPU (MPI
+#   engine), tensor parallelism with flash attention against classic, the default job, 200 steps of GPT-2
+#   124M in FP16, BF16 and BF16 with flash attention (loss curves compared), recompute runs, the
+#   --fused-kernels 1 checks (test_gpt in 3 precisions, 200 steps against the default path), and
+#   scripts/benchmark_gpu.py (this trainer's two attention paths, torch.compile, and llm.c when
+#   LLMC=path/to/llm.c-checkout is set). About 10 minutes on one H100.
 # Logs go to $OUT (or ./build/gpu-check). Needs torch in $PYTHON (default /usr/bin/python3) for the reference.
 # Without a system MPI, build a portable one first (.mpi/env.sh is sourced when present).
 set -uo pipefail
@@ -30,6 +35,9 @@ run reference "$PY" scripts/gpt2_reference.py --out-dir build/ref
 run test_fp32 ./build/gpu-fp32/test_gpt build/ref
 run test_bf16 ./build/gpu-bf16/test_gpt build/ref
 run test_fp16 ./build/gpu-fp16/test_gpt build/ref
+run test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
+run test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
+run dev_cuda_build make -C dev/cuda -j8
 run dev_cuda make -C dev/cuda run
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
 run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
@@ -48,6 +56,7 @@ G124=(--layers 12 --channels 768 --heads 12 --max-seq-len 1024 --batch-size 16 -
       --warmup 20 --val-every 0 --sample-every 0)
 run fp16_200 ./build/gpu-fp16/train_gpt "${G124[@]}" --log "$OUT/fp16.jsonl"
 run bf16_200 ./build/gpu-bf16/train_gpt "${G124[@]}" --log "$OUT/bf16.jsonl"
+run flash_bf16_200 ./build/gpu-bf16/train_gpt "${G124[@]}" --attention flash --log "$OUT/flash_bf16.jsonl"
 run fp16_vs_bf16 "$PY" -c "
 import json
 def last(p): return [r for r in map(json.loads, open(p)) if 'loss' in r][-10:]
@@ -55,6 +64,29 @@ f, b = last('$OUT/fp16.jsonl'), last('$OUT/bf16.jsonl')
 mf, mb = sum(r['loss'] for r in f) / len(f), sum(r['loss'] for r in b) / len(b)
 skips = sum(1 for r in map(json.loads, open('$OUT/fp16.jsonl')) if r.get('skipped'))
 print(f'mean loss of the last 10 steps: fp16 {mf:.4f}, bf16 {mb:.4f}, relative {abs(mf - mb) / mb:.4f} (target 0.02); fp16 skipped {skips} steps')
+"
+# flash attention against classic: the same 200-step curve within run-to-run noise (bf16 rounding differs)
+run flash_vs_classic "$PY" -c "
+import json, sys
+def losses(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r]
+f, c = losses('$OUT/flash_bf16.jsonl'), losses('$OUT/bf16.jsonl')
+worst = max(abs(a - b) / b for a, b in zip(f, c))
+mf, mc = sum(f[-10:]) / 10, sum(c[-10:]) / 10
+print(f'{len(f)} steps; mean loss of the last 10: flash {mf:.4f}, classic {mc:.4f}, relative {abs(mf - mc) / mc:.4f} (limit 0.02); worst step {worst:.4f}')
+sys.exit(0 if len(f) == len(c) == 200 and abs(mf - mc) / mc < 0.02 else 1)
+"
+# tensor parallelism with flash attention (each rank its 6 local heads): 10 steps against classic
+TPF=(--layers 2 --channels 768 --heads 12 --max-seq-len 256 --seq-len 256 --batch-size 4 --steps 10 --lr 6e-4
+     --warmup 2 --val-every 0 --sample-every 0 --tp 2)
+run tp_flash bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --log $OUT/tp_flash.jsonl"
+run tp_classic bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --log $OUT/tp_classic.jsonl"
+run tp_flash_vs_classic "$PY" -c "
+import json, sys
+def losses(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r]
+f, c = losses('$OUT/tp_flash.jsonl'), losses('$OUT/tp_classic.jsonl')
+worst = max(abs(a - b) / b for a, b in zip(f, c))
+print(f'tp=2, {len(f)} steps: flash {f}, classic {c}; worst relative difference {worst:.4f} (limit 0.02, bf16)')
+sys.exit(0 if len(f) == len(c) == 10 and worst < 0.02 else 1)
 "
 # recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
 run plan_big ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB
@@ -76,6 +108,9 @@ sys.exit(0 if len(f) == 10 and abs(mf - md) <= 0.01 * md else 1)
 "
 run bench_124M_bf16_fused ./build/gpu-bf16/train_gpt --layers 12 --channels 768 --heads 12 --max-seq-len 1024 \
     --batch-size 16 --seq-len 1024 --steps 30 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 10 --fused-kernels 1
-# this trainer against PyTorch torch.compile (and llm.c, if LLMC=path/to/train_gpt2cu is set)
-run benchmark "$PY" scripts/benchmark_gpu.py ${LLMC:+--llmc "$LLMC"}
+run plan_big_flash ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB --attention flash
+run recompute3_flash ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 32 --steps 3 --recompute 3 --attention flash
+# this trainer (both attention paths) against PyTorch torch.compile, and llm.c if LLMC=path/to/llm.c (a
+# checkout, patched for CUDA 13 as scripts/benchmark_gpu.py's header says); GPT-2 124M B=16, 32, 350M B=16
+run benchmark "$PY" scripts/benchmark_gpu.py --steps 20 --warmup 5 ${LLMC:+--llmc "$LLMC"}
 exit $status

@@ -65,6 +65,9 @@ CONFIGS = {
     "small": dict(V=512, maxT=64, L=2, NH=4, C=64, B=4, T=64, seed=1337),
     # T < maxT and not a power of two, V not a multiple of 128, NH not a power of two
     "odd": dict(V=1000, maxT=40, L=3, NH=3, C=48, B=3, T=37, seed=4242),
+    # head size 64, the one the tensor-core flash attention takes (test_gpt --attention flash); T spans
+    # one full 64-row tile and a partial one
+    "hs64": dict(V=512, maxT=128, L=2, NH=2, C=128, B=2, T=100, seed=6464),
 }
 
 

@@ -62,6 +62,9 @@ bash scripts/test_readme.sh build/cpu/train_gpt
 step "flash attention: the tensor-core kernels' ldmatrix/mma index maps, emulated on the host"
 timeout 120 make -C dev/cuda layout
 
+step "GPU benchmark script: parses its flags and prints its plan without a GPU (--dry-run)"
+timeout 60 $PY scripts/benchmark_gpu.py --dry-run --llmc scripts >/dev/null
+
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     step "GPU target: build FP32, BF16 and FP16, and the kernel variants in dev/cuda"
     make -j2 gpu

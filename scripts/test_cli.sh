@@ -78,6 +78,11 @@ expect_error "unknown flag" "unknown flag --bogus" "${TINY[@]}" "${GOOD[@]}" --b
 expect_error "flag without value" "needs a value" "${TINY[@]}" "${GOOD[@]}" --steps
 expect_error "non-numeric integer" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --steps ten
 expect_error "non-numeric float" "expects a number" "${TINY[@]}" "${GOOD[@]}" --lr fast
+expect_error "attention kind" "--attention must be classic or flash" "${TINY[@]}" "${GOOD[@]}" --attention fast
+# the CPU target and FP32 builds refuse the flash path; 16-bit GPU builds refuse head size 8 (TINY)
+expect_error "attention flash refused" "attention flash" "${TINY[@]}" "${GOOD[@]}" --attention flash
+expect_error "flash plan in fp32" "attention flash needs 16-bit" --plan --precision fp32 --attention flash --layers 2 \
+    --channels 128 --heads 2 --max-seq-len 64 --seq-len 64
 expect_error "trailing garbage" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --batch-size 4x
 expect_error "out of range" "must be between" "${TINY[@]}" "${GOOD[@]}" --batch-size 0
 expect_error "--zero out of range" "--zero must be between 0 and 2" "${TINY[@]}" "${GOOD[@]}" --zero 3
