@@ -40,6 +40,7 @@
 #include "llmc/matmul.h"
 #include "llmc/pipeline.h"
 #include "llmc/residual.h"
+#include "llmc/stop_signal.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
 #include "llmc/bpe.h"
@@ -1395,6 +1396,7 @@ typedef struct {
     const char* resume;  // checkpoint folder to resume from, or NULL
     const char* log_file;
     const char* save_model;  // write the final model here (llm.c format), or NULL
+    int save_model_version;  // its model file version: 3 fp32 (default) or 5 bf16
     int quiet;               // no per-step lines (tests)
 } TrainConfig;
 
@@ -1709,6 +1711,22 @@ static int* encode_prompt(const TrainConfig* tc, const GPT2Config* c, int* n_pro
     return ids;
 }
 
+// A signal stops the run after the current step with a checkpoint (llmc/stop_signal.h). Its folder was
+// checked at the start only if the run meant to save: otherwise it is checked now, before the save.
+static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id) {
+    if (tc->save_every > 0 || tc->stop_after > 0) return;
+    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
+    check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
+}
+
+// After the checkpoint of a run stopped by a signal: one line saying so, and the exit code to come.
+static void report_signal_stop(const TrainConfig* tc, Comm* comm, int sig, long long step) {
+    stop_signal_ended_run = 1;
+    if (comm->world_rank == 0)
+        printf("stopped by %s after step %lld: checkpoint saved in '%s'; continue with --resume %s (exit code %d)\n",
+               stop_signal_name(sig), step, tc->checkpoint_dir, tc->checkpoint_dir, EXIT_STOPPED_BY_SIGNAL);
+}
+
 // Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
 // (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
 // Returns the last validation loss (or NAN).
@@ -1836,6 +1854,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     }
 
     float val_loss = NAN;
+    int stop_sig = 0;  // a stop signal every rank knows of (agreed after each step)
+    stop_signal_install();
     for (long long step = start_step; step <= tc->steps; step++) {
         int last = step == tc->steps;
         // the run that saved the checkpoint we resumed from has evaluated and sampled at this step, just
@@ -1849,7 +1869,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         // --steps 0 samples once, from the model as given
         if (have_tok && (step > 0 || tc->steps == 0) && !resumed_here && (step % tc->sample_every == 0 || last))
             gpt2_sample(&model, &tok, &sample_rng, &sample, main_rank);
-        int stopping = tc->stop_after > 0 && step == tc->stop_after;
+        int stopping = (tc->stop_after > 0 && step == tc->stop_after) || (stop_sig && !last);  // (a finished run is done)
+        if (stop_sig && !last) prepare_signal_checkpoint(tc, run_id);
         int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
         if (periodic || (stopping && step > start_step)) {
             state.config = *c;
@@ -1869,6 +1890,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             state.run_id = run_id;
             save_checkpoint(&model, tc->checkpoint_dir, &state);
         }
+        if (stop_sig && !last) report_signal_stop(tc, comm, stop_sig, step);
         if (last || stopping) break;
         if (comm->world_rank == tc->fault_rank && step == tc->fault_step) {
             fprintf(stderr, "rank %d: --fault-rank: killing myself at step %lld\n", comm->world_rank, step);
@@ -1906,6 +1928,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         device_synchronize();
         double ms = 1000.0 * (wall_seconds() - t0);
         double tokens_per_s = tokens_per_step / (ms / 1000.0);
+        stop_sig = stop_signal_agreed(comm);
         if (skipped) continue;
 #ifndef LLMC_CPU
         if (main_rank && step == start_step && !tc->quiet) {  // the plan against what the device reports
@@ -1925,12 +1948,12 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         logger_step(&logger, step + 1, (float)loss, lr, norm, tokens_per_s, ms);
     }
 
-    if (tc->save_model) {
+    if (tc->save_model && !stop_signal_ended_run) {  // (a run stopped by a signal is not finished)
         float* buf = (float*)malloc_check(model.num_parameters * sizeof(float));
         gpt2_export_master(&model, buf);
         check_finite_before_save(comm, c, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
         if (main_rank) {
-            model_file_write(tc->save_model, c, buf);
+            model_file_write_version(tc->save_model, c, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
         }
         free(buf);
@@ -1984,6 +2007,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->sample_len = 48;
     tc->temperature = 1.0f;
     tc->checkpoint_dir = "checkpoints";
+    tc->save_model_version = 3;
     tc->engine = "auto";
     tc->tp = 1;
     tc->pp = 1;
@@ -2078,9 +2102,12 @@ static void print_usage(void) {
         "  --save-every N        checkpoint every N steps, 0 off      [%d]\n"
         "  --checkpoint-dir DIR  where checkpoints go (created if missing) [%s]\n"
         "  --resume DIR          continue from the newest checkpoint in DIR\n"
-        "  --save-model FILE     write the final model (llm.c format, fp32)\n"
+        "  --save-model FILE     write the final model (llm.c format)\n"
+        "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even; what llm.c's GPU builds read) [fp32]\n"
         "  --log FILE            one JSON object per line per step and evaluation\n"
-        "  --help                this text\n",
+        "  --help                this text\n"
+        "exit codes: 0 done, 1 error, 3 stopped by SIGINT, SIGTERM or SIGUSR1: the step in progress was finished\n"
+        "  and checkpointed into --checkpoint-dir (continue with --resume)\n",
         TARGET_NAME, PRECISION_NAME, d.train_data, d.val_data, d.tokenizer, d.arch.L, d.arch.C, d.arch.NH, d.arch.V,
         d.arch.maxT, (unsigned long long)d.seed, d.B, d.T, d.grad_accum,
         d.scaler.mode == SCALE_DYNAMIC ? "dynamic" : "off", d.steps, d.opt.lr, d.warmup, d.schedule,
@@ -2216,6 +2243,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = v;
         else if (!strcmp(f, "--resume")) tc->resume = v;
         else if (!strcmp(f, "--save-model")) tc->save_model = v;
+        else if (!strcmp(f, "--save-model-dtype")) {
+            if (strcmp(v, "fp32") && strcmp(v, "bf16")) fatal("--save-model-dtype must be fp32 or bf16, got '%s'", v);
+            tc->save_model_version = strcmp(v, "bf16") == 0 ? 5 : 3;
+        }
         else if (!strcmp(f, "--log")) tc->log_file = v;
         else fatal("unknown flag %s (see --help)", f);
     }
@@ -2269,6 +2300,6 @@ int main(int argc, char** argv) {
         printf("\n");
     }
     comm_finalize(&comm);
-    return 0;
+    return stop_signal_ended_run ? EXIT_STOPPED_BY_SIGNAL : 0;
 }
 #endif

@@ -5,7 +5,9 @@
  * parameters, float32 (version 3) or bf16 (version 5), in llm.c's order:
  *   wte (Vp,C)  wpe (maxT,C)  ln1w ln1b (L,C)  qkvw (L,3C,C)  qkvb (L,3C)  attprojw (L,C,C)  attprojb (L,C)
  *   ln2w ln2b (L,C)  fcw (L,4C,C)  fcb (L,4C)  fcprojw (L,C,4C)  fcprojb (L,C)  lnfw lnfb (C)
- * We always write version 3 (the fp32 master weights), and read both.
+ * Checkpoints always hold version 3 (the fp32 master weights, so that a resume is exact); --save-model
+ * writes either (version 5 rounds each fp32 master weight to the nearest bf16, ties to even, as llm.c's
+ * and PyTorch's conversions do, for llm.c's GPU builds, which read only version 5). Both are read.
  *
  * State files (ours), one per shard of the optimizer state (one in all when it is not sharded), named
  * state_<step>_<shard>.bin, little-endian: 256 int32 header
@@ -146,10 +148,10 @@ static void atomic_commit(AtomicFile* a) {
 // ----------------------------------------------------------------------------------------------------
 // model file
 
-static void model_file_header(const GPT2Config* c, int* header) {
+static void model_file_header(const GPT2Config* c, int* header, int version) {
     memset(header, 0, HEADER_INTS * sizeof(int));
     header[0] = MODEL_MAGIC;
-    header[1] = 3;
+    header[1] = version;
     header[2] = c->maxT;
     header[3] = c->V;
     header[4] = c->L;
@@ -158,22 +160,48 @@ static void model_file_header(const GPT2Config* c, int* header) {
     header[7] = c->Vp;
 }
 
-// Writes params (llm.c order, float32) as a version 3 model file; returns the file's FNV-1a hash.
-static uint64_t model_file_write(const char* path, const GPT2Config* c, const float* params) {
+// float32 -> bf16 bits, rounded to nearest, ties to even (finite inputs; values beyond bf16's largest
+// finite number round to infinity, as in PyTorch)
+static uint16_t float_to_bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Writes params (llm.c order, float32) as a model file of `version` 3 (float32) or 5 (bf16, rounded to
+// nearest even); returns the file's FNV-1a hash.
+static uint64_t model_file_write_version(const char* path, const GPT2Config* c, const float* params, int version) {
     int header[HEADER_INTS];
-    model_file_header(c, header);
+    model_file_header(c, header, version);
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, header, sizeof(header));
-    atomic_write(&a, params, gpt2_num_parameters(c) * sizeof(float));
+    size_t n = gpt2_num_parameters(c);
+    if (version == 3) {
+        atomic_write(&a, params, n * sizeof(float));
+    } else {
+        const size_t CHUNK = 1 << 16;  // converted in pieces: no second copy of the model
+        uint16_t* bits = (uint16_t*)malloc_check(CHUNK * sizeof(uint16_t));
+        for (size_t i = 0; i < n; i += CHUNK) {
+            size_t k = n - i < CHUNK ? n - i : CHUNK;
+            for (size_t j = 0; j < k; j++) bits[j] = float_to_bf16_bits(params[i + j]);
+            atomic_write(&a, bits, k * sizeof(uint16_t));
+        }
+        free(bits);
+    }
     atomic_commit(&a);
     return a.hash;
+}
+
+// Writes params (llm.c order, float32) as a version 3 model file; returns the file's FNV-1a hash.
+static uint64_t model_file_write(const char* path, const GPT2Config* c, const float* params) {
+    return model_file_write_version(path, c, params, 3);
 }
 
 // the hash model_file_write would return, without writing (for the ranks that do not write)
 static uint64_t model_file_hash(const GPT2Config* c, const float* params) {
     int header[HEADER_INTS];
-    model_file_header(c, header);
+    model_file_header(c, header, 3);
     uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
     return fnv1a_update(hash, params, gpt2_num_parameters(c) * sizeof(float));
 }

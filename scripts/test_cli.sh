@@ -266,6 +266,29 @@ if "$BIN" --help | grep -q "target CPU"; then
     fi
 fi
 
+echo "--save-model-dtype bf16 (llm.c version 5)"
+# the same 2 steps saved both ways; the bf16 file must be PyTorch's round-to-nearest-even of the fp32 one,
+# exactly (header: version 5, sizes equal), and read back (--model, 0 steps, saved as fp32) it must give
+# the bf16 values widened to fp32 exactly
+"$BIN" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/m32.bin" >/dev/null 2>&1
+"$BIN" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/m16.bin" --save-model-dtype bf16 >/dev/null 2>&1
+timeout 60 "$BIN" --model "$TMP/m16.bin" "${GOOD[@]}" --batch-size 2 --seq-len 8 --steps 0 --val-every 0 --sample-every 0 \
+    --save-model "$TMP/m16_back.bin" >/dev/null 2>&1
+check "bf16 file == torch bf16 rounding of the fp32 file; read back exactly" "$PY" - "$TMP" <<'PYEOF'
+import sys, numpy as np, torch
+d = sys.argv[1]
+h32, h16, hb = (np.fromfile(f"{d}/{n}.bin", "<i4", count=256) for n in ("m32", "m16", "m16_back"))
+p32 = np.fromfile(f"{d}/m32.bin", "<f4", offset=1024)
+b16 = np.fromfile(f"{d}/m16.bin", "<u2", offset=1024)
+back = np.fromfile(f"{d}/m16_back.bin", "<f4", offset=1024)
+want = torch.from_numpy(p32.copy()).to(torch.bfloat16).view(torch.int16).numpy().view("<u2")
+ok = h16[1] == 5 and hb[1] == 3 and (h16[2:8] == h32[2:8]).all() and len(b16) == len(p32) and (b16 == want).all()
+ok = ok and (back.view("<u4") == (b16.astype("<u4") << 16)).all()
+# not vacuous: rounding changed most values
+ok = ok and (back != p32).mean() > 0.5
+sys.exit(0 if ok else 1)
+PYEOF
+expect_error "--save-model-dtype fp8" "--save-model-dtype must be fp32 or bf16" "${TINY[@]}" "${GOOD[@]}" --save-model-dtype fp8
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
 

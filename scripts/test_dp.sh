@@ -11,6 +11,10 @@
 #   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s; a divergence
 #      ends both ranks with one error line and exit 1
 #   4. bad input: a world size that is not dp x tp x pp
+#   5. signals: SIGTERM sent to one rank of two (dp 2, ZeRO-1; a SIGUSR1 to the other right after it) when
+#      step 3 is printed, and SIGINT twice to a single rank, stop the run after the step in progress with a
+#      checkpoint and exit code 3; the resumed run's losses and final model are bit-identical to an
+#      uninterrupted run's
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -92,6 +96,53 @@ else echo "  FAIL  diverged on 2 ranks: exit $rc (want 1, one error line, no abo
 
 echo "4. bad input"
 expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
+
+echo "5. a signal stops the run with a checkpoint; the resumed run equals an uninterrupted one bit for bit"
+# the process of world rank R among the descendants of PID (timeout -> mpirun -> ranks, or timeout -> trainer)
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$1"); do
+        if [ "$2" = single ] || tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
+        rank_pid "$p" "$2"
+    done
+}
+# signal_case NAME NP "SIGNAL:RANK ..." ARGS...: an uninterrupted run of 60 steps, then one that gets the
+# signals (in order, at once) when it prints step 3, then its resume; all with ARGS
+signal_case() {
+    local name=$1 np=$2 signals=$3 launch=("$BIN") i sr p
+    shift 3
+    [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np" "$BIN")
+    local args=("${COMMON[@]}" --steps 60 "$@")
+    rm -rf "$TMP/sig_ck" "$TMP/sig_r.jsonl"
+    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_u.jsonl" --save-model "$TMP/sig_u.bin" >/dev/null 2>&1
+    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --checkpoint-dir "$TMP/sig_ck" >"$TMP/sig.out" 2>&1 &
+    local job=$!
+    # (tail -f follows the output as it is written, and ends with the run)
+    timeout 60 tail --pid=$job -n +1 -f "$TMP/sig.out" | grep -q -m1 "^step     3/"
+    for sr in $signals; do
+        p=$(rank_pid $job "${sr#*:}")
+        [ -n "$p" ] && kill -"${sr%:*}" "$p" 2>/dev/null  # (a second signal may come after the run ended)
+    done
+    wait $job
+    local rc=$? stopped
+    stopped=$(sed -n 's/^stopped by SIG[A-Z0-9]* after step \([0-9]*\):.*/\1/p' "$TMP/sig.out")
+    if [ $rc -eq 3 ] && [ -n "$stopped" ] && [ "$stopped" -ge 3 ] && [ "$stopped" -lt 60 ] && [ -f "$TMP/sig_ck/model_$(printf %08d "$stopped").bin" ]; then
+        echo "  ok    $name: exit 3, $(grep '^stopped by' "$TMP/sig.out")"
+    else
+        echo "  FAIL  $name: exit $rc (want 3), stopped after step '$stopped'"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return
+    fi
+    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --resume "$TMP/sig_ck" --save-model "$TMP/sig_r.bin" >"$TMP/sig.out" 2>&1 \
+        || { echo "  FAIL  $name: the resume did not run"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return; }
+    if cmp -s "$TMP/sig_u.bin" "$TMP/sig_r.bin" && "$PY" - "$TMP/sig_u.jsonl" "$TMP/sig_r.jsonl" <<'PYEOF'
+import json, sys
+u, r = ([(x["step"], x["loss"]) for x in map(json.loads, open(p)) if "loss" in x] for p in sys.argv[1:3])
+sys.exit(0 if u == r and len(u) == 60 else 1)  # every loss, bit for bit (printed with 9 significant digits: float32 exactly)
+PYEOF
+    then echo "  ok    $name: resumed == uninterrupted (60 losses and the final model, bit for bit)"
+    else echo "  FAIL  $name: resumed run differs from the uninterrupted one"; fails=$((fails + 1)); fi
+}
+signal_case "SIGTERM to rank 1 of 2 (ZeRO-1)" 2 "TERM:1 USR1:0" --batch-size 4 --zero 1
+signal_case "SIGINT twice, one rank" 1 "INT:single INT:single" --batch-size 8
 
 if [ $fails -ne 0 ]; then echo "test_dp: $fails FAILED"; exit 1; fi
 echo "test_dp: all passed"

@@ -1,0 +1,49 @@
+/*
+ * stop_signal.h: stopping a run cleanly on SIGINT, SIGTERM or SIGUSR1 (Ctrl-C, `kill`, a scheduler's
+ * notice before its time limit: Slurm's `--signal=USR1@120`).
+ *
+ * The handler only records which signal came (a sig_atomic_t: nothing else is safe in a handler). The
+ * training loop asks stop_signal_agreed() once per step, after the step: a max all-reduce of that record
+ * over all ranks (one double per step; a signal may reach only one rank, e.g. `kill` of one process),
+ * so that every rank stops after the same step. The loop then saves a checkpoint as --stop-after would
+ * and the program exits with EXIT_STOPPED_BY_SIGNAL. Further signals while finishing the step or saving
+ * change nothing (the record is only read at the next step boundary, which never comes); a SIGKILL at
+ * that point still cannot corrupt the previous checkpoint, as every save is atomic (llmc/checkpoint.h).
+ */
+#pragma once
+
+#include <signal.h>
+
+#include "comm.h"
+
+// the exit code of a run stopped by a signal after saving its checkpoint (0: finished, 1: error)
+#define EXIT_STOPPED_BY_SIGNAL 3
+
+static volatile sig_atomic_t stop_signal_received = 0;  // the signal number, 0: none
+static int stop_signal_ended_run = 0;  // set when the training loop stopped for one (main's exit code)
+
+static void stop_signal_handler(int sig) { stop_signal_received = sig; }
+
+// Installs the handler for SIGINT, SIGTERM and SIGUSR1 (SA_RESTART: an interrupted read or write resumes).
+static void stop_signal_install(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = stop_signal_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    const int signals[3] = {SIGINT, SIGTERM, SIGUSR1};
+    for (int i = 0; i < 3; i++)
+        if (sigaction(signals[i], &sa, NULL) != 0) fatal("cannot install the handler of signal %d: %s", signals[i], strerror(errno));
+}
+
+// Collective over all ranks, once per step: the number of a stop signal that reached any rank (the
+// largest, if several did), or 0. Every rank gets the same answer.
+static int stop_signal_agreed(Comm* comm) {
+    double sig = (double)stop_signal_received;
+    comm_all_reduce_host(comm, &comm->world, &sig, 1, REDUCE_MAX);
+    return (int)sig;
+}
+
+static const char* stop_signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
