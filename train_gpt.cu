@@ -1116,7 +1116,7 @@ static void check_finite_before_save(Comm* comm, const GPT2Config* c, const floa
 // Saves a checkpoint (collective: every rank calls it): the model in llm.c format (fp32 master weights,
 // written by rank 0) and the optimizer state, one file per shard (written by the rank that owns it),
 // each file atomically. The data position is the step; the state records the RNG and batch shape.
-static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
+static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int keep_last) {
     Comm* comm = model->comm;
     const ZeroPlan* z = &model->zero;
     int writes_model = comm->world_rank == 0;
@@ -1175,6 +1175,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state) {
     }
     comm_barrier(comm, &comm->world);  // the checkpoint is complete when every rank is past here
     if (writes_model) printf("saved checkpoint %s/model_%08lld.bin and %d state shard(s)\n", dir, state->step, state->num_shards);
+    if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);  // only now: the new one is complete
 }
 
 // Reads the newest complete checkpoint in dir: its model file into *params (file order) and the
@@ -1394,6 +1395,8 @@ typedef struct {
     int save_every;
     const char* checkpoint_dir;
     const char* resume;  // checkpoint folder to resume from, or NULL
+    const char* resume_if_present;  // resume from this folder if it holds a complete checkpoint, else start fresh
+    int keep_last;       // keep this many newest checkpoints, delete older ones (0: keep all)
     const char* log_file;
     const char* save_model;  // write the final model here (llm.c format), or NULL
     int save_model_version;  // its model file version: 3 fp32 (default) or 5 bf16
@@ -1888,7 +1891,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             state.scale_good_steps = scaler.good_steps;
             state.scale_hysteresis_left = scaler.hysteresis_left;
             state.run_id = run_id;
-            save_checkpoint(&model, tc->checkpoint_dir, &state);
+            save_checkpoint(&model, tc->checkpoint_dir, &state, tc->keep_last);
         }
         if (stop_sig && !last) report_signal_stop(tc, comm, stop_sig, step);
         if (last || stopping) break;
@@ -2101,7 +2104,10 @@ static void print_usage(void) {
         "                        (--steps 0 --model FILE --prompt TEXT: sample once from a model, no training)\n"
         "  --save-every N        checkpoint every N steps, 0 off      [%d]\n"
         "  --checkpoint-dir DIR  where checkpoints go (created if missing) [%s]\n"
-        "  --resume DIR          continue from the newest checkpoint in DIR\n"
+        "  --resume DIR          continue from the newest checkpoint in DIR (and save there: --checkpoint-dir's default)\n"
+        "  --resume-if-present DIR  the same if DIR holds a complete checkpoint, else start fresh (from --model or\n"
+        "                        from scratch), saving into DIR: one command line for a job that is requeued\n"
+        "  --keep-last N         after each save keep the N newest checkpoints, delete older ones [all kept]\n"
         "  --save-model FILE     write the final model (llm.c format)\n"
         "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even; what llm.c's GPU builds read) [fp32]\n"
         "  --log FILE            one JSON object per line per step and evaluation\n"
@@ -2136,6 +2142,7 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
 static void parse_args(TrainConfig* tc, int argc, char** argv) {
     default_train_config(tc);
     int micro_batches = 0;
+    const char* checkpoint_dir_given = NULL;
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
@@ -2240,8 +2247,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--bpe-dir")) tc->bpe_dir = v;
         else if (!strcmp(f, "--encode")) tc->encode_file = v;
         else if (!strcmp(f, "--save-every")) tc->save_every = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = v;
+        else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = checkpoint_dir_given = v;
         else if (!strcmp(f, "--resume")) tc->resume = v;
+        else if (!strcmp(f, "--resume-if-present")) tc->resume_if_present = v;
+        else if (!strcmp(f, "--keep-last")) tc->keep_last = (int)parse_int(f, v, 1, 1 << 30);
         else if (!strcmp(f, "--save-model")) tc->save_model = v;
         else if (!strcmp(f, "--save-model-dtype")) {
             if (strcmp(v, "fp32") && strcmp(v, "bf16")) fatal("--save-model-dtype must be fp32 or bf16, got '%s'", v);
@@ -2251,6 +2260,9 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else fatal("unknown flag %s (see --help)", f);
     }
     if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
+    if (tc->resume && tc->resume_if_present) fatal("give --resume or --resume-if-present, not both");
+    // a resumed run saves where it resumed from, so that the next resume finds its newest checkpoint
+    if (!checkpoint_dir_given && (tc->resume || tc->resume_if_present)) tc->checkpoint_dir = tc->resume ? tc->resume : tc->resume_if_present;
     if (micro_batches > 0) {  // B sequences per step, in M micro-batches of B/M: gradient accumulation over M
         if (tc->grad_accum != 1) fatal("give --micro-batches or --grad-accum, not both");
         if (tc->B % micro_batches != 0)
@@ -2269,6 +2281,27 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
     if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
     if (!tc->model_file && !tc->resume && tc->T > tc->arch.maxT)
         fatal("sequence length T=%d is longer than maxT=%d", tc->T, tc->arch.maxT);
+}
+
+// --resume-if-present DIR: a requeued job's fixed command line. If DIR holds a complete checkpoint, the
+// run resumes from it (as --resume DIR); otherwise it starts fresh (from --model, or from scratch) and
+// says so. Every rank must see the same folder: the ranks compare what they found.
+static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
+    if (!tc->resume_if_present) return;
+    long long step = newest_complete_checkpoint(tc->resume_if_present);
+    double found[2] = {(double)step, -(double)step};  // the largest and (negated) the smallest over the ranks
+    comm_all_reduce_host(comm, &comm->world, found, 2, REDUCE_MAX);
+    double hi = found[0], lo = -found[1];
+    if (lo != hi)
+        fatal("--resume-if-present '%s': the ranks see different checkpoints (newest complete: step %.0f on some, %.0f on "
+              "others); the folder must be shared", tc->resume_if_present, lo, hi);
+    if (step >= 0) {
+        tc->resume = tc->resume_if_present;
+        tc->model_file = NULL;  // the checkpoint holds the model
+    } else if (comm->world_rank == 0) {
+        printf("--resume-if-present: no complete checkpoint in '%s': starting %s\n", tc->resume_if_present,
+               tc->model_file ? "from --model" : "from scratch");
+    }
 }
 
 #ifndef TRAIN_GPT_NO_MAIN
@@ -2292,6 +2325,7 @@ int main(int argc, char** argv) {
     device_require_gpu();  // GPU build: a clear error without a GPU or driver (CPU build: nothing)
     Comm comm;
     comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir);
+    resolve_resume_if_present(&tc, &comm);
     double t0 = wall_seconds();
     float val = train(&tc, &comm, NULL, 0);
     if (comm.world_rank == 0) {

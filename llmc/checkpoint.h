@@ -501,3 +501,73 @@ static int checkpoint_steps(const char* dir, long long** steps) {
     qsort(*steps, n, sizeof(long long), compare_steps_descending);
     return n;
 }
+
+// Whether the checkpoint of `step` in dir is complete: its model file and every state shard (as many as
+// its first shard says) are there. (A save writes the model, then the shards, each atomically.)
+static int checkpoint_complete(const char* dir, long long step) {
+    char path[4200];
+    int header[HEADER_INTS];
+    long long size;
+    snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
+    if (access(path, R_OK) != 0) return 0;
+    snprintf(path, sizeof(path), "%s/state_%08lld_00000.bin", dir, step);
+    FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
+    fclose(f);
+    if (header[23] < 1 || header[23] > (1 << 24)) fatal("'%s': bad number of shards %d", path, header[23]);
+    for (int s = 1; s < header[23]; s++) {
+        snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
+        if (access(path, R_OK) != 0) return 0;
+    }
+    return 1;
+}
+
+// The step of the newest complete checkpoint in dir, or -1 if there is none (or no such folder).
+static long long newest_complete_checkpoint(const char* dir) {
+    long long* steps;
+    int n = checkpoint_steps(dir, &steps);
+    long long found = -1;
+    for (int i = 0; i < n && found < 0; i++)
+        if (checkpoint_complete(dir, steps[i])) found = steps[i];
+    free(steps);
+    return found;
+}
+
+// The step in a checkpoint file's name: model_<step>.bin or state_<step>_<shard>.bin, with or without
+// the ".tmp" of an unfinished write; -1 for any other name.
+static long long checkpoint_file_step(const char* name) {
+    const char* p = strncmp(name, "model_", 6) == 0 ? name + 6 : strncmp(name, "state_", 6) == 0 ? name + 6 : NULL;
+    if (p == NULL || *p < '0' || *p > '9') return -1;
+    char* end;
+    long long step = strtoll(p, &end, 10);
+    if (name[0] == 's') {  // _<shard>
+        if (*end != '_' || end[1] < '0' || end[1] > '9') return -1;
+        strtoll(end + 1, &end, 10);
+    }
+    return strcmp(end, ".bin") == 0 || strcmp(end, ".bin.tmp") == 0 ? step : -1;
+}
+
+// --keep-last: after the checkpoint of step `saved` is complete, keeps it and the keep-1 newest complete
+// checkpoints before it, and deletes every checkpoint file of an older step (all its shards, and what
+// an interrupted save left). Newer steps (left by a run that crashed before a resume) are not touched.
+// A file that cannot be deleted is reported and training goes on: it costs space, not correctness.
+static void prune_checkpoints(const char* dir, long long saved, int keep) {
+    long long* steps;
+    int n = checkpoint_steps(dir, &steps), kept = 1;  // the one just saved
+    long long oldest_kept = saved;
+    for (int i = 0; i < n && kept < keep; i++)  // newest first
+        if (steps[i] < saved && checkpoint_complete(dir, steps[i])) oldest_kept = steps[i], kept++;
+    free(steps);
+    DIR* d = opendir(dir);
+    if (d == NULL) fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));
+    long long deleted_newest = -1;
+    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+        long long step = checkpoint_file_step(e->d_name);
+        if (step < 0 || step >= oldest_kept) continue;
+        char path[4400];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0) fprintf(stderr, "warning: --keep-last: cannot delete '%s': %s\n", path, strerror(errno));
+        else if (step > deleted_newest) deleted_newest = step;
+    }
+    closedir(d);
+    if (deleted_newest >= 0) printf("--keep-last %d: deleted the checkpoints before step %lld in '%s'\n", keep, oldest_kept, dir);
+}

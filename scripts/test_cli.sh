@@ -145,6 +145,28 @@ cp "$TMP/ck/model_00000001.bin" "$TMP/ck_big/model_99999999.bin" && cp "$TMP/ck/
 timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck_big" --batch-size 2 --seq-len 8 --steps 100000001 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
 check "newest of steps 99999999 and 100000000" grep -q "resuming from step 100000000 of" "$TMP/out"
 
+echo "requeued jobs: --resume-if-present, --checkpoint-dir defaults to the resumed folder, --keep-last"
+# one command line run twice (--steps 2, then --steps 4): fresh, then resumed; its final model equals a
+# straight 4-step run's, byte for byte
+RQ=("$BIN" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --resume-if-present "$TMP/rq")
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 4 --save-model "$TMP/rq_straight.bin" >/dev/null 2>&1
+timeout 60 "${RQ[@]}" --steps 2 >"$TMP/out" 2>&1
+check "--resume-if-present, no folder: starts from scratch, saves there" \
+    eval 'grep -q "no complete checkpoint in .*rq.: starting from scratch" "$TMP/out" && test -f "$TMP/rq/model_00000002.bin"'
+timeout 60 "${RQ[@]}" --steps 4 --save-model "$TMP/rq_resumed.bin" >"$TMP/out" 2>&1
+check "--resume-if-present, checkpoint there: resumes; model == straight run's" \
+    eval 'grep -q "resuming from step 2 of" "$TMP/out" && cmp -s "$TMP/rq_straight.bin" "$TMP/rq_resumed.bin"'
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/rq" --batch-size 2 --seq-len 8 --steps 5 --save-every 1 --val-every 0 --sample-every 0 >/dev/null 2>&1
+check "--resume DIR --save-every 1 saves into DIR" test -f "$TMP/rq/model_00000005.bin"
+# --keep-last 2: after 5 saves only steps 4 and 5 remain, a leftover of an interrupted save of step 1 is
+# gone, a file that is not a checkpoint stays
+mkdir -p "$TMP/kl" && touch "$TMP/kl/model_00000001.bin.tmp" "$TMP/kl/notes.txt"
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 5 --save-every 1 --keep-last 2 --checkpoint-dir "$TMP/kl" >/dev/null 2>&1
+check "--keep-last 2 keeps steps 4 and 5 only" test "$(ls "$TMP/kl" | tr '\n' ' ')" = \
+    "model_00000004.bin model_00000005.bin notes.txt state_00000004_00000.bin state_00000005_00000.bin "
+expect_error "--resume and --resume-if-present" "give --resume or --resume-if-present, not both" "${GOOD[@]}" --resume "$TMP/rq" --resume-if-present "$TMP/rq"
+expect_error "--keep-last 0" "--keep-last must be between 1" "${TINY[@]}" "${GOOD[@]}" --keep-last 0
+
 echo "inputs that are not regular files (a FIFO with no writer blocked in fopen)"
 mkfifo "$TMP/fifo"
 expect_error "--model FIFO" "fifo' is not a regular file" --model "$TMP/fifo" "${GOOD[@]}" --batch-size 2 --seq-len 8

@@ -10,6 +10,7 @@
 #      some parameters twice) is refused
 #   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s; a divergence
 #      ends both ranks with one error line and exit 1
+#      --keep-last 1 leaves only the newest checkpoint's files (model and every shard)
 #   4. bad input: a world size that is not dp x tp x pp
 #   5. signals: SIGTERM sent to one rank of two (dp 2, ZeRO-1; a SIGUSR1 to the other right after it) when
 #      step 3 is printed, and SIGINT twice to a single rank, stop the run after the step in progress with a
@@ -70,6 +71,12 @@ cp -r "$TMP/ckz" "$TMP/ckz_forged"  # shard 0's ranges under shard 1's name and 
 "$PY" "$(dirname "$0")/forge_state.py" "$TMP/ckz/state_00000004_00000.bin" "$TMP/ckz_forged/state_00000004_00001.bin" shard=1
 expect_mpi_error "shard 0's ranges as shard 1" "shards of step 4 .* do not cover the model: parameters .* are in more than one shard" 2 \
     "$BIN" "${COMMON[@]}" --batch-size 4 --zero 1 --resume "$TMP/ckz_forged"
+
+# --keep-last 1 deletes every shard of the older checkpoints
+run 2 --batch-size 4 --zero 1 --steps 3 --save-every 1 --keep-last 1 --checkpoint-dir "$TMP/ckk"
+if [ "$(ls "$TMP/ckk" | tr '\n' ' ')" = "model_00000003.bin state_00000003_00000.bin state_00000003_00001.bin " ]; then
+    echo "  ok    --keep-last 1 at dp=2 ZeRO-1: only step 3's model and 2 shards remain"
+else echo "  FAIL  --keep-last 1 at dp=2 ZeRO-1 left: $(ls "$TMP/ckk" | tr '\n' ' ')"; fails=$((fails + 1)); fi
 
 echo "3. a rank that dies ends the run"
 start=$(date +%s)
