@@ -1401,6 +1401,8 @@ typedef struct {
     const char* save_model;  // write the final model here (llm.c format), or NULL
     int save_model_version;  // its model file version: 3 fp32 (default) or 5 bf16
     int quiet;               // no per-step lines (tests)
+    int argc;                // the command line, for the log's configuration line
+    char** argv;
 } TrainConfig;
 
 typedef struct {
@@ -1730,6 +1732,48 @@ static void report_signal_stop(const TrainConfig* tc, Comm* comm, int sig, long 
                stop_signal_name(sig), step, tc->checkpoint_dir, tc->checkpoint_dir, EXIT_STOPPED_BY_SIGNAL);
 }
 
+// The log's first line (and one per resume): the command line and what it resolved to (llmc/logger.h).
+static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2* model, long long resumed_from) {
+    if (!logger_config_begin(lg, tc->argc, tc->argv)) return;
+    const GPT2Config* c = &model->config;
+    char device[256];
+    device_name(device, sizeof(device));
+    FILE* f = lg->f;
+    fprintf(f, ", \"target\": \"%s\", \"precision\": \"%s\", \"device\": ", TARGET_NAME, PRECISION_NAME);
+    json_string(f, device);
+    fprintf(f, ", \"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d", comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero);
+    fprintf(f, ", \"model\": {\"L\": %d, \"C\": %d, \"NH\": %d, \"V\": %d, \"Vp\": %d, \"maxT\": %d, \"parameters\": %zu}", c->L, c->C,
+            c->NH, c->V, c->Vp, c->maxT, model->num_parameters);
+    fprintf(f, ", \"batch\": {\"B\": %d, \"T\": %d, \"grad_accum\": %d, \"tokens_per_step\": %lld}", tc->B, tc->T, tc->grad_accum,
+            (long long)comm->dp * tc->B * tc->T * tc->grad_accum);
+    fprintf(f, ", \"steps\": %lld, \"lr\": %g, \"warmup\": %d, \"lr_schedule\": \"%s\", \"seed\": %llu", tc->steps, tc->opt.lr,
+            tc->warmup, tc->schedule, (unsigned long long)tc->seed);
+    if (resumed_from >= 0) fprintf(f, ", \"resumed_from\": %lld", resumed_from);
+    logger_config_end(lg);
+}
+
+// hours:minutes:seconds, or minutes:seconds under an hour
+static void format_duration(double seconds, char* buf, size_t cap) {
+    long long s = seconds > 0 && isfinite(seconds) ? (long long)(seconds + 0.5) : 0;
+    if (s >= 3600) snprintf(buf, cap, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(buf, cap, "%lld:%02lld", s / 60, s % 60);
+}
+
+// The line of a finished step: loss, norm, lr, time, throughput (MFU on a known GPU), the time since
+// the loop started and the time left to the last step of this run (--stop-after or --steps), at the
+// mean pace of the steps so far.
+static void print_step_line(const TrainConfig* tc, long long step, long long start_step, double loop_start, float loss,
+                            float norm, float lr, double ms, double tokens_per_s, double mfu) {
+    long long end = tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps;
+    double elapsed = wall_seconds() - loop_start;
+    char el[32], eta[32];
+    format_duration(elapsed, el, sizeof(el));
+    format_duration(elapsed / (double)(step - start_step) * (double)(end - step), eta, sizeof(eta));
+    printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step, tc->steps, loss, norm, lr, ms, tokens_per_s);
+    if (mfu > 0) printf(" | MFU %.1f%%", mfu);
+    printf(" | %s elapsed, ETA %s\n", el, eta);
+}
+
 // Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
 // (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
 // Returns the last validation loss (or NAN).
@@ -1830,6 +1874,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     Logger logger = {NULL};
     if (main_rank && tc->resume) logger_open_resumed(&logger, tc->log_file, start_step);
     else if (main_rank) logger_open(&logger, tc->log_file, 0);
+    log_run_config(&logger, tc, comm, &model, tc->resume ? start_step : -1);
 
     size_t tokens_per_step = (size_t)D * tc->B * tc->T * tc->grad_accum;
     double flops_per_token = 6.0 * model.num_parameters + 6.0 * c->L * c->C * tc->T;
@@ -1858,6 +1903,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
 
     float val_loss = NAN;
     int stop_sig = 0;  // a stop signal every rank knows of (agreed after each step)
+    double loop_start = wall_seconds();
     stop_signal_install();
     for (long long step = start_step; step <= tc->steps; step++) {
         int last = step == tc->steps;
@@ -1942,12 +1988,9 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
                    (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
         }
 #endif
-        if (main_rank && !tc->quiet) {
-            printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step + 1, tc->steps, loss,
-                   norm, lr, ms, tokens_per_s);
-            if (peak > 0) printf(" | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / (peak * comm->world_size));
-            printf("\n");
-        }
+        if (main_rank && !tc->quiet)
+            print_step_line(tc, step + 1, start_step, loop_start, loss, norm, lr, ms, tokens_per_s,
+                            peak > 0 ? 100.0 * flops_per_token * tokens_per_s / (peak * comm->world_size) : 0.0);
         logger_step(&logger, step + 1, (float)loss, lr, norm, tokens_per_s, ms);
     }
 
@@ -2141,6 +2184,8 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
 
 static void parse_args(TrainConfig* tc, int argc, char** argv) {
     default_train_config(tc);
+    tc->argc = argc;
+    tc->argv = argv;
     int micro_batches = 0;
     const char* checkpoint_dir_given = NULL;
     for (int i = 1; i < argc; i++) {

@@ -84,6 +84,30 @@ static cudaStream_t main_stream = 0;
 // loops (identical results).
 static int fused_kernels = 0;
 
+// The name of the device this rank computes on (for the log): the GPU's, or the CPU's model name.
+static inline void device_name(char* buf, size_t cap) {
+#ifndef LLMC_CPU
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess) {
+        snprintf(buf, cap, "%s", prop.name);
+        return;
+    }
+#endif
+    snprintf(buf, cap, "CPU");
+    FILE* f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+        char* colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) != 0 || colon == NULL) continue;
+        colon += strspn(colon + 1, " \t") + 1;
+        colon[strcspn(colon, "\n")] = '\0';
+        snprintf(buf, cap, "CPU: %s", colon);
+        break;
+    }
+    if (f != NULL) fclose(f);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // is there a GPU at all?
 

@@ -1,5 +1,8 @@
 /*
  * logger.h: the machine-readable log, one JSON object per line (--log FILE).
+ *   first, the run's configuration (and again after each resume, with "resumed_from"):
+ *                   {"config": {"argv": [...], "target": "CPU", "precision": "FP32", "device": "...",
+ *                    "world": 2, "dp": 2, "tp": 1, "pp": 1, "zero": 1, "model": {...}, "batch": {...}, ...}}
  *   per step:       {"step": 12, "loss": 5.12, "lr": 0.0006, "grad_norm": 1.3, "tokens_per_s": 41234, "ms": 12.4}
  *   per evaluation: {"step": 12, "val_loss": 5.31}
  *   per skipped step (loss scaling, gradients overflowed): {"step": 12, "skipped": true, "loss_scale": 32768}
@@ -38,7 +41,9 @@ static void logger_open_resumed(Logger* lg, const char* path, long long step) {
         while (fgets(line, sizeof(line), in) != NULL) {
             long long s;
             size_t len = strlen(line);
-            if (line[len - 1] != '\n' || sscanf(line, "{\"step\": %lld", &s) != 1 || s > step) continue;
+            if (line[len - 1] != '\n') continue;  // torn
+            int is_config = strncmp(line, "{\"config\": ", 11) == 0;  // the configuration of the run and of each resume
+            if (!is_config && (sscanf(line, "{\"step\": %lld", &s) != 1 || s > step)) continue;
             if (fputs(line, out) == EOF) fatal("cannot write '%s': %s", tmp, strerror(errno));
         }
         if (ferror(in)) fatal("read error in '%s': %s", path, strerror(errno));
@@ -59,6 +64,35 @@ static void json_number(FILE* f, const char* key, double v, const char* fmt) {
     fprintf(f, ", \"%s\": ", key);
     if (isfinite(v)) fprintf(f, fmt, v);
     else fprintf(f, "null");
+}
+
+// a JSON string: quotes, backslashes and control characters escaped (other bytes as they are: UTF-8)
+static void json_string(FILE* f, const char* s) {
+    fputc('"', f);
+    for (const unsigned char* p = (const unsigned char*)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+// Opens the configuration line: the caller writes its fields (', "key": value' each, after the first
+// written here) and closes it with logger_config_end.
+static int logger_config_begin(Logger* lg, int argc, char** argv) {
+    if (!lg->f) return 0;
+    fprintf(lg->f, "{\"config\": {\"argv\": [");
+    for (int i = 0; i < argc; i++) {
+        if (i > 0) fprintf(lg->f, ", ");
+        json_string(lg->f, argv[i]);
+    }
+    fprintf(lg->f, "]");
+    return 1;
+}
+
+static void logger_config_end(Logger* lg) {
+    fprintf(lg->f, "}");
+    logger_end_line(lg);
 }
 
 static void logger_step(Logger* lg, long long step, float loss, float lr, float grad_norm, double tokens_per_s, double ms) {

@@ -193,8 +193,11 @@ timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" "${GPT2TOK[@]}" --steps 4 --log "$TM
 check "samples: crashed + resumed == uninterrupted (2 samples)" \
     test "$(grep -h '^sample:' "$TMP/c.out" "$TMP/r.out")" = "$(grep '^sample:' "$TMP/u.out")" -a "$(grep -c '^sample:' "$TMP/u.out")" = 2
 # the log's steps and values, without the timings: every step once, as in the uninterrupted run
-log_values() { "$PY" -c 'import json, sys; [print(r["step"], r.get("loss"), r.get("val_loss")) for r in map(json.loads, open(sys.argv[1]))]' "$1"; }
+log_values() { "$PY" -c 'import json, sys; [print(r["step"], r.get("loss"), r.get("val_loss")) for r in map(json.loads, open(sys.argv[1])) if "step" in r]' "$1"; }
 check "log: crashed + resumed == uninterrupted (steps and values)" test "$(log_values "$TMP/r.jsonl")" = "$(log_values "$TMP/u.jsonl")"
+# the configuration line opens the log, and the resume adds its own (kept through the log's trimming)
+log_configs() { "$PY" -c 'import json, sys; [print(i, r["config"]["model"]["L"], r["config"].get("resumed_from")) for i, r in enumerate(map(json.loads, open(sys.argv[1]))) if "config" in r]' "$1"; }
+check "log: configuration first, and one per resume" test "$(log_configs "$TMP/r.jsonl" | tr '\n' ' ')" = "0 1 None 5 1 2 "
 
 echo "CPU target: the memory plan against the peak resident memory of runs"
 # The plan counts the model's buffers, the CPU matmuls' scratch and the host copies of loading and

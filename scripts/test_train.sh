@@ -2,7 +2,9 @@
 # test_train.sh: runs the default training job (what `make train` runs) and checks that it learns: the
 # last validation loss must be at least 2 nats below the first (the initial loss is about ln(50257) =
 # 10.8 nats; a model that has learned the corpus' unigram statistics alone is below 8). Also checks the
-# JSON log has a line per step and per evaluation. Prints the wall time; it is not asserted.
+# JSON log has a line per step and per evaluation, and starts with the run's configuration; that each
+# step line shows the elapsed time and an ETA; and that scripts/plot_log.py draws the log into a PNG with
+# real content. Prints the wall time; it is not asserted.
 set -euo pipefail
 BIN=${1:-build/cpu/train_gpt}
 TMP=$(mktemp -d)
@@ -18,8 +20,24 @@ val = [r["val_loss"] for r in rows if "val_loss" in r]
 steps = [r for r in rows if "loss" in r]
 assert all(k in r for r in steps for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s")), "missing keys"
 assert len(steps) > 0 and len(val) >= 2, "log has no steps or fewer than two evaluations"
+cfg = rows[0].get("config")
+assert cfg is not None, "the log's first line is not the configuration"
+assert all(k in cfg for k in ("argv", "target", "precision", "device", "world", "dp", "tp", "pp", "model", "batch")), "config keys"
+assert cfg["model"]["L"] == 4 and cfg["model"]["C"] == 128 and cfg["world"] == 1 and cfg["device"], f"config values: {cfg}"
 print(f"val loss: first {val[0]:.4f}, last {val[-1]:.4f}, drop {val[0] - val[-1]:.4f} nats (need >= 2)")
 sys.exit(0 if val[0] - val[-1] >= 2.0 else 1)
 PYEOF
 grep -q "^sample: " "$TMP/out" || { echo "no sample was printed"; exit 1; }
+grep -q "^step   150/150 | .* | [0-9:]* elapsed, ETA 0:00$" "$TMP/out" || { echo "the last step line has no elapsed time and ETA 0:00"; exit 1; }
+# the plot: a PNG whose two panels hold curves (not blank: at least 1% of the pixels are neither white
+# nor the gray of the grid and frame, i.e. colored curve pixels)
+"${PYTHON:-/usr/bin/python3}" scripts/plot_log.py "$TMP/log.jsonl" -o "$TMP/curves.png"
+"${PYTHON:-/usr/bin/python3}" - "$TMP/curves.png" <<'PYEOF'
+import sys
+import matplotlib.image as mpimg
+img = mpimg.imread(sys.argv[1])[..., :3]
+colored = ((img.max(axis=2) - img.min(axis=2)) > 0.2).mean()
+print(f"plot_log.py: {img.shape[1]}x{img.shape[0]} PNG, {100 * colored:.1f}% colored pixels (need >= 1%)")
+sys.exit(0 if img.shape[0] >= 400 and img.shape[1] >= 600 and colored >= 0.01 else 1)
+PYEOF
 echo "test_train: passed"
