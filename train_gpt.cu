@@ -972,7 +972,7 @@ static floatX* stage_output(GPT2* model, int B, int T) {  // (B, T, C) the last 
 typedef struct {
     const floatX* buf;
     int peer;    // stage index, -1: nothing pending
-    int shared;  // buf is the shared dresidual, which the next backward overwrites: wait for the send
+    int shared;  // buf is shared (dresidual, or the rematerialized work set), which the next action overwrites: wait for the send
 } PendingSend;
 
 static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, int micro) {
@@ -987,7 +987,9 @@ static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, i
         if (pending->peer >= 0) {
             // A forward output lives in its micro-batch slot, which nothing writes before a later
             // receive has been waited for (same stream, in order): its send is not waited for, and with
-            // NCCL it runs while the next forward computes. An input gradient is in the shared dresidual.
+            // NCCL it runs while the next forward computes. An input gradient is in the shared dresidual,
+            // and with rematerialization a forward output is in the shared work set: the next forward or
+            // backward overwrites them, so those sends are waited for.
             comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
             if (pending->shared) comm_join(c);
             trace_add(tr, "send", "send", micro, t0);
@@ -1050,7 +1052,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
             loss += gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);  // 0 when deferred
             model->loss_dest = NULL;
             trace_add(model->tracer, "forward", "F", m, t0);
-            if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1, 0};
+            if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1, model->rematerialize};
         } else {
             pipe_exchange(model, &pending, model->last ? NULL : model->acts.dresidual, s + 1, n, m);
             use_slot(model, m, B, T);

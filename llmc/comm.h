@@ -19,6 +19,12 @@
  * (torchrun) or SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, with the NCCL id passed through a file in a
  * shared folder (--nccl-id-dir).
  *
+ * Strict mode (LLMC_COMM_STRICT=1, for tests): the MPI engine honours NCCL's buffer contract to the
+ * letter. A send or collective is only queued when it is called; comm_join() (or a blocking host
+ * collective) runs the queue in order. So a send reads its buffer at the join, not when it was posted,
+ * and a receiver sees its data only after the join: a buffer written while it still belongs to the
+ * communication (fine under blocking MPI, a silent race under NCCL) gives wrong results in the tests.
+ *
  * Failure: any error on any rank goes through fatal(), which under MPI calls MPI_Abort so mpirun ends
  * every rank; a rank that dies is noticed by mpirun, which ends the others. NCCL waits poll for
  * asynchronous errors and give up after a timeout.
@@ -51,6 +57,19 @@ typedef struct {
 #endif
 } Group;
 
+// an MPI-engine operation queued by strict mode until the next join
+typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_SEND, OP_RECV, OP_SENDRECV } OpKind;
+typedef struct {
+    OpKind kind;
+    Group* g;
+    const void* send;  // what the operation reads (for collectives in place, the same as recv)
+    void* recv;        // what it writes
+    size_t n;          // elements (all_gather, reduce_scatter: per rank)
+    DType t;
+    ReduceOp op;
+    int peer, recv_peer;  // send/recv: the peer; sendrecv: send_peer, recv_peer; broadcast: the root
+} QueuedOp;
+
 typedef struct {
     int world_rank, world_size, local_rank;
     int dp, tp, pp;                 // grid dimensions
@@ -59,6 +78,9 @@ typedef struct {
     int mpi_initialized;
     Group world, dp_group, tp_group, pp_group;
     Group emb_group;  // the first and last pipeline stage of one (dp, tp) position: they share the tied wte
+    int strict;       // MPI engine: run sends and collectives at the join (LLMC_COMM_STRICT=1)
+    QueuedOp* queue;  // strict mode: the operations posted since the last join, in order
+    int queued, queue_cap;
 #ifdef HAVE_NCCL
     cudaStream_t stream;  // NCCL work runs here
     cudaEvent_t event;    // orders it after the main stream's work
@@ -276,6 +298,8 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
         cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
     }
 #endif
+    const char* strict = getenv("LLMC_COMM_STRICT");
+    c->strict = c->engine == ENGINE_MPI && strict != NULL && strcmp(strict, "0") != 0;
 #ifdef USE_MPI
     if (use_mpi) {
         c->world.mpi = MPI_COMM_WORLD;
@@ -287,7 +311,11 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
 #endif
 }
 
+static void mpi_flush(Comm* c);
 static void comm_finalize(Comm* c) {
+    mpi_flush(c);
+    free(c->queue);
+    c->queue = NULL;
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         nccl_wait(c);
@@ -347,17 +375,107 @@ static void comm_stream_follow_main(Comm* c) {
 }
 #endif
 
+// ----------------------------------------------------------------------------------------------------
+// the MPI engine: one operation, run now (blocking), or at the next join in strict mode
+
+#ifdef USE_MPI
+static void mpi_run(const QueuedOp* q) {
+    Group* g = q->g;
+    size_t n = q->n;
+    float* h;
+    switch (q->kind) {
+        case OP_ALL_REDUCE:
+            h = stage_in(q->recv, n, q->t);
+            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(q->op), g->mpi));
+            if (q->op == REDUCE_AVG)
+                for (size_t i = 0; i < n; i++) h[i] /= g->size;
+            stage_out(q->recv, h, n, q->t);
+            break;
+        case OP_REDUCE_SCATTER:  // in place in a staged copy of send; the result lands in h[0 .. n)
+            h = stage_in(q->send, n * g->size, q->t);
+            mpiCheck(MPI_Reduce_scatter_block(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, MPI_SUM, g->mpi));
+#ifdef LLMC_CPU
+            if ((float*)q->recv != h) memmove(q->recv, h, n * sizeof(float));
+#else
+            stage_out(q->recv, h, n, q->t);
+#endif
+            break;
+        case OP_ALL_GATHER:
+            h = stage_in(q->recv, n * g->size, q->t);
+            mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)n, MPI_FLOAT, g->mpi));
+            stage_out(q->recv, h, n * g->size, q->t);
+            break;
+        case OP_BROADCAST:
+            h = stage_in(q->recv, n, q->t);
+            mpiCheck(MPI_Bcast(h, (int)n, MPI_FLOAT, q->peer, g->mpi));
+            stage_out(q->recv, h, n, q->t);
+            break;
+        case OP_SEND:
+            h = stage_in(q->send, n, q->t);
+            mpiCheck(MPI_Send(h, (int)n, MPI_FLOAT, q->peer, 0, g->mpi));
+            break;
+        case OP_RECV:
+#ifdef LLMC_CPU
+            h = (float*)q->recv;
+#else
+            h = host_scratch(&staging, n);
+#endif
+            mpiCheck(MPI_Recv(h, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, MPI_STATUS_IGNORE));
+            stage_out(q->recv, h, n, q->t);
+            break;
+        case OP_SENDRECV: {
+#ifdef LLMC_CPU
+            const float* hs = (const float*)q->send;
+            float* hr = (float*)q->recv;
+#else
+            static HostScratch recv_staging = {NULL, 0};
+            const float* hs = stage_in(q->send, n, q->t);
+            float* hr = host_scratch(&recv_staging, n);
+#endif
+            mpiCheck(MPI_Sendrecv(hs, (int)n, MPI_FLOAT, q->peer, 0, hr, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, MPI_STATUS_IGNORE));
+            stage_out(q->recv, hr, n, q->t);
+            break;
+        }
+    }
+}
+#endif
+
+// MPI engine: run the operation now, or in strict mode queue it for the join
+static void mpi_post(Comm* c, QueuedOp q) {
+#ifdef USE_MPI
+    if (!c->strict) {
+        mpi_run(&q);
+        return;
+    }
+    if (c->queued == c->queue_cap) {
+        c->queue_cap = c->queue_cap ? 2 * c->queue_cap : 64;
+        c->queue = (QueuedOp*)realloc(c->queue, c->queue_cap * sizeof(QueuedOp));
+        if (c->queue == NULL) fatal("out of host memory for the communication queue");
+    }
+    c->queue[c->queued++] = q;
+#else
+    (void)c, (void)q;
+#endif
+}
+
+// strict mode: run what was posted since the last join, in order (as the NCCL stream would)
+static void mpi_flush(Comm* c) {
+#ifdef USE_MPI
+    for (int i = 0; i < c->queued; i++) mpi_run(&c->queue[i]);
+#endif
+    c->queued = 0;
+}
+
 // Waits until all communication queued so far is done, so that work queued next on the main stream
-// sees its results (no-op for the MPI engine, whose calls complete before returning). The host polls
-// the communication stream with a timeout rather than blocking in CUDA, so a collective that never
+// sees its results (the MPI engine's calls complete before returning, except in strict mode). The host
+// polls the communication stream with a timeout rather than blocking in CUDA, so a collective that never
 // completes (a dead peer) ends the run with an error instead of a hang. The main stream's kernels are
 // already queued, so the GPU keeps overlapping them with the communication while the host waits.
 static void comm_join(Comm* c) {
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) nccl_wait(c);
-#else
-    (void)c;
 #endif
+    mpi_flush(c);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -372,14 +490,7 @@ static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, Red
         return;
     }
 #endif
-#ifdef USE_MPI
-    float* h = stage_in(buf, n, t);
-    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(op), g->mpi));
-    if (op == REDUCE_AVG)
-        for (size_t i = 0; i < n; i++) h[i] /= g->size;
-    stage_out(buf, h, n, t);
-#endif
-    (void)c, (void)buf, (void)n, (void)t, (void)op;
+    mpi_post(c, (QueuedOp){OP_ALL_REDUCE, g, buf, buf, n, t, op, -1, -1});
 }
 
 // recv (count) on rank r = sum over ranks of send[r*count .. (r+1)*count); recv may be send + r*count
@@ -401,38 +512,20 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
         return;
     }
 #endif
-#ifdef USE_MPI
-    size_t n = count * g->size;
-    float* h = stage_in(send, n, t);
-    mpiCheck(MPI_Reduce_scatter_block(MPI_IN_PLACE, h, (int)count, MPI_FLOAT, MPI_SUM, g->mpi));
-#ifdef LLMC_CPU
-    // in place, the result lands in h[0 .. count) = the start of send
-    if ((float*)recv != h) memmove(recv, h, count * sizeof(float));
-#else
-    stage_out(recv, h, count, t);
-#endif
-#endif
-    (void)c, (void)send, (void)recv, (void)count, (void)t;
+    mpi_post(c, (QueuedOp){OP_REDUCE_SCATTER, g, send, recv, count, t, REDUCE_SUM, -1, -1});
 }
 
 // buf holds count elements per rank; each rank's own part (at rank*count) is gathered into everyone's buf
 static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t) {
     if (g->size == 1) return;
-    size_t es = dtype_size(t);
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclAllGather((char*)buf + g->rank * count * es, buf, count, nccl_type(t), g->nccl, c->stream));
+        ncclCheck(ncclAllGather((char*)buf + g->rank * count * dtype_size(t), buf, count, nccl_type(t), g->nccl, c->stream));
         return;
     }
 #endif
-#ifdef USE_MPI
-    size_t n = count * g->size;
-    float* h = stage_in(buf, n, t);
-    mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)count, MPI_FLOAT, g->mpi));
-    stage_out(buf, h, n, t);
-#endif
-    (void)c, (void)buf, (void)count, (void)es;
+    mpi_post(c, (QueuedOp){OP_ALL_GATHER, g, buf, buf, count, t, REDUCE_SUM, -1, -1});
 }
 
 static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int root) {
@@ -444,12 +537,7 @@ static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int 
         return;
     }
 #endif
-#ifdef USE_MPI
-    float* h = stage_in(buf, n, t);
-    mpiCheck(MPI_Bcast(h, (int)n, MPI_FLOAT, root, g->mpi));
-    stage_out(buf, h, n, t);
-#endif
-    (void)c, (void)buf, (void)n, (void)t, (void)root;
+    mpi_post(c, (QueuedOp){OP_BROADCAST, g, buf, buf, n, t, REDUCE_SUM, root, -1});
 }
 
 static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int peer) {
@@ -460,11 +548,7 @@ static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int
         return;
     }
 #endif
-#ifdef USE_MPI
-    float* h = stage_in(buf, n, t);
-    mpiCheck(MPI_Send(h, (int)n, MPI_FLOAT, peer, 0, g->mpi));
-#endif
-    (void)c, (void)g, (void)buf, (void)n, (void)t, (void)peer;
+    mpi_post(c, (QueuedOp){OP_SEND, g, buf, NULL, n, t, REDUCE_SUM, peer, -1});
 }
 
 static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer) {
@@ -475,16 +559,7 @@ static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer)
         return;
     }
 #endif
-#ifdef USE_MPI
-#ifdef LLMC_CPU
-    float* h = (float*)buf;
-#else
-    float* h = host_scratch(&staging, n);
-#endif
-    mpiCheck(MPI_Recv(h, (int)n, MPI_FLOAT, peer, 0, g->mpi, MPI_STATUS_IGNORE));
-    stage_out(buf, h, n, t);
-#endif
-    (void)c, (void)g, (void)buf, (void)n, (void)t, (void)peer;
+    mpi_post(c, (QueuedOp){OP_RECV, g, NULL, buf, n, t, REDUCE_SUM, -1, peer});
 }
 
 // Sends sendbuf to send_peer while receiving recvbuf from recv_peer (both n elements, ranks in group g).
@@ -500,22 +575,11 @@ static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer,
         return;
     }
 #endif
-#ifdef USE_MPI
-#ifdef LLMC_CPU
-    const float* hs = (const float*)sendbuf;
-    float* hr = (float*)recvbuf;
-#else
-    static HostScratch recv_staging = {NULL, 0};
-    const float* hs = stage_in(sendbuf, n, t);
-    float* hr = host_scratch(&recv_staging, n);
-#endif
-    mpiCheck(MPI_Sendrecv(hs, (int)n, MPI_FLOAT, send_peer, 0, hr, (int)n, MPI_FLOAT, recv_peer, 0, g->mpi, MPI_STATUS_IGNORE));
-    stage_out(recvbuf, hr, n, t);
-#endif
-    (void)c, (void)g, (void)sendbuf, (void)send_peer, (void)recvbuf, (void)recv_peer, (void)n, (void)t;
+    mpi_post(c, (QueuedOp){OP_SENDRECV, g, sendbuf, recvbuf, n, t, REDUCE_SUM, send_peer, recv_peer});
 }
 
-// Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines.
+// Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines, and
+// after everything posted before it (as on the NCCL stream).
 static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
     if (g->size <= 1) return;
 #ifdef HAVE_NCCL
@@ -532,6 +596,7 @@ static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
     }
 #endif
 #ifdef USE_MPI
+    mpi_flush(c);
     mpiCheck(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), g->mpi));
     if (op == REDUCE_AVG)
         for (int i = 0; i < n; i++) values[i] /= g->size;
@@ -543,4 +608,3 @@ static void comm_barrier(Comm* c, Group* g) {
     double x = 0.0;
     comm_all_reduce_host(c, g, &x, 1, REDUCE_SUM);
 }
-

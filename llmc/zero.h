@@ -81,20 +81,22 @@ static void zero_plan_free(ZeroPlan* z) {
 
 typedef struct {
     floatX* layer_slot[2];  // (largest layer bucket) each
+    int slot_pending[2];    // a reduce-scatter that reads the slot was posted and not yet waited for
 #ifdef HAVE_NCCL
     cudaEvent_t slot_free[2];
-    int slot_pending[2];
 #endif
 } Zero2Workspace;
 
 static void zero2_acquire_slot(Comm* c, Zero2Workspace* w, int slot, size_t size) {
+    if (w->slot_pending[slot]) {
 #ifdef HAVE_NCCL
-    if (w->slot_pending[slot]) {  // the main stream waits for the communication that reads this slot
-        cudaCheck(cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
+        // NCCL: the main stream waits for the communication that reads this slot
+        if (c->engine == ENGINE_NCCL) cudaCheck(cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
+#endif
+        // MPI: done already, except in strict mode (llmc/comm.h), where the join runs it
+        if (c->engine != ENGINE_NCCL) comm_join(c);
         w->slot_pending[slot] = 0;
     }
-#endif
-    (void)c;
     device_memset_zero(w->layer_slot[slot], size * sizeof(floatX));
 }
 
@@ -103,11 +105,10 @@ static void zero2_release_slot(Comm* c, Zero2Workspace* w, int slot) {
     if (c->engine == ENGINE_NCCL) {
         if (w->slot_free[slot] == NULL) cudaCheck(cudaEventCreateWithFlags(&w->slot_free[slot], cudaEventDisableTiming));
         cudaCheck(cudaEventRecord(w->slot_free[slot], c->stream));
-        w->slot_pending[slot] = 1;
     }
-#else
-    (void)c, (void)w, (void)slot;
 #endif
+    (void)c;
+    w->slot_pending[slot] = 1;
 }
 
 // ----------------------------------------------------------------------------------------------------

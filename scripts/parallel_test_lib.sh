@@ -7,8 +7,12 @@
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
 #                          1e-5 relative norm
 #   expect_mpi_error NAME PATTERN NP ARGS...   a bad configuration ends every rank with PATTERN
+# Every run uses the MPI engine's strict mode (LLMC_COMM_STRICT=1, llmc/comm.h): sends and collectives
+# read their buffers only at the join, as NCCL may, so a buffer reused before its communication was
+# waited for gives wrong losses here rather than only on GPUs.
 PY=${PYTHON:-/usr/bin/python3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export LLMC_COMM_STRICT=${LLMC_COMM_STRICT:-1}
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 command -v mpirun >/dev/null || { echo "mpirun not found (Debian package openmpi-bin)"; exit 1; }
 fails=0

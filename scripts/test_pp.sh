@@ -3,7 +3,8 @@
 #   1. equivalence: pp in {2,3,4} x micro-batches M in {1,4,7} x schedule in {gpipe, 1f1b}, with L=5
 #      layers (divisible by none of them): 10 steps equal the single-rank run of the same batch (every
 #      loss to 1e-5 relative, final parameters to 1e-5 relative norm); also an explicit --pp-split and
-#      rematerialization
+#      rematerialization (in the MPI engine's strict mode, parallel_test_lib.sh, a forward output sent
+#      from the rematerialized work set without waiting for the send gives wrong losses)
 #   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run; resuming
 #      that grid from a checkpoint is bit-exact; so is --fused-kernels 1 (device-side losses) against 0
 #   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans, and the
