@@ -25,6 +25,7 @@
  * llm.c file order happens only when reading and writing files.
  */
 #include "llmc/adamw.h"
+#include "llmc/agreement.h"
 #include "llmc/attention.h"
 #include "llmc/checkpoint.h"
 #include "llmc/classifier.h"
@@ -1651,6 +1652,48 @@ static uint64_t new_run_id(Comm* comm) {
     return id;
 }
 
+// Before the first collective of the run: every rank must run the same job (llmc/agreement.h). What may
+// differ between ranks is left out: output paths only rank 0 writes (--log, --save-model's name), and
+// the folders files are read from (node-local copies are fine if their files are the same).
+static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Config* c, const RunState* state) {
+    if (comm->world_size == 1) return;
+    Agreement a = {{NULL}, {0}, 0};
+    agree_string(&a, "the build (target and precision)", TARGET_NAME " " PRECISION_NAME);
+    agree_int(&a, "--steps", tc->steps);
+    agree_int(&a, "--stop-after", tc->stop_after);
+    agree_int(&a, "--batch-size", tc->B);
+    agree_int(&a, "--seq-len", tc->T);
+    agree_int(&a, "--grad-accum / --micro-batches", tc->grad_accum);
+    agree_int(&a, "the grid (--dp, --tp, --pp)", (long long)comm->dp * 1000003 * 1000003 + comm->tp * 1000003 + comm->pp);
+    agree_int(&a, "--zero", tc->zero);
+    long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, 0};
+    agree_bytes(&a, "the pipeline settings (--pp-split, --schedule, --pp-rematerialize)", pipe, sizeof(pipe), tc->pp_split);
+    agree_int(&a, "--recompute", tc->recompute);
+    agree_int(&a, "--seed", (long long)tc->seed);
+    agree_int(&a, "--shuffle", tc->shuffle);
+    agree_double(&a, "--lr", tc->opt.lr);
+    double opt[5] = {tc->opt.beta1, tc->opt.beta2, tc->opt.eps, tc->opt.weight_decay, tc->opt.grad_clip};
+    agree_bytes(&a, "the optimizer settings (--beta1, --beta2, --eps, --weight-decay, --grad-clip)", opt, sizeof(opt), NULL);
+    double sched[2] = {(double)tc->warmup, tc->lr_min_frac};
+    agree_bytes(&a, "the learning-rate schedule (--warmup, --lr-schedule, --lr-min-frac)", sched, sizeof(sched), tc->schedule);
+    const LossScaler* ls = &tc->scaler;
+    double scaling[6] = {(double)ls->mode, ls->scale, ls->growth, ls->backoff, (double)ls->interval, (double)ls->hysteresis};
+    agree_bytes(&a, "the loss scaling settings", scaling, sizeof(scaling), NULL);
+    agree_int(&a, "--stochastic-rounding", tc->stochastic_rounding);
+    agree_bytes(&a, "the model sizes (L, C, NH, V, maxT)", c, sizeof(*c), NULL);
+    agree_files(&a, "the model file (--model)", tc->model_file);
+    agree_files(&a, "the training data (--train-data: a file's name, size or first MiB)", tc->train_data);
+    agree_files(&a, "the validation data (--val-data: a file's name, size or first MiB)", tc->val_data);
+    agree_int(&a, "the evaluation settings (--val-every, --val-batches)", (long long)tc->val_every * 1000003 + tc->val_batches);
+    agree_files(&a, "the tokenizer (--tokenizer)", tc->tokenizer);
+    agree_int(&a, "the sampling settings (--sample-every, --sample-len)", (long long)tc->sample_every * 1000003 + tc->sample_len);
+    agree_int(&a, "the saving settings (--save-every, whether --save-model is given)", (long long)tc->save_every * 2 + (tc->save_model != NULL));
+    agree_int(&a, "the resume step (--resume)", tc->resume ? state->step : -1);
+    agree_add(&a, "the checkpoint resumed from (its run and model)", tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
+    agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
+    agree_check(comm, &a);
+}
+
 // A run saves into its checkpoint folder only if every checkpoint already there is its own: after
 // another run's checkpoints, a later --resume would continue whichever run saved the newest step.
 static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id) {
@@ -1808,6 +1851,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state.step, tc->resume);
     if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state.step)
         fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state.step, tc->resume);
+    check_ranks_agree(tc, comm, &config, &state);  // the first collective: every rank runs the same job
     uint64_t run_id = tc->resume ? state.run_id : new_run_id(comm);
     if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
     const GPT2Config* a = &tc->arch;

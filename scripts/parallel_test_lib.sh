@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # parallel_test_lib.sh: shared by the tests of the parallel modes (test_dp/tp/pp/loss_scale.sh). Source it
 # after setting BIN; it makes the temporary folder $TMP (removed on exit) and counts failures in $fails.
-#   make_tokens FILE       a token file of 40000 random ids below 512
+#   make_tokens FILE [SEED]  a token file of 40000 random ids below 512 (seed 3 unless given)
 #   run NP ARGS...         the trainer on NP ranks with ${COMMON[@]} ARGS (output in $TMP/run.out)
 #   compare NAME LOG_A MODEL_A LOG_B MODEL_B [FIRST_STEP]
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
@@ -26,10 +26,11 @@ run() {
         || { echo "  FAIL  $np ranks: $*"; tail -5 "$TMP/run.out"; fails=$((fails + 1)); }
 }
 
-make_tokens() {
-    "$PY" - "$1" <<'PYEOF'
+make_tokens() {  # FILE [SEED]
+    mkdir -p "$(dirname "$1")"
+    "$PY" - "$1" "${2:-3}" <<'PYEOF'
 import random, struct, sys
-random.seed(3)
+random.seed(int(sys.argv[2]))
 ids = [random.randrange(512) for _ in range(40000)]
 with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<256i", *([20240520, 1, len(ids)] + [0] * 253)))

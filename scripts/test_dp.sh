@@ -17,6 +17,8 @@
 #      step 3 is printed, and SIGINT twice to a single rank, stop the run after the step in progress with a
 #      checkpoint and exit code 3; the resumed run's losses and final model are bit-identical to an
 #      uninterrupted run's
+#   6. ranks started with different flags, data or checkpoints end together with one line naming the
+#      first difference (they hung, aborted in MPI or trained divergent replicas)
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -160,6 +162,39 @@ PYEOF
 }
 signal_case "SIGTERM to rank 1 of 2 (ZeRO-1)" 2 "TERM:1 USR1:0" --batch-size 4 --zero 1
 signal_case "SIGINT twice, one rank" 1 "INT:single INT:single" --batch-size 8
+
+echo "6. ranks started differently (mpirun -np 1 A : -np 1 B) end together with one line naming what differs"
+# each case hung, aborted inside MPI or trained divergent replicas before ranks compared their jobs
+make_tokens "$TMP/other/tokens.bin" 7  # same name, other content (node-local data that differs)
+"$BIN" "${COMMON[@]}" --batch-size 4 --stop-after 2 --checkpoint-dir "$TMP/ckA" >/dev/null 2>&1
+"$BIN" "${COMMON[@]}" --batch-size 4 --stop-after 2 --checkpoint-dir "$TMP/ckB" >/dev/null 2>&1  # another run
+cp -r "$TMP/ckA" "$TMP/ckA_copy"
+mismatch() {  # NAME PATTERN "ARGS OF RANK 0" "ARGS OF RANK 1"
+    local name=$1 pattern=$2 start rc took
+    read -r -a a0 <<<"$3"
+    read -r -a a1 <<<"$4"
+    start=$(date +%s)
+    timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" "${a0[@]}" : -np 1 "$BIN" "${COMMON[@]}" "${a1[@]}" >"$TMP/mm.out" 2>&1
+    rc=$?
+    took=$(($(date +%s) - start))
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/mm.out")" -eq 1 ] \
+        && grep -q "^error: the ranks were started differently: $pattern.* differs" "$TMP/mm.out" && ! grep -q "MPI_ABORT\|MPI_ERR" "$TMP/mm.out"; then
+        echo "  ok    $name: exit $rc after $took s: $(grep '^error:' "$TMP/mm.out")"
+    else echo "  FAIL  $name: exit $rc after $took s (want one error line naming $pattern)"; tail -4 "$TMP/mm.out"; fails=$((fails + 1)); fi
+}
+mismatch "--steps 2 : 50" "--steps" "--batch-size 2 --steps 2" "--batch-size 2 --steps 50"
+mismatch "--zero 1 : 0" "--zero" "--batch-size 2 --zero 1" "--batch-size 2 --zero 0"
+mismatch "--lr" "--lr" "--batch-size 2 --lr 1e-3" "--batch-size 2 --lr 2e-3"
+mismatch "--seed" "--seed" "--batch-size 2 --seed 1" "--batch-size 2 --seed 2"
+mismatch "--batch-size 2 : 4" "--batch-size" "--batch-size 2" "--batch-size 4"
+mismatch "data file" "the training data" "--batch-size 2" "--batch-size 2 --train-data $TMP/other/tokens.bin"
+mismatch "--resume of two runs" "the checkpoint resumed from" "--batch-size 2 --resume $TMP/ckA" "--batch-size 2 --resume $TMP/ckB"
+mismatch "--channels 16 : 32" "the model sizes" "--batch-size 2 --channels 16" "--batch-size 2 --channels 32"
+# node-local copies of the same checkpoint and data are the same job
+mkdir -p "$TMP/copy" && cp "$TMP/tokens.bin" "$TMP/copy/tokens.bin"
+if timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 --resume "$TMP/ckA" : -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 \
+    --resume "$TMP/ckA_copy" --train-data "$TMP/copy/tokens.bin" >"$TMP/mm.out" 2>&1; then echo "  ok    copies of the checkpoint and data in other folders: the run trains"
+else echo "  FAIL  copies of the checkpoint and data in other folders"; tail -4 "$TMP/mm.out"; fails=$((fails + 1)); fi
 
 if [ $fails -ne 0 ]; then echo "test_dp: $fails FAILED"; exit 1; fi
 echo "test_dp: all passed"
