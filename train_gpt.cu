@@ -1878,7 +1878,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     if (tc->T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, c->maxT);
 
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, tc->train_data, tc->B, tc->T, D, c->V, tc->shuffle, tc->seed);
+    int have_train = tc->steps > 0;  // --steps 0 only validates and samples: the train data is not read
+    if (have_train) dataloader_init(&train_loader, tc->train_data, tc->B, tc->T, D, c->V, tc->shuffle, tc->seed);
     int have_val = tc->val_data != NULL && tc->val_data[0] != '\0' && tc->val_every > 0;
     if (have_val) {
         dataloader_init(&val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
@@ -1932,8 +1933,9 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
                c->maxT, model.num_parameters);
         printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
                tokens_per_step, tc->steps);
-        printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train_loader.total_tokens,
-               train_loader.n_batches, tc->shuffle ? "on" : "off");
+        if (have_train)
+            printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train_loader.total_tokens,
+                   train_loader.n_batches, tc->shuffle ? "on" : "off");
         if (comm->pp > 1)
             printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
                    tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
@@ -2056,7 +2058,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     if (have_tok) tokenizer_free(&tok);
     free(prompt);
     if (have_val) dataloader_free(&val_loader);
-    dataloader_free(&train_loader);
+    if (have_train) dataloader_free(&train_loader);
     gpt2_free(&model);
     return val_loss;
 }

@@ -8,7 +8,10 @@
 #   2. --steps 0 --model FILE --prompt samples once, without training; the sample starts with the prompt;
 #      --temperature 0 is greedy (the same whatever the seed), --top-k 1 equals greedy; with the same seed
 #      the samples of --tp 2 and --pp 2 (mpirun) equal the single-rank one.
-#   3. bad vocabulary files and prompts end in one error line.
+#   3. --temperature 0 gives the argmax sequence of the float64 reference forward (scripts/gpt2_reference.py)
+#      of the same model file after the prompt; --steps 0 reads no train data; an end-of-text token prints
+#      as a document break (a model made to always pick it), never as its text.
+#   4. bad vocabulary files and prompts end in one error line.
 # usage: scripts/test_sample.sh [path/to/train_gpt]
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -75,9 +78,74 @@ for mode in "--tp 2" "--pp 2"; do
     sample par "${MPIRUN[@]}" "$BIN" "${S[@]}" --prompt "$PROMPT" --seed 5 $mode
     [ -s "$TMP/one.sample" ] && cmp -s "$TMP/par.sample" "$TMP/one.sample" && ok "$mode samples equal one rank's" \
         || fail "$mode: $(cat "$TMP/par.sample") vs $(cat "$TMP/one.sample")"
+    # with temperature and top-k too (logits differ across modes only by rounding, ~1e-7)
+    sample par "${MPIRUN[@]}" "$BIN" "${S[@]}" --prompt "$PROMPT" --seed 5 --temperature 0.8 --top-k 40 $mode
+    sample one_tk "$BIN" "${S[@]}" --prompt "$PROMPT" --seed 5 --temperature 0.8 --top-k 40
+    [ -s "$TMP/one_tk.sample" ] && cmp -s "$TMP/par.sample" "$TMP/one_tk.sample" && ok "$mode with --temperature 0.8 --top-k 40 equals one rank" \
+        || fail "$mode --temperature 0.8 --top-k 40: $(cat "$TMP/par.sample") vs $(cat "$TMP/one_tk.sample")"
 done
 
-# 3. errors: one line, exit 1
+# 3. greedy is the argmax sequence of the float64 reference; end of text; sample-only without train data
+sample_text() { awk '/^sample:/ { on = 1 } /^done in/ { on = 0 } on' "$1"; }  # every line of the sample
+# the reference: greedy decoding with the float64 forward of scripts/gpt2_reference.py after end-of-text
+# and the prompt (encoded by scripts/gpt2_tokenizer.py), printed as the trainer prints tokens. A step whose
+# best two logits are closer than 1e-5 could flip in float32 (rounding ~1e-6): then it says so instead.
+"$PY" - "$TMP/m.bin" "$PROMPT" >"$TMP/ref_greedy.text" <<'PYEOF' || fail "the float64 reference could not decode"
+import struct, sys
+import numpy as np, torch
+sys.path.insert(0, "scripts")
+import gpt2_reference as ref, gpt2_tokenizer
+raw = open(sys.argv[1], "rb").read()
+_, _, maxT, V, L, NH, C, Vp = struct.unpack("<8i", raw[:32])
+flat = torch.from_numpy(np.frombuffer(raw, "<f4", offset=1024).astype(np.float64))
+p, at = {}, 0
+for name, shape in ref.param_shapes(V, Vp, maxT, L, NH, C):
+    p[name] = flat[at:at + int(np.prod(shape))].view(shape)
+    at += int(np.prod(shape))
+tok = open("data/gpt2_tokenizer.bin", "rb").read()
+eot, pieces, at = struct.unpack("<4i", tok[:16])[3], [], 1024
+while at < len(tok):
+    pieces.append(tok[at + 1:at + 1 + tok[at]])
+    at += 1 + tok[at]
+def show(i):  # as tokenizer_print and the document break
+    b = pieces[i]
+    if i == eot: return b"\n--- end of document ---\n"
+    return b"" if len(b) == 1 and not (32 <= b[0] < 127 or b[0] in b" \t\n\v\f\r") else b
+seq = [eot] + gpt2_tokenizer.GPT2Tokenizer().encode(sys.argv[2])
+out, n_prompt = b"sample: " + b"".join(show(i) for i in seq[1:]), len(seq)
+while len(seq) < min(n_prompt + 12, maxT):  # --sample-len 12, cut at --seq-len 32 = maxT
+    logits, _ = ref.forward(p, torch.tensor([seq]), torch.tensor([seq]), dict(L=L, NH=NH, V=V))
+    top = torch.topk(logits[0, -1], 2)
+    if float(top.values[0] - top.values[1]) < 1e-5:
+        sys.exit("reference: the best two logits are within 1e-5: inconclusive")
+    seq.append(int(top.indices[0]))
+    out += show(seq[-1])
+sys.stdout.buffer.write(out + b"\n")
+PYEOF
+sample_text "$TMP/greedy5.out" >"$TMP/greedy5.text"
+[ -s "$TMP/ref_greedy.text" ] && cmp -s "$TMP/greedy5.text" "$TMP/ref_greedy.text" \
+    && ok "--temperature 0 equals the float64 reference's argmax sequence after the prompt" \
+    || fail "--temperature 0 differs from the reference: $(cat "$TMP/greedy5.text") vs $(cat "$TMP/ref_greedy.text")"
+sample notrain "$BIN" "${S[@]}" --prompt "$PROMPT" --seed 5 --temperature 0 --train-data "$TMP/none.bin"
+cmp -s "$TMP/notrain.sample" "$TMP/greedy5.sample" && ok "--steps 0 does not read the train data (none given: same sample)" \
+    || fail "--steps 0 without train data: $(tail -1 "$TMP/notrain.out")"
+# end of text: the model with the final LayerNorm's output made its bias u (weight 0) and the end-of-text
+# row of wte made u, so logit(eot) = |u|^2 ~ 75 and every other logit ~ 0: p(eot) > 0.999999
+"$PY" - "$TMP/m.bin" "$TMP/eot.bin" <<'PYEOF'
+import struct, sys
+import numpy as np
+raw = open(sys.argv[1], "rb").read()
+C = struct.unpack("<i", raw[24:28])[0]
+w = np.frombuffer(raw, "<f4", offset=1024).copy()
+u = np.linspace(1.0, 2.0, C, dtype=np.float32)
+w[-2 * C:-C], w[-C:], w[50256 * C:50257 * C] = 0.0, u, u
+open(sys.argv[2], "wb").write(raw[:1024] + w.astype("<f4").tobytes())
+PYEOF
+sample eot "$BIN" "${S[@]}" --model "$TMP/eot.bin" --seed 5
+grep -q "^--- end of document ---$" "$TMP/eot.out" && ! grep -q "endoftext" "$TMP/eot.out" \
+    && ok "end-of-text prints as a document break, never as <|endoftext|>" || fail "end of text: $(head -c 300 "$TMP/eot.out")"
+
+# 4. errors: one line, exit 1
 expect_error() {
     local name=$1 pattern=$2
     shift 2
