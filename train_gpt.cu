@@ -1124,7 +1124,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     const ZeroPlan* z = &model->zero;
     int writes_model = comm->world_rank == 0;
     if (writes_model && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
-    comm_barrier(comm, &comm->world);  // the folder exists for everyone
+    comm_barrier_io(comm, &comm->world);  // the folder exists for everyone
     char path[4200];
     float* master = (float*)malloc_check(model->num_parameters * sizeof(float));
     gpt2_export_master(model, master);
@@ -1176,7 +1176,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
         state_file_write(path, state, ranges, (int64_t)n_ranges, m_out, v_out);
         free(ranges), free(m_host), free(v_host), free(m_out), free(v_out);
     }
-    comm_barrier(comm, &comm->world);  // the checkpoint is complete when every rank is past here
+    comm_barrier_io(comm, &comm->world);  // the checkpoint is complete when every rank is past here (rank 0 may take minutes)
     if (writes_model) printf("saved checkpoint %s/model_%08lld.bin and %d state shard(s)\n", dir, state->step, state->num_shards);
     if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);  // only now: the new one is complete
 }
@@ -1378,7 +1378,10 @@ typedef struct {
     int zero;            // ZeRO stage 0, 1, 2
     const char* engine;  // auto | mpi | nccl
     const char* nccl_id_dir;
+    double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
+    double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
+    double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint
     int fault_inf_rank, fault_inf_step;  // testing: this rank puts an inf into a gradient at this step
     LossScaler scaler;   // loss scaling settings (llmc/loss_scaler.h)
     // optimization
@@ -1851,7 +1854,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state.step, tc->resume);
     if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state.step)
         fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state.step, tc->resume);
-    check_ranks_agree(tc, comm, &config, &state);  // the first collective: every rank runs the same job
+    if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
+    check_ranks_agree(tc, comm, &config, &state);  // the first collective after it: every rank runs the same job
     uint64_t run_id = tc->resume ? state.run_id : new_run_id(comm);
     if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
     const GPT2Config* a = &tc->arch;
@@ -1985,6 +1989,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             state.scale_good_steps = scaler.good_steps;
             state.scale_hysteresis_left = scaler.hysteresis_left;
             state.run_id = run_id;
+            if (main_rank && tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
             save_checkpoint(&model, tc->checkpoint_dir, &state, tc->keep_last);
         }
         if (stop_sig && !last) report_signal_stop(tc, comm, stop_sig, step);
@@ -2087,6 +2092,8 @@ static void default_train_config(TrainConfig* tc) {
     tc->tokenizer = "data/gpt2_tokenizer.bin";
     tc->arch = (GPT2Config){128, 50257, 0, 4, 4, 128};  // maxT V Vp L NH C (Vp derived)
     tc->seed = 1337;
+    tc->comm_timeout = 120.0;
+    tc->io_timeout = 3600.0;
     tc->B = 8;
     tc->T = 64;
     tc->grad_accum = 1;
@@ -2150,7 +2157,10 @@ static void print_usage(void) {
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
         "  --nccl-id-dir DIR     shared folder for the NCCL id when launched without mpirun\n"
+        "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
+        "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
+        "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint\n"
         "mixed precision\n"
         "  --loss-scale S        dynamic | off | a fixed scale        [%s]\n"
         "  --loss-scale-init X   first dynamic scale                  [65536]\n"
@@ -2309,7 +2319,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
             if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
             tc->engine = v;
         } else if (!strcmp(f, "--nccl-id-dir")) tc->nccl_id_dir = v;
+        else if (!strcmp(f, "--comm-timeout")) tc->comm_timeout = parse_float(f, v, 0.0f, 1e9f);
+        else if (!strcmp(f, "--io-timeout")) tc->io_timeout = parse_float(f, v, 0.0f, 1e9f);
         else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
+        else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
         else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
         else if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, BIG);
         else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, BIG);
@@ -2417,7 +2430,7 @@ int main(int argc, char** argv) {
     }
     device_require_gpu();  // GPU build: a clear error without a GPU or driver (CPU build: nothing)
     Comm comm;
-    comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir);
+    comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir, tc.comm_timeout, tc.io_timeout);
     resolve_resume_if_present(&tc, &comm);
     double t0 = wall_seconds();
     float val = train(&tc, &comm, NULL, 0);

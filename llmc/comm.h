@@ -26,8 +26,11 @@
  * communication (fine under blocking MPI, a silent race under NCCL) gives wrong results in the tests.
  *
  * Failure: any error on any rank goes through fatal(), which under MPI calls MPI_Abort so mpirun ends
- * every rank; a rank that dies is noticed by mpirun, which ends the others. NCCL waits poll for
- * asynchronous errors and give up after a timeout.
+ * every rank; a rank that dies is noticed by mpirun, which ends the others. A rank that neither dies nor
+ * answers (stopped, hung) makes no error anywhere, so every wait on other ranks has a deadline
+ * (--comm-timeout; waits around file I/O --io-timeout): the MPI engine polls non-blocking MPI calls, the
+ * NCCL engine polls the stream and every communicator's asynchronous error state (creation and
+ * splitting are non-blocking too), and a wait past its deadline ends the run with one line naming it.
  */
 #pragma once
 
@@ -49,6 +52,7 @@ typedef enum { ENGINE_NONE, ENGINE_MPI, ENGINE_NCCL } Engine;
 
 typedef struct {
     int rank, size;  // this rank's index in the group, and the group's size
+    const char* name;  // for messages: "world", "DP", "TP", "PP", "embedding"
 #ifdef USE_MPI
     MPI_Comm mpi;
 #endif
@@ -78,6 +82,9 @@ typedef struct {
     int mpi_initialized;
     Group world, dp_group, tp_group, pp_group;
     Group emb_group;  // the first and last pipeline stage of one (dp, tp) position: they share the tied wte
+    double timeout_s;     // --comm-timeout: the longest a wait on other ranks may take (0: no limit)
+    double io_timeout_s;  // --io-timeout: the same, for waits while a rank reads or writes files
+    int waiting_io;       // the current wait is one around file I/O (comm_barrier_io)
     int strict;       // MPI engine: run sends and collectives at the join (LLMC_COMM_STRICT=1)
     QueuedOp* queue;  // strict mode: the operations posted since the last join, in order
     int queued, queue_cap;
@@ -107,6 +114,32 @@ static void mpi_check(int err, const char* file, int line) {
 static MPI_Op mpi_op(ReduceOp op) { return op == REDUCE_MAX ? MPI_MAX : MPI_SUM; }
 #endif
 
+// the deadline of the wait in progress: --io-timeout around file I/O, --comm-timeout otherwise (0: none)
+static double comm_deadline_s(const Comm* c) { return c->waiting_io ? c->io_timeout_s : c->timeout_s; }
+static const char* comm_deadline_flag(const Comm* c) { return c->waiting_io ? "--io-timeout" : "--comm-timeout"; }
+
+#ifdef USE_MPI
+// The MPI engine's watchdog: every MPI call is non-blocking, and its requests are polled here against
+// the deadline. A peer that is stopped (SIGSTOP), hung or on another path makes no MPI error at all, so
+// without a deadline the job would wait forever; after it, this rank ends the job with one line.
+#define mpiWait(c, reqs, n, what, g) mpi_wait((c), (reqs), (n), (what), (g), __FILE__, __LINE__)
+static void mpi_wait(const Comm* c, MPI_Request* reqs, int n, const char* what, const Group* g, const char* file, int line) {
+    double start = wall_seconds(), limit = comm_deadline_s(c), last = start;
+    for (long spins = 0;; spins++) {
+        int done = 0;
+        mpi_check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), file, line);
+        if (done) return;
+        double now = wall_seconds();
+        if (now - last > 1.0) start += now - last;  // this rank itself was stopped: that time is not the peers'
+        last = now;
+        if (limit > 0 && now - start > limit)
+            fatal("rank %d: %s in the %s group did not complete within %.0f s (%s): a peer rank is stopped, hung or gone",
+                  c->world_rank, what, g->name, limit, comm_deadline_flag(c));
+        if (spins > 1000) usleep(50);  // after a moment of spinning, leave the core to the other ranks
+    }
+}
+#endif
+
 #ifdef HAVE_NCCL
 static void nccl_check(ncclResult_t r, const char* file, int line) {
     if (r != ncclSuccess) fatal("NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
@@ -122,26 +155,70 @@ static ncclDataType_t nccl_type(DType t) {
 }
 static ncclRedOp_t nccl_op(ReduceOp op) { return op == REDUCE_MAX ? ncclMax : op == REDUCE_AVG ? ncclAvg : ncclSum; }
 
-static const double NCCL_TIMEOUT_SECONDS = 55.0;  // a dead peer must end the run within a minute
+// every communicator this rank holds: the world and the groups split from it, each with its own error
+// state (aborting the world does not abort its children)
+static int nccl_comms(Comm* c, ncclComm_t* out) {
+    int n = 0;
+    Group* groups[5] = {&c->dp_group, &c->tp_group, &c->pp_group, &c->emb_group, &c->world};  // children first
+    for (int i = 0; i < 5; i++)
+        if (groups[i]->nccl != NULL) out[n++] = groups[i]->nccl;
+    return n;
+}
 
-// Waits for the communication stream, watching for NCCL's asynchronous errors (a peer that died, a
-// network failure): a collective that never completes must end the run, not hang it.
+static void nccl_abort_all(Comm* c) {
+    ncclComm_t comms[5];
+    int n = nccl_comms(c, comms);
+    for (int i = 0; i < n; i++) ncclCommAbort(comms[i]);
+    c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
+}
+
+// One look at every communicator: an asynchronous error (a peer that died, a network failure) or the
+// deadline passed since `start` ends the run (all communicators aborted first, so no NCCL kernel keeps
+// the GPU). Returns 1 while a non-blocking NCCL call (creation, split, an enqueue) is still in progress.
+static int nccl_watch(Comm* c, const char* what, double start) {
+    ncclComm_t comms[5];
+    int n = nccl_comms(c, comms), in_progress = 0;
+    for (int i = 0; i < n; i++) {
+        ncclResult_t e;
+        ncclResult_t r = ncclCommGetAsyncError(comms[i], &e);
+        if (r == ncclSuccess && e == ncclInProgress) in_progress = 1;
+        else if (r != ncclSuccess || e != ncclSuccess) {
+            nccl_abort_all(c);
+            fatal("rank %d: NCCL failed while waiting for %s: %s", c->world_rank, what, ncclGetErrorString(r != ncclSuccess ? r : e));
+        }
+    }
+    double limit = comm_deadline_s(c);
+    if (limit > 0 && wall_seconds() - start > limit) {
+        nccl_abort_all(c);
+        fatal("rank %d: %s did not complete within %.0f s (%s): a peer rank is stopped, hung or gone", c->world_rank, what, limit,
+              comm_deadline_flag(c));
+    }
+    return in_progress;
+}
+
+// until every non-blocking NCCL call on this rank's communicators has finished (or the deadline)
+static void nccl_settle(Comm* c, const char* what) {
+    double start = wall_seconds();
+    while (nccl_watch(c, what, start)) usleep(100);
+}
+
+// A call on a non-blocking communicator may return ncclInProgress: it finishes in the background, and
+// the communicator takes the next call only after that
+static void nccl_call(Comm* c, ncclResult_t r, const char* what, const char* file, int line) {
+    if (r == ncclInProgress) nccl_settle(c, what);
+    else nccl_check(r, file, line);
+}
+#define ncclCall(c, call, what) nccl_call((c), (call), (what), __FILE__, __LINE__)
+
+// Waits for the communication stream, watching every communicator for errors and the deadline: a
+// collective that never completes must end the run, not hang it.
 static void nccl_wait(Comm* c) {
     double start = wall_seconds();
     for (;;) {
+        int busy = nccl_watch(c, "communication (a collective, send or receive)", start);
         cudaError_t q = cudaStreamQuery(c->stream);
-        if (q == cudaSuccess) return;
-        if (q != cudaErrorNotReady) cudaCheck(q);
-        ncclResult_t async_err;
-        ncclCheck(ncclCommGetAsyncError(c->world.nccl, &async_err));
-        if (async_err != ncclSuccess) {
-            ncclCommAbort(c->world.nccl);
-            fatal("NCCL failed on rank %d: %s", c->world_rank, ncclGetErrorString(async_err));
-        }
-        if (wall_seconds() - start > NCCL_TIMEOUT_SECONDS) {
-            ncclCommAbort(c->world.nccl);
-            fatal("rank %d: a collective did not complete in %.0f s (a peer rank is gone?)", c->world_rank, NCCL_TIMEOUT_SECONDS);
-        }
+        if (q == cudaSuccess && !busy) return;
+        if (q != cudaSuccess && q != cudaErrorNotReady) cudaCheck(q);
         usleep(100);
     }
 }
@@ -198,8 +275,10 @@ static ncclUniqueId nccl_id_through_file(const char* dir, int rank) {
 }
 #endif
 
-// engine: "auto", "mpi" or "nccl". dp: 0 means world_size / (tp * pp).
-static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, const char* engine, const char* nccl_id_dir) {
+// engine: "auto", "mpi" or "nccl". dp: 0 means world_size / (tp * pp). timeout_s, io_timeout_s: the
+// deadlines of waits on other ranks, and of waits around file I/O (seconds, 0: none).
+static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, const char* engine, const char* nccl_id_dir,
+                      double timeout_s, double io_timeout_s) {
     memset(c, 0, sizeof(*c));
     c->tp = tp;
     c->pp = pp;
@@ -238,6 +317,8 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
     c->tp_rank = c->world_rank % c->tp;
     c->dp_rank = (c->world_rank / c->tp) % c->dp;
     c->pp_rank = c->world_rank / (c->tp * c->dp);
+    c->world.name = "world", c->dp_group.name = "DP", c->tp_group.name = "TP", c->pp_group.name = "PP", c->emb_group.name = "embedding";
+    c->timeout_s = timeout_s, c->io_timeout_s = io_timeout_s;
     c->world.rank = c->world_rank;
     c->world.size = c->world_size;
     c->dp_group.rank = c->dp_rank;
@@ -288,12 +369,21 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
             if (nccl_id_dir == NULL) fatal("launching without mpirun needs --nccl-id-dir (a folder every rank can read)");
             id = nccl_id_through_file(nccl_id_dir, c->world_rank);
         }
-        ncclCheck(ncclCommInitRank(&c->world.nccl, c->world_size, id, c->world_rank));
-        ncclCheck(ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, NULL));
-        ncclCheck(ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, NULL));
-        ncclCheck(ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.nccl, NULL));
-        ncclCheck(ncclCommSplit(c->world.nccl, in_emb ? c->tp_rank + c->tp * c->dp_rank : NCCL_SPLIT_NOCOLOR, c->pp_rank,
-                                &c->emb_group.nccl, NULL));
+        // non-blocking communicators: creation and splitting return at once, and are polled against the
+        // deadline (a peer that never joins would otherwise block here forever)
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        ncclCall(c, ncclCommInitRankConfig(&c->world.nccl, c->world_size, id, c->world_rank, &config), "creating the NCCL communicator");
+        nccl_settle(c, "creating the NCCL communicator (every rank must join)");
+        ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, &config), "splitting the DP group");
+        nccl_settle(c, "splitting the DP group");
+        ncclCall(c, ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, &config), "splitting the TP group");
+        nccl_settle(c, "splitting the TP group");
+        ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.nccl, &config), "splitting the PP group");
+        nccl_settle(c, "splitting the PP group");
+        ncclCall(c, ncclCommSplit(c->world.nccl, in_emb ? c->tp_rank + c->tp * c->dp_rank : NCCL_SPLIT_NOCOLOR, c->pp_rank,
+                                  &c->emb_group.nccl, &config), "splitting the embedding group");
+        nccl_settle(c, "splitting the embedding group");
         cudaCheck(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
     }
@@ -319,11 +409,13 @@ static void comm_finalize(Comm* c) {
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         nccl_wait(c);
-        ncclCheck(ncclCommDestroy(c->dp_group.nccl));
-        ncclCheck(ncclCommDestroy(c->tp_group.nccl));
-        ncclCheck(ncclCommDestroy(c->pp_group.nccl));
-        if (group_valid(&c->emb_group)) ncclCheck(ncclCommDestroy(c->emb_group.nccl));
-        ncclCheck(ncclCommDestroy(c->world.nccl));
+        // finalize (non-blocking: polled against the deadline), then free, children before the world
+        ncclComm_t comms[5];
+        int n = nccl_comms(c, comms);
+        for (int i = 0; i < n; i++) ncclCall(c, ncclCommFinalize(comms[i]), "finishing the NCCL communicators");
+        nccl_settle(c, "finishing the NCCL communicators");
+        c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
+        for (int i = 0; i < n; i++) ncclCheck(ncclCommDestroy(comms[i]));
     }
 #endif
 #ifdef USE_MPI
@@ -379,21 +471,24 @@ static void comm_stream_follow_main(Comm* c) {
 // the MPI engine: one operation, run now (blocking), or at the next join in strict mode
 
 #ifdef USE_MPI
-static void mpi_run(const QueuedOp* q) {
+static void mpi_run(const Comm* c, const QueuedOp* q) {
     Group* g = q->g;
     size_t n = q->n;
     float* h;
+    MPI_Request r[2];
     switch (q->kind) {
         case OP_ALL_REDUCE:
             h = stage_in(q->recv, n, q->t);
-            mpiCheck(MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(q->op), g->mpi));
+            mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(q->op), g->mpi, r));
+            mpiWait(c, r, 1, "an all-reduce", g);
             if (q->op == REDUCE_AVG)
                 for (size_t i = 0; i < n; i++) h[i] /= g->size;
             stage_out(q->recv, h, n, q->t);
             break;
         case OP_REDUCE_SCATTER:  // in place in a staged copy of send; the result lands in h[0 .. n)
             h = stage_in(q->send, n * g->size, q->t);
-            mpiCheck(MPI_Reduce_scatter_block(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, MPI_SUM, g->mpi));
+            mpiCheck(MPI_Ireduce_scatter_block(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, r));
+            mpiWait(c, r, 1, "a reduce-scatter", g);
 #ifdef LLMC_CPU
             if ((float*)q->recv != h) memmove(q->recv, h, n * sizeof(float));
 #else
@@ -402,17 +497,20 @@ static void mpi_run(const QueuedOp* q) {
             break;
         case OP_ALL_GATHER:
             h = stage_in(q->recv, n * g->size, q->t);
-            mpiCheck(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)n, MPI_FLOAT, g->mpi));
+            mpiCheck(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)n, MPI_FLOAT, g->mpi, r));
+            mpiWait(c, r, 1, "an all-gather", g);
             stage_out(q->recv, h, n * g->size, q->t);
             break;
         case OP_BROADCAST:
             h = stage_in(q->recv, n, q->t);
-            mpiCheck(MPI_Bcast(h, (int)n, MPI_FLOAT, q->peer, g->mpi));
+            mpiCheck(MPI_Ibcast(h, (int)n, MPI_FLOAT, q->peer, g->mpi, r));
+            mpiWait(c, r, 1, "a broadcast", g);
             stage_out(q->recv, h, n, q->t);
             break;
         case OP_SEND:
             h = stage_in(q->send, n, q->t);
-            mpiCheck(MPI_Send(h, (int)n, MPI_FLOAT, q->peer, 0, g->mpi));
+            mpiCheck(MPI_Isend(h, (int)n, MPI_FLOAT, q->peer, 0, g->mpi, r));
+            mpiWait(c, r, 1, "a send", g);
             break;
         case OP_RECV:
 #ifdef LLMC_CPU
@@ -420,7 +518,8 @@ static void mpi_run(const QueuedOp* q) {
 #else
             h = host_scratch(&staging, n);
 #endif
-            mpiCheck(MPI_Recv(h, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, MPI_STATUS_IGNORE));
+            mpiCheck(MPI_Irecv(h, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, r));
+            mpiWait(c, r, 1, "a receive", g);
             stage_out(q->recv, h, n, q->t);
             break;
         case OP_SENDRECV: {
@@ -432,7 +531,9 @@ static void mpi_run(const QueuedOp* q) {
             const float* hs = stage_in(q->send, n, q->t);
             float* hr = host_scratch(&recv_staging, n);
 #endif
-            mpiCheck(MPI_Sendrecv(hs, (int)n, MPI_FLOAT, q->peer, 0, hr, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, MPI_STATUS_IGNORE));
+            mpiCheck(MPI_Irecv(hr, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, &r[0]));
+            mpiCheck(MPI_Isend(hs, (int)n, MPI_FLOAT, q->peer, 0, g->mpi, &r[1]));
+            mpiWait(c, r, 2, "a send-receive", g);
             stage_out(q->recv, hr, n, q->t);
             break;
         }
@@ -444,7 +545,7 @@ static void mpi_run(const QueuedOp* q) {
 static void mpi_post(Comm* c, QueuedOp q) {
 #ifdef USE_MPI
     if (!c->strict) {
-        mpi_run(&q);
+        mpi_run(c, &q);
         return;
     }
     if (c->queued == c->queue_cap) {
@@ -461,7 +562,7 @@ static void mpi_post(Comm* c, QueuedOp q) {
 // strict mode: run what was posted since the last join, in order (as the NCCL stream would)
 static void mpi_flush(Comm* c) {
 #ifdef USE_MPI
-    for (int i = 0; i < c->queued; i++) mpi_run(&c->queue[i]);
+    for (int i = 0; i < c->queued; i++) mpi_run(c, &c->queue[i]);
 #endif
     c->queued = 0;
 }
@@ -486,7 +587,7 @@ static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, Red
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclAllReduce(buf, buf, n, nccl_type(t), nccl_op(op), g->nccl, c->stream));
+        ncclCall(c, ncclAllReduce(buf, buf, n, nccl_type(t), nccl_op(op), g->nccl, c->stream), "queueing communication");
         return;
     }
 #endif
@@ -508,7 +609,7 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nccl, c->stream));
+        ncclCall(c, ncclReduceScatter(send, recv, count, nccl_type(t), ncclSum, g->nccl, c->stream), "queueing communication");
         return;
     }
 #endif
@@ -521,7 +622,7 @@ static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t)
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclAllGather((char*)buf + g->rank * count * dtype_size(t), buf, count, nccl_type(t), g->nccl, c->stream));
+        ncclCall(c, ncclAllGather((char*)buf + g->rank * count * dtype_size(t), buf, count, nccl_type(t), g->nccl, c->stream), "queueing communication");
         return;
     }
 #endif
@@ -533,7 +634,7 @@ static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int 
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclBroadcast(buf, buf, n, nccl_type(t), root, g->nccl, c->stream));
+        ncclCall(c, ncclBroadcast(buf, buf, n, nccl_type(t), root, g->nccl, c->stream), "queueing communication");
         return;
     }
 #endif
@@ -544,7 +645,7 @@ static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclSend(buf, n, nccl_type(t), peer, g->nccl, c->stream));
+        ncclCall(c, ncclSend(buf, n, nccl_type(t), peer, g->nccl, c->stream), "queueing communication");
         return;
     }
 #endif
@@ -555,7 +656,7 @@ static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer)
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         comm_stream_follow_main(c);
-        ncclCheck(ncclRecv(buf, n, nccl_type(t), peer, g->nccl, c->stream));
+        ncclCall(c, ncclRecv(buf, n, nccl_type(t), peer, g->nccl, c->stream), "queueing communication");
         return;
     }
 #endif
@@ -571,7 +672,7 @@ static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer,
         ncclCheck(ncclGroupStart());
         ncclCheck(ncclSend(sendbuf, n, nccl_type(t), send_peer, g->nccl, c->stream));
         ncclCheck(ncclRecv(recvbuf, n, nccl_type(t), recv_peer, g->nccl, c->stream));
-        ncclCheck(ncclGroupEnd());
+        ncclCall(c, ncclGroupEnd(), "queueing communication");
         return;
     }
 #endif
@@ -589,7 +690,7 @@ static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
         check_internal(n <= 64, "too many host scalars");
         copy_to_device(dev, values, n * sizeof(double));
         comm_stream_follow_main(c);
-        ncclCheck(ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, c->stream));
+        ncclCall(c, ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, c->stream), "queueing communication");
         nccl_wait(c);
         copy_to_host(values, dev, n * sizeof(double));
         return;
@@ -597,7 +698,9 @@ static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
 #endif
 #ifdef USE_MPI
     mpi_flush(c);
-    mpiCheck(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), g->mpi));
+    MPI_Request r;
+    mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), g->mpi, &r));
+    mpiWait(c, &r, 1, "an all-reduce of host values", g);
     if (op == REDUCE_AVG)
         for (int i = 0; i < n; i++) values[i] /= g->size;
 #endif
@@ -607,4 +710,12 @@ static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
 static void comm_barrier(Comm* c, Group* g) {
     double x = 0.0;
     comm_all_reduce_host(c, g, &x, 1, REDUCE_SUM);
+}
+
+// A barrier where ranks wait for one another's file I/O (a checkpoint being written, a model being
+// read): under the long --io-timeout, since writing gigabytes to network storage is no dead peer.
+static void comm_barrier_io(Comm* c, Group* g) {
+    c->waiting_io = 1;
+    comm_barrier(c, g);
+    c->waiting_io = 0;
 }

@@ -10,7 +10,8 @@
 #      to 1e-5; a duplicated or forged shard (one that is not what its name says, or shards that cover
 #      some parameters twice) is refused
 #   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s; a divergence
-#      ends both ranks with one error line and exit 1
+#      ends both ranks with one error line and exit 1; a stopped rank (SIGSTOP) ends the job through the
+#      watchdog (--comm-timeout) with one line; a slow checkpoint save waits under --io-timeout instead
 #      --keep-last 1 leaves only the newest checkpoint's files (model and every shard)
 #   4. bad input: a world size that is not dp x tp x pp
 #   5. signals: SIGTERM sent to one rank of two (dp 2, ZeRO-1; a SIGUSR1 to the other right after it) when
@@ -112,6 +113,34 @@ if [ $rc -eq 1 ] && [ "$(grep -c '^error:' "$TMP/div.out")" -eq 1 ] && grep -q "
     && ! grep -q "MPI_ABORT" "$TMP/div.out" && [ ! -e "$TMP/ck_div/model_00000002.bin" ]; then
     echo "  ok    diverged on 2 ranks: $(grep '^error:' "$TMP/div.out")"
 else echo "  FAIL  diverged on 2 ranks: exit $rc (want 1, one error line, no abort, no checkpoint of step 2)"; tail -5 "$TMP/div.out"; fails=$((fails + 1)); fi
+
+# the watchdog (--comm-timeout): a stopped rank (SIGSTOP: no error, no exit) hung the job forever
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 100000 --comm-timeout 3 >"$TMP/stop.out" 2>&1 &
+job=$!
+for _ in $(seq 150); do grep -q "^step     3" "$TMP/stop.out" && break; sleep 0.2; done
+launcher=$(pgrep -P $job | head -1)
+victim=$(pgrep -P "$launcher" | tail -1)  # one of the two ranks
+start=$(date +%s)
+[ -n "$victim" ] && kill -STOP "$victim"
+wait $job
+rc=$?
+took=$(($(date +%s) - start))
+[ -n "$victim" ] && { kill -CONT "$victim"; kill -KILL "$victim"; } 2>/dev/null
+if [ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && [ "$(grep -c '^error:' "$TMP/stop.out")" -eq 1 ] \
+    && grep -q "^error: rank [01]: .* did not complete within 3 s (--comm-timeout)" "$TMP/stop.out"; then
+    echo "  ok    a stopped rank: exit $rc after $took s: $(grep '^error:' "$TMP/stop.out")"
+else echo "  FAIL  a stopped rank: exit $rc after $took s (want one error line naming the wait, within 20 s)"; tail -4 "$TMP/stop.out"; fails=$((fails + 1)); fi
+# waits around file I/O have their own deadline (--io-timeout): a slow checkpoint save is no dead peer
+SLOW=(--batch-size 2 --steps 4 --save-every 4 --comm-timeout 4 --fault-slow-save 8)
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --checkpoint-dir "$TMP/ck_slow" >"$TMP/slow.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ -e "$TMP/ck_slow/model_00000004.bin" ]; then echo "  ok    a save 8 s slow with --comm-timeout 4: the run completes"
+else echo "  FAIL  a save 8 s slow with --comm-timeout 4: exit $rc"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --io-timeout 1 --checkpoint-dir "$TMP/ck_slow2" >"$TMP/slow.out" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/slow.out")" -eq 1 ] && grep -q "^error: rank 1: .*within 1 s (--io-timeout)" "$TMP/slow.out"; then
+    echo "  ok    the same with --io-timeout 1: $(grep '^error:' "$TMP/slow.out")"
+else echo "  FAIL  the same with --io-timeout 1: exit $rc (want one error line naming --io-timeout)"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
 
 echo "4. bad input"
 expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
