@@ -247,31 +247,92 @@ static int launched_by_mpirun(void) {
 }
 
 #ifdef HAVE_NCCL
-// torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id to <dir>/nccl_id, the others poll for it
-static ncclUniqueId nccl_id_through_file(const char* dir, int rank) {
+// torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id into a file of the shared folder,
+// the others poll for it. The file's name carries the launch's identity where the launcher gives one
+// (torchrun's run id, Slurm's job and step), its content the world size and the time it was written: a
+// file left by an earlier run (a crash skips the removal at the end) is never taken for this run's.
+typedef struct {
+    uint32_t magic;  // NCCL_ID_MAGIC
+    int world_size;
+    double written;  // seconds since the epoch (the clocks of the nodes agree to well under a minute)
     ncclUniqueId id;
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof(path), "%s/nccl_id", dir);
-    if (rank == 0) {
-        ncclCheck(ncclGetUniqueId(&id));
-        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+} NcclIdFile;
+#define NCCL_ID_MAGIC 0x4e43434cu
+static char nccl_id_path[4300];  // rank 0 removes the file at the end
+
+static void nccl_id_file_name(const char* dir) {
+    const char* run = getenv("TORCHELASTIC_RUN_ID");
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    char tag[200] = "";
+    if (run && strcmp(run, "none") != 0) snprintf(tag, sizeof(tag), "_%s", run);
+    else if (job && step) snprintf(tag, sizeof(tag), "_%s.%s", job, step);
+    for (char* t = tag; *t; t++)
+        if (*t == '/') *t = '_';
+    snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s", dir, tag);
+}
+
+static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
+    NcclIdFile rec;
+    nccl_id_file_name(dir);
+    const char* path = nccl_id_path;
+    double entered = (double)time(NULL);
+    if (c->world_rank == 0) {
+        char tmp[4400];
+        memset(&rec, 0, sizeof(rec));
+        rec.magic = NCCL_ID_MAGIC, rec.world_size = c->world_size, rec.written = entered;
+        ncclCheck(ncclGetUniqueId(&rec.id));
+        snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());  // written whole, then renamed: never half-read
         FILE* f = fopen_check(tmp, "wb");
-        fwrite_check(&id, sizeof(id), 1, f, tmp);
-        fclose(f);
-        if (rename(tmp, path) != 0) fatal("cannot rename '%s': %s", tmp, strerror(errno));
-        return id;
+        fwrite_check(&rec, sizeof(rec), 1, f, tmp);
+        if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) fatal("cannot write '%s': %s", tmp, strerror(errno));
+        if (rename(tmp, path) != 0) fatal("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        return rec.id;
     }
-    double start = wall_seconds();
+    // a file written before this rank started, by more than the launch skew the deadline allows, is stale
+    double skew = c->timeout_s > 0 ? c->timeout_s : 600.0, start = wall_seconds();
     for (;;) {
         FILE* f = fopen(path, "rb");
-        if (f && fread(&id, sizeof(id), 1, f) == 1) {
-            fclose(f);
-            return id;
-        }
+        int got = f && fread(&rec, sizeof(rec), 1, f) == 1;
         if (f) fclose(f);
-        if (wall_seconds() - start > 60.0) fatal("rank %d: no NCCL id appeared in '%s' within 60 s (is rank 0 running? is the folder shared?)", rank, path);
+        if (got && rec.magic == NCCL_ID_MAGIC && rec.world_size == c->world_size && rec.written >= entered - skew) return rec.id;
+        if (c->timeout_s > 0 && wall_seconds() - start > c->timeout_s)
+            fatal("rank %d: no NCCL id of this run appeared in '%s' within %.0f s (--comm-timeout; is rank 0 running? is the folder "
+                  "shared?%s)", c->world_rank, path, c->timeout_s, got ? " the file there is from an earlier run or another world size" : "");
         usleep(100000);
     }
+}
+#endif
+
+#if defined(HAVE_NCCL) && defined(USE_MPI)
+// Whether any two ranks of one node use the same GPU (compared by UUID: with per-rank
+// CUDA_VISIBLE_DEVICES every rank sees one "device 0", yet they differ), agreed over the world in one
+// all-reduce, which also checks that every rank asked for the same engine.
+static int mpi_agree_engine(Comm* c, const char* engine) {
+    int dev;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    MPI_Comm local;
+    int local_rank, local_size;
+    mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->world_rank, MPI_INFO_NULL, &local));
+    mpiCheck(MPI_Comm_rank(local, &local_rank));
+    mpiCheck(MPI_Comm_size(local, &local_size));
+    char* uuids = (char*)malloc_check((size_t)local_size * 16);
+    MPI_Request r;
+    mpiCheck(MPI_Iallgather(prop.uuid.bytes, 16, MPI_BYTE, uuids, 16, MPI_BYTE, local, &r));
+    Group node = {local_rank, local_size, "node-local", local};
+    mpiWait(c, &r, 1, "an all-gather of the GPU ids", &node);
+    int mine = 0;
+    for (int i = 0; i < local_size; i++)
+        if (i != local_rank && memcmp(uuids + 16 * i, prop.uuid.bytes, 16) == 0) mine = 1;
+    free(uuids);
+    mpiCheck(MPI_Comm_free(&local));
+    int code = strcmp(engine, "nccl") == 0 ? 2 : strcmp(engine, "mpi") == 0 ? 1 : 0;
+    int v[3] = {mine, code, -code};
+    mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, v, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r));
+    mpiWait(c, &r, 1, "the choice of the engine", &c->world);
+    if (v[1] != -v[2]) fatal("--comm differs between ranks (every rank must run the same job)");
+    return v[0];
 }
 #endif
 
@@ -347,10 +408,15 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
     if (!use_mpi) fatal("several ranks need mpirun in a build without NCCL");
     c->engine = ENGINE_MPI;
 #else
-    int local_size = use_mpi ? env_int("OMPI_COMM_WORLD_LOCAL_SIZE", c->local_rank + 1) : env_int("LOCAL_WORLD_SIZE", c->local_rank + 1);
-    int sharing = local_size > devices;  // NCCL refuses two ranks on one GPU
+    // Under mpirun the ranks compare the GPUs they use (by UUID, within each node) and agree on the
+    // engine in one collective. Without MPI there is nothing to compare with before NCCL exists: NCCL it
+    // is, and NCCL itself refuses a GPU used twice (an error, within the deadline).
+    int sharing = 0;
+#ifdef USE_MPI
+    if (use_mpi) sharing = mpi_agree_engine(c, engine);
+#endif
     if (strcmp(engine, "nccl") == 0) {
-        if (sharing) fatal("--comm nccl: %d ranks share %d GPU(s) on this node; NCCL needs one GPU per rank (use --comm mpi)", local_size, devices);
+        if (sharing) fatal("--comm nccl: ranks on one node share a GPU; NCCL needs one GPU per rank (use --comm mpi)");
         c->engine = ENGINE_NCCL;
     } else if (strcmp(engine, "mpi") == 0) {
         c->engine = ENGINE_MPI;
@@ -367,7 +433,7 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
 #endif
         } else {
             if (nccl_id_dir == NULL) fatal("launching without mpirun needs --nccl-id-dir (a folder every rank can read)");
-            id = nccl_id_through_file(nccl_id_dir, c->world_rank);
+            id = nccl_id_through_file(c, nccl_id_dir);
         }
         // non-blocking communicators: creation and splitting return at once, and are polled against the
         // deadline (a peer that never joins would otherwise block here forever)
@@ -416,6 +482,7 @@ static void comm_finalize(Comm* c) {
         nccl_settle(c, "finishing the NCCL communicators");
         c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
         for (int i = 0; i < n; i++) ncclCheck(ncclCommDestroy(comms[i]));
+        if (c->world_rank == 0 && nccl_id_path[0]) remove(nccl_id_path);  // every rank has read it long ago
     }
 #endif
 #ifdef USE_MPI
