@@ -1933,6 +1933,10 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     if (main_rank && !tc->quiet) {
         printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
                comm->world_size, D, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
+#if defined(LLMC_CPU) && defined(_OPENMP)
+        printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s)\n", omp_get_max_threads(),
+               getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks");
+#endif
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
                c->maxT, model.num_parameters);
         printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,

@@ -16,8 +16,10 @@
  *   MPI   the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that): data is staged
  *         through host memory, in float. Calls complete before they return.
  * Launch: mpirun (Open MPI); or, for the GPU target, without MPI through RANK / WORLD_SIZE / LOCAL_RANK
- * (torchrun) or SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, with the NCCL id passed through a file in a
- * shared folder (--nccl-id-dir).
+ * (torchrun) or, in a task of srun, SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID, with the NCCL id
+ * passed through a file in a shared folder (--nccl-id-dir). Under mpirun the engine is chosen from the
+ * GPUs' UUIDs within each node and agreed by all ranks. On the CPU target each rank defaults to
+ * cores / local ranks OpenMP threads.
  *
  * Strict mode (LLMC_COMM_STRICT=1, for tests): the MPI engine honours NCCL's buffer contract to the
  * letter. A send or collective is only queued when it is called; comm_join() (or a blocking host
@@ -35,6 +37,10 @@
 #pragma once
 
 #include "device.h"
+#include <sched.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #ifdef USE_MPI
 #include <mpi.h>
@@ -75,7 +81,7 @@ typedef struct {
 } QueuedOp;
 
 typedef struct {
-    int world_rank, world_size, local_rank;
+    int world_rank, world_size, local_rank, local_size;  // local: the ranks on this node
     int dp, tp, pp;                 // grid dimensions
     int dp_rank, tp_rank, pp_rank;  // this rank's coordinates
     Engine engine;                  // ENGINE_NONE when world_size == 1
@@ -242,6 +248,21 @@ static int env_int(const char* name, int fallback) {
     return v ? atoi(v) : fallback;
 }
 
+// CPU target: the ranks of one node share its cores. Unless OMP_NUM_THREADS says otherwise, each rank
+// runs (the cores it may use) / (ranks on the node) OpenMP threads, at least 1: OpenMP's default, every
+// core per rank, oversubscribes the node local_size times over and runs several times slower.
+static void set_default_threads(int local_size) {
+#if defined(LLMC_CPU) && defined(_OPENMP)
+    if (getenv("OMP_NUM_THREADS") != NULL) return;
+    cpu_set_t mask;
+    long cores = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : sysconf(_SC_NPROCESSORS_ONLN);
+    long threads = cores / local_size;
+    omp_set_num_threads(threads > 0 ? (int)threads : 1);
+#else
+    (void)local_size;
+#endif
+}
+
 static int launched_by_mpirun(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
 }
@@ -356,17 +377,27 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
         MPI_Comm local;
         mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->world_rank, MPI_INFO_NULL, &local));
         mpiCheck(MPI_Comm_rank(local, &c->local_rank));
+        mpiCheck(MPI_Comm_size(local, &c->local_size));
         mpiCheck(MPI_Comm_free(&local));
         use_mpi = 1;
 #else
         fatal("launched by mpirun, but this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
-    } else if (getenv("WORLD_SIZE") || getenv("SLURM_NTASKS")) {
-        c->world_size = env_int("WORLD_SIZE", env_int("SLURM_NTASKS", 1));
-        c->world_rank = env_int("RANK", env_int("SLURM_PROCID", 0));
-        c->local_rank = env_int("LOCAL_RANK", env_int("SLURM_LOCALID", 0));
-        if (c->world_rank < 0 || c->world_rank >= c->world_size) fatal("RANK=%d is outside WORLD_SIZE=%d", c->world_rank, c->world_size);
+    } else if (getenv("WORLD_SIZE")) {  // torchrun
+        c->world_size = env_int("WORLD_SIZE", 1);
+        c->world_rank = env_int("RANK", 0);
+        c->local_rank = env_int("LOCAL_RANK", 0);
+        c->local_size = env_int("LOCAL_WORLD_SIZE", 1);
+    } else if (getenv("SLURM_STEP_ID") || getenv("SLURM_STEPID")) {
+        // a task of srun: Slurm's variables describe this step. (A batch script's single process sees
+        // the allocation's SLURM_NTASKS and SLURM_PROCID too, but no step: it runs as one rank.)
+        c->world_size = env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 1));
+        c->world_rank = env_int("SLURM_PROCID", 0);
+        c->local_rank = env_int("SLURM_LOCALID", 0);
+        c->local_size = c->world_size;  // (an upper bound: only for the default thread count)
     }
+    if (c->world_rank < 0 || c->world_rank >= c->world_size) fatal("rank %d is outside the world size %d", c->world_rank, c->world_size);
+    set_default_threads(c->local_size > 0 ? c->local_size : 1);
     (void)argc, (void)argv;
 
     // grid

@@ -20,6 +20,7 @@
 #      uninterrupted run's
 #   6. ranks started with different flags, data or checkpoints end together with one line naming the
 #      first difference (they hung, aborted in MPI or trained divergent replicas)
+#   7. launch: Slurm variables count only in a task of srun; OpenMP threads default to cores / local ranks
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -224,6 +225,22 @@ mkdir -p "$TMP/copy" && cp "$TMP/tokens.bin" "$TMP/copy/tokens.bin"
 if timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 --resume "$TMP/ckA" : -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 \
     --resume "$TMP/ckA_copy" --train-data "$TMP/copy/tokens.bin" >"$TMP/mm.out" 2>&1; then echo "  ok    copies of the checkpoint and data in other folders: the run trains"
 else echo "  FAIL  copies of the checkpoint and data in other folders"; tail -4 "$TMP/mm.out"; fails=$((fails + 1)); fi
+
+echo "7. launch"
+# `sbatch -n 4` runs its script once: one process that sees the allocation's SLURM_NTASKS=4 but no step
+if env SLURM_JOB_ID=1 SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1 \
+    && grep -q "1 rank(s)" "$TMP/sb.out"; then echo "  ok    Slurm variables without a step (a batch script): one rank"
+else echo "  FAIL  Slurm variables without a step (a batch script) must run as one rank"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# in a task of srun the same variables make 4 ranks (which the CPU build can only run under mpirun)
+env SLURM_JOB_ID=1 SLURM_STEP_ID=0 SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
+if grep -q "^error: several ranks need mpirun" "$TMP/sb.out"; then echo "  ok    the same under srun: 4 ranks ($(grep '^error:' "$TMP/sb.out"))"
+else echo "  FAIL  the same under srun must mean 4 ranks"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# OpenMP threads: without OMP_NUM_THREADS, the cores this process may use / the ranks on the node
+cores=$(env -u OMP_NUM_THREADS nproc)  # (nproc itself honours OMP_NUM_THREADS)
+want=$((cores / 2)); [ $want -lt 1 ] && want=1
+env -u OMP_NUM_THREADS timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/omp.out" 2>&1
+if grep -q "^threads: $want OpenMP thread(s) per rank (OMP_NUM_THREADS unset" "$TMP/omp.out"; then echo "  ok    2 ranks, OMP_NUM_THREADS unset: $want thread(s) each ($cores cores)"
+else echo "  FAIL  2 ranks, OMP_NUM_THREADS unset: want $want thread(s) each"; grep "threads\|error" "$TMP/omp.out" | head -3; fails=$((fails + 1)); fi
 
 if [ $fails -ne 0 ]; then echo "test_dp: $fails FAILED"; exit 1; fi
 echo "test_dp: all passed"
