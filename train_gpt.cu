@@ -45,6 +45,7 @@
 #include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
 #include "llmc/bpe.h"
+#include "llmc/eval.h"
 #include "llmc/zero.h"
 
 #include <signal.h>
@@ -1397,6 +1398,9 @@ typedef struct {
     const char* bpe_dir;     // folder of encoder.json and vocab.bpe (NULL: beside --tokenizer, else data/)
     const char* encode_file; // --encode FILE: print its GPT-2 tokens and exit
     float temperature;       // sampling: 0 greedy
+    const char* eval_data;   // --eval-data: multiple-choice examples (llm.c's format), or NULL
+    int eval_every;
+    const char* eval_dump;   // --eval-dump: each example's completion losses (checks)
     int top_k;               // sampling: 0 all tokens
     int save_every;
     const char* checkpoint_dir;
@@ -1594,6 +1598,72 @@ static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
     return (float)mean;
+}
+
+// Multiple-choice accuracy (llmc/eval.h) over all examples: DP rank d of D scores examples d, d + D, ...
+// Rows (one per completion) are packed many to a forward: the forward is (B*T / Te, Te) with Te the longest
+// row, within the activations allocated for (B, T). Forward-only through the pipeline, as evaluate().
+// If `dump` is given (main rank), each of this rank's examples' 4 mean losses go there, one line each.
+static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, FILE* dump) {
+    Comm* comm = model->comm;
+    int T = model->T, K = EVAL_COMPLETIONS;
+    int n_mine = e->n_examples > comm->dp_rank ? (e->n_examples - comm->dp_rank + comm->dp - 1) / comm->dp : 0;
+    int n_rows = n_mine * K;
+    int* in = (int*)malloc_check((size_t)(n_rows + 1) * T * sizeof(int));  // (n_rows, T), then packed
+    int* tg = (int*)malloc_check((size_t)(n_rows + 1) * T * sizeof(int));
+    int* ntg = (int*)malloc_check((size_t)(n_rows + 1) * sizeof(int));  // targets in each row
+    int* nc = (int*)malloc_check((size_t)(n_rows + 1) * sizeof(int));   // of which the completion's (the last)
+    int Te = 1;
+    for (int r = 0; r < n_rows; r++) {
+        int ex = comm->dp_rank + (r / K) * comm->dp;
+        ntg[r] = eval_row(e, ex, r % K, T, in + (size_t)r * T, tg + (size_t)r * T, path);
+        nc[r] = e->comp_len[ex * K + r % K];
+        if (ntg[r] > Te) Te = ntg[r];
+    }
+    int rows_per_forward = model->B * T / Te;
+    double* mean = (double*)calloc_check((size_t)(n_rows + 1) * sizeof(double));
+    int* bin = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
+    int* btg = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
+    size_t act = (size_t)rows_per_forward * Te * model->config.C;
+    use_slot(model, 0, rows_per_forward, Te);
+    for (int r0 = 0; r0 < n_rows; r0 += rows_per_forward) {
+        for (int j = 0; j < rows_per_forward; j++) {  // rows r0.., cut to Te; past the last row: zeros
+            int r = r0 + j < n_rows ? r0 + j : -1;
+            for (int t = 0; t < Te; t++) {
+                bin[j * Te + t] = r >= 0 ? in[(size_t)r * T + t] : 0;
+                btg[j * Te + t] = r >= 0 ? tg[(size_t)r * T + t] : 0;
+            }
+        }
+        if (!model->first) {
+            comm_recv(comm, &comm->pp_group, model->acts.encoded, act, DT_FLOATX, comm->pp_rank - 1);
+            comm_join(comm);
+        }
+        gpt2_forward(model, bin, btg, rows_per_forward, Te, 0.0f);
+        if (!model->last) {
+            comm_send(comm, &comm->pp_group, stage_output(model, rows_per_forward, Te), act, DT_FLOATX, comm->pp_rank + 1);
+            comm_join(comm);
+            continue;
+        }
+        for (int j = 0; j < rows_per_forward && r0 + j < n_rows; j++) {
+            int r = r0 + j;
+            double sum = 0.0;
+            for (int t = ntg[r] - nc[r]; t < ntg[r]; t++) sum += model->host_losses[(size_t)j * Te + t];
+            mean[r] = sum / nc[r];
+        }
+    }
+    double counts[2] = {0.0, 0.0};  // right, examples (the last stage's; the others add zeros)
+    for (int i = 0; model->last && i < n_mine; i++) {
+        int ex = comm->dp_rank + i * comm->dp;
+        counts[0] += eval_predict(mean + (size_t)i * K) == e->label[ex];
+        counts[1] += 1;
+        if (dump) fprintf(dump, "%d %d %.9g %.9g %.9g %.9g\n", ex, e->label[ex], mean[i * K], mean[i * K + 1], mean[i * K + 2], mean[i * K + 3]);
+    }
+    if (model->tp_rank != 0) counts[0] = counts[1] = 0.0;  // TP ranks hold the same counts: one of them counts
+    comm_all_reduce_host(comm, &comm->pp_group, counts, 2, REDUCE_SUM);
+    comm_all_reduce_host(comm, &comm->tp_group, counts, 2, REDUCE_SUM);
+    comm_all_reduce_host(comm, &comm->dp_group, counts, 2, REDUCE_SUM);
+    free(in), free(tg), free(ntg), free(nc), free(mean), free(bin), free(btg);
+    return (float)(counts[0] / counts[1]);
 }
 
 // peak dense BF16 tensor throughput of known GPUs, for MFU (0: unknown, MFU not printed)
@@ -1888,6 +1958,13 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     if (have_val) {
         dataloader_init(&val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
     }
+    EvalSet choices;
+    FILE* dump = NULL;
+    if (tc->eval_data) {
+        eval_load(&choices, tc->eval_data, c->V);
+        if (tc->eval_dump && comm->world_size > 1) fatal("--eval-dump is for one rank");
+        if (tc->eval_dump) dump = fopen_check(tc->eval_dump, "w");
+    }
     Tokenizer tok = {0, 0, NULL};
     // the ranks of the first DP group sample (together, with TP); world rank 0 prints
     int have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
@@ -1970,6 +2047,11 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
             val_loss = evaluate(&model, &val_loader, tc->val_batches);
             if (main_rank) printf("step %lld: val loss %.4f\n", step, val_loss);
             logger_eval(&logger, step, val_loss);
+        }
+        if (tc->eval_data && !resumed_here && (step % tc->eval_every == 0 || last)) {
+            float accuracy = evaluate_choices(&model, &choices, tc->eval_data, dump);
+            if (main_rank) printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy, choices.n_examples);
+            logger_eval_accuracy(&logger, step, accuracy);
         }
         // --steps 0 samples once, from the model as given
         if (have_tok && (step > 0 || tc->steps == 0) && !resumed_here && (step % tc->sample_every == 0 || last))
@@ -2066,6 +2148,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     logger_close(&logger);
     if (have_tok) tokenizer_free(&tok);
     free(prompt);
+    if (tc->eval_data) eval_free(&choices);
+    if (dump && fclose(dump) != 0) fatal("cannot write '%s': %s", tc->eval_dump, strerror(errno));
     if (have_val) dataloader_free(&val_loader);
     if (have_train) dataloader_free(&train_loader);
     gpt2_free(&model);
@@ -2111,6 +2195,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->sample_every = 75;
     tc->sample_len = 48;
     tc->temperature = 1.0f;
+    tc->eval_every = 50;
     tc->checkpoint_dir = "checkpoints";
     tc->save_model_version = 3;
     tc->engine = "auto";
@@ -2199,6 +2284,9 @@ static void print_usage(void) {
         "evaluation, sampling, checkpoints, logs\n"
         "  --val-every N         validation loss every N steps, 0 off [%d]\n"
         "  --val-batches N       micro-batches per validation         [%d]\n"
+        "  --eval-data FILE      multiple-choice examples (llm.c's HellaSwag format): accuracy\n"
+        "  --eval-every N        multiple-choice accuracy every N steps (and at the end) [50]\n"
+        "  --eval-dump FILE      one rank: write each example's 4 mean completion losses\n"
         "  --sample-every N      print a sample every N steps, 0 off  [%d]\n"
         "  --sample-len N        tokens per sample                    [%d]\n"
         "  --prompt TEXT         samples continue TEXT (GPT-2 BPE; needs encoder.json and vocab.bpe)\n"
@@ -2356,6 +2444,9 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         else if (!strcmp(f, "--top-k")) tc->top_k = (int)parse_int(f, v, 0, 1 << 30);
         else if (!strcmp(f, "--bpe-dir")) tc->bpe_dir = v;
         else if (!strcmp(f, "--encode")) tc->encode_file = v;
+        else if (!strcmp(f, "--eval-data")) tc->eval_data = v;
+        else if (!strcmp(f, "--eval-every")) tc->eval_every = (int)parse_int(f, v, 1, 1 << 30);
+        else if (!strcmp(f, "--eval-dump")) tc->eval_dump = v;
         else if (!strcmp(f, "--save-every")) tc->save_every = (int)parse_int(f, v, 0, 1 << 30);
         else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = checkpoint_dir_given = v;
         else if (!strcmp(f, "--resume")) tc->resume = v;

@@ -5,6 +5,7 @@
  *                    "world": 2, "dp": 2, "tp": 1, "pp": 1, "zero": 1, "model": {...}, "batch": {...}, ...}}
  *   per step:       {"step": 12, "loss": 5.12, "lr": 0.0006, "grad_norm": 1.3, "tokens_per_s": 41234, "ms": 12.4}
  *   per evaluation: {"step": 12, "val_loss": 5.31}
+ *   per multiple-choice evaluation (--eval-data): {"step": 12, "eval_accuracy": 0.41}
  *   per skipped step (loss scaling, gradients overflowed): {"step": 12, "skipped": true, "loss_scale": 32768}
  * Every line is flushed as it is written, so a crash loses nothing already logged. A write that fails (a
  * full disk) ends the run with an error, like any other lost output.
@@ -110,6 +111,13 @@ static void logger_eval(Logger* lg, long long step, float val_loss) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld", step);
     json_number(lg->f, "val_loss", val_loss, "%.9g");
+    logger_end_line(lg);
+}
+
+static void logger_eval_accuracy(Logger* lg, long long step, float accuracy) {
+    if (!lg->f) return;
+    fprintf(lg->f, "{\"step\": %lld", step);
+    json_number(lg->f, "eval_accuracy", accuracy, "%.6f");
     logger_end_line(lg);
 }
 

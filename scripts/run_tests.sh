@@ -38,6 +38,9 @@ bash scripts/test_cli.sh build/cpu/train_gpt
 step "CPU target: the GPT-2 encoder against the Python one, sampling with a prompt (one rank, TP, PP)"
 bash scripts/test_sample.sh build/cpu/train_gpt
 
+step "CPU target: multiple-choice evaluation against the PyTorch reference, over DP, TP and PP"
+bash scripts/test_eval.sh build/cpu/train_gpt
+
 step "CPU target: data parallelism and ZeRO under mpirun"
 bash scripts/test_dp.sh build/cpu/train_gpt
 

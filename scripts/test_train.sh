@@ -5,12 +5,19 @@
 # JSON log has a line per step and per evaluation, and starts with the run's configuration; that each
 # step line shows the elapsed time and an ETA; and that scripts/plot_log.py draws the log into a PNG with
 # real content. Prints the wall time; it is not asserted.
+# Multiple-choice accuracy (--eval-data, at steps 0 and 150) on 400 examples that scripts/make_eval_data.py
+# builds from the validation text (a context, its true next token and three next tokens from elsewhere):
+# chance is 25%, with a binomial standard deviation of sqrt(0.25 * 0.75 / 400) = 2.17 points. The untrained
+# model (step 0) must be within 3 deviations of chance, [18.5%, 31.5%] (it measured 28.0%); the trained one
+# more than 3 deviations above chance, > 31.5% (it measured 32.75%: a modest margin, 5 examples; the seeds
+# are fixed, so the values repeat unless the arithmetic changes).
 set -euo pipefail
 BIN=${1:-build/cpu/train_gpt}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 start=$(date +%s)
-"$BIN" --log "$TMP/log.jsonl" | tee "$TMP/out"
+"${PYTHON:-/usr/bin/python3}" scripts/make_eval_data.py --out "$TMP/eval.bin" --examples 400
+"$BIN" --log "$TMP/log.jsonl" --eval-data "$TMP/eval.bin" --eval-every 150 | tee "$TMP/out"
 end=$(date +%s)
 echo "default job took $((end - start)) s"
 "${PYTHON:-/usr/bin/python3}" - "$TMP/log.jsonl" <<'PYEOF'
@@ -25,7 +32,10 @@ assert cfg is not None, "the log's first line is not the configuration"
 assert all(k in cfg for k in ("argv", "target", "precision", "device", "world", "dp", "tp", "pp", "model", "batch")), "config keys"
 assert cfg["model"]["L"] == 4 and cfg["model"]["C"] == 128 and cfg["world"] == 1 and cfg["device"], f"config values: {cfg}"
 print(f"val loss: first {val[0]:.4f}, last {val[-1]:.4f}, drop {val[0] - val[-1]:.4f} nats (need >= 2)")
-sys.exit(0 if val[0] - val[-1] >= 2.0 else 1)
+acc = [r["eval_accuracy"] for r in rows if "eval_accuracy" in r]
+assert [r["step"] for r in rows if "eval_accuracy" in r] == [0, 150], "multiple-choice accuracy not logged at steps 0 and 150"
+print(f"multiple-choice accuracy: untrained {acc[0]:.4f} (need 0.185..0.315), trained {acc[1]:.4f} (need > 0.315)")
+sys.exit(0 if val[0] - val[-1] >= 2.0 and 0.185 <= acc[0] <= 0.315 and acc[1] > 0.315 else 1)
 PYEOF
 grep -q "^sample: " "$TMP/out" || { echo "no sample was printed"; exit 1; }
 grep -q "^step   150/150 | .* | [0-9:]* elapsed, ETA 0:00$" "$TMP/out" || { echo "the last step line has no elapsed time and ETA 0:00"; exit 1; }
