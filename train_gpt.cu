@@ -1186,7 +1186,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
 // optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
 // there (a crash during a save) is skipped for the one before it. Every shard must be the one its name
 // says, of the same checkpoint and run, and together the shards must cover the model (version 2:
-// exactly once; see llmc/checkpoint.h).
+// exactly once; see llmc/state_file.h).
 static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
     char path[4200], first_path[4200], why[256];
     long long* steps;
@@ -1707,7 +1707,7 @@ static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm)
 }
 
 // A random identity for a run that starts from scratch (kept in its checkpoints and through every
-// resume, see llmc/checkpoint.h): drawn by rank 0, shared with every rank in 16-bit pieces (exact as
+// resume, see llmc/state_file.h): drawn by rank 0, shared with every rank in 16-bit pieces (exact as
 // doubles). Never 0, which stands for "unknown" (version 1 state files).
 static uint64_t new_run_id(Comm* comm) {
     uint64_t id = 0;

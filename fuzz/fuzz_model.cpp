@@ -1,12 +1,12 @@
 /*
- * fuzz_model.cpp: libFuzzer harness for the model file reader, model_file_read (llmc/checkpoint.h).
+ * fuzz_model.cpp: libFuzzer harness for the model file reader, model_file_read (llmc/model_file.h).
  *
  * Each input is a candidate model file. The reader runs twice, as the trainer calls it: header only
  * (to learn the sizes), then with the parameters. A forged file must end in fatal(), never in an
  * out-of-bounds access, undefined behaviour or an allocation the file's size does not justify.
  */
 #include "fuzz_harness.h"
-#include "../llmc/checkpoint.h"
+#include "../llmc/model_file.h"
 
 typedef struct {
     const char* path;

@@ -1,5 +1,5 @@
 /*
- * fuzz_state.cpp: libFuzzer harness for the optimizer state reader, state_file_read (llmc/checkpoint.h).
+ * fuzz_state.cpp: libFuzzer harness for the optimizer state reader, state_file_read (llmc/state_file.h).
  *
  * Each input is a candidate state shard, read three ways, as load_checkpoint reads shards:
  *   1. as it is, as the first shard (the reader allocates the whole-model moment arrays);
@@ -11,7 +11,7 @@
  * of make_seeds.sh are trained with (it also makes a seed of other sizes, which must be refused).
  */
 #include "fuzz_harness.h"
-#include "../llmc/checkpoint.h"
+#include "../llmc/state_file.h"
 
 static const GPT2Config TINY_CONFIG = {8, 64, 128, 1, 1, 4};  // maxT V Vp L NH C
 static char valid_shard[512];  // path of the valid shard of the tiny model

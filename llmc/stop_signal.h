@@ -8,7 +8,7 @@
  * so that every rank stops after the same step. The loop then saves a checkpoint as --stop-after would
  * and the program exits with EXIT_STOPPED_BY_SIGNAL. Further signals while finishing the step or saving
  * change nothing (the record is only read at the next step boundary, which never comes); a SIGKILL at
- * that point still cannot corrupt the previous checkpoint, as every save is atomic (llmc/checkpoint.h).
+ * that point still cannot corrupt the previous checkpoint, as every save is atomic (llmc/atomic_file.h).
  */
 #pragma once
 
