@@ -166,11 +166,12 @@ static void test_against_reference(const char* dir, const char* name) {
         fatal("'%s' and '%s' describe different models", model_path, debug_path);
     size_t BT = (size_t)r.B * r.T;
     gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
+    Activations* a = &model.slots[0];
 
     // logits (inference forward), only the V real columns
-    gpt2_forward(&model, r.inputs, NULL, r.B, r.T, 0.0f);
+    gpt2_forward(&model, a, r.inputs, NULL, r.B, r.T, 0.0f);
     float* logits = (float*)malloc_check(BT * c->Vp * sizeof(float));
-    download_floats(logits, model.acts.logits, BT * c->Vp);
+    download_floats(logits, a->logits, BT * c->Vp);
     float* real = (float*)malloc_check(BT * c->V * sizeof(float));
     for (size_t i = 0; i < BT; i++) memcpy(real + i * c->V, logits + i * c->Vp, c->V * sizeof(float));
     check("logits", rel_norm_diff(real, r.logits, BT * c->V), TOL.logits);
@@ -179,9 +180,9 @@ static void test_against_reference(const char* dir, const char* name) {
     float S = FP16_BUILD ? 1024.0f : 1.0f;
     LossScaler scaler = {FP16_BUILD ? SCALE_STATIC : SCALE_OFF, S, 2.0f, 0.5f, 2000, 1, 0, 1};
     gpt2_zero_grad(&model);
-    float loss = gpt2_forward(&model, r.inputs, r.targets, r.B, r.T, S / BT);
+    float loss = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
     check("loss", rel_diff(loss, r.loss), TOL.loss);
-    gpt2_backward(&model, r.B, r.T, 1);
+    gpt2_backward(&model, a, r.B, r.T, 1);
     float* grads = (float*)malloc_check(r.num_params * sizeof(float));
     gpt2_export(&model, model.grads_memory, 1, grads);
     for (size_t i = 0; i < r.num_params; i++) grads[i] /= S;
@@ -193,14 +194,15 @@ static void test_against_reference(const char* dir, const char* name) {
     // 10 AdamW steps on the same batch, from the same start
     load_model(&model, model_path);
     gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
+    a = &model.slots[0];
     OptimizerConfig opt = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip};
     for (int step = 0; step < r.nsteps; step++) {
         gpt2_zero_grad(&model);
-        float l = gpt2_forward(&model, r.inputs, r.targets, r.B, r.T, S / BT);
+        float l = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
         char what[64];
         snprintf(what, sizeof(what), "loss at step %d (ref %.6f)", step, r.losses[step]);
         check(what, rel_diff(l, r.losses[step]), TOL.loss);
-        gpt2_backward(&model, r.B, r.T, 1);
+        gpt2_backward(&model, a, r.B, r.T, 1);
         int skipped = 0;
         gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped);
         if (skipped) fatal("a step overflowed at loss scale %g in the reference test", S);
@@ -424,7 +426,7 @@ static void test_tp_memory(void) {
             }
         }
         ok &= model.bytes_params >= (split_local + replicated) * fx && model.bytes_params < (split_local + replicated + 64 * model.layout.num_slots) * fx;
-        const Activations* a = &model.acts;
+        const Activations* a = &model.slots[0];
         size_t Cl = c.C / tp, NHl = c.NH / tp, Vpl = c.Vp / tp, L = c.L;
 #define SPAN(x, y) ((size_t)((const char*)(y) - (const char*)(x)))
         ok &= SPAN(a->qkv, a->atty) == round_up(L * BT * 3 * Cl * fx, 256);

@@ -305,7 +305,6 @@ typedef struct {
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
     Weights params, grads;
-    Activations acts;        // the activations forward and backward work on: one of the slots
     Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
     int n_slots, rematerialize;
@@ -599,7 +598,6 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     } else {
         memcpy(model->slots, sets, n_slots * sizeof(Activations));
     }
-    model->acts = rematerialize ? model->work : model->slots[0];
     model->n_slots = n_slots;
     model->rematerialize = rematerialize;
     model->B = B;
@@ -612,19 +610,19 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
 // out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
 // TP it is row-parallel: inp and weight hold this rank's IC = (C or 4C)/tp input channels, the partial
 // products are summed across the TP group ("g"), and the bias is added once, after the sum.
+// scratch (N, C) holds the projection before the add.
 static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
-                                 const floatX* bias, int N, int IC) {
-    Activations* a = &model->acts;
+                                 const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
     if (model->tp == 1) {
-        matmul_forward(a->scratch, inp, weight, bias, N, IC, C);
-        residual_forward(out, residual, a->scratch, (size_t)N * C);
+        matmul_forward(scratch, inp, weight, bias, N, IC, C);
+        residual_forward(out, residual, scratch, (size_t)N * C);
         return;
     }
-    matmul_forward(a->scratch, inp, weight, NULL, N, IC, C);
-    comm_all_reduce(model->comm, &model->comm->tp_group, a->scratch, (size_t)N * C, DT_FLOATX, REDUCE_SUM);
+    matmul_forward(scratch, inp, weight, NULL, N, IC, C);
+    comm_all_reduce(model->comm, &model->comm->tp_group, scratch, (size_t)N * C, DT_FLOATX, REDUCE_SUM);
     comm_join(model->comm);
-    residual_bias_forward(out, residual, a->scratch, bias, N, C);
+    residual_bias_forward(out, residual, scratch, bias, N, C);
 }
 
 // One layer's activations (local index li of this stage) inside the activation set a. What --recompute R
@@ -650,6 +648,7 @@ typedef struct {
     floatX* fch;                   // (B, T, 4C/tp)
     floatX* fch_gelu;              // (B, T, 4C/tp)
     floatX* output;                // (B, T, C) = residual3
+    floatX* scratch;               // (B, T, C) workspace shared by every layer (a projection before its residual add)
 } LayerActs;
 
 static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int B, int T) {
@@ -672,6 +671,7 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.fch = a->fch + all * BT * 4 * Cl;
     la.fch_gelu = a->fch_gelu + gelu * BT * 4 * Cl;
     la.output = a->residual3 + li * BT * C;
+    la.scratch = a->scratch;
     return la;
 }
 
@@ -685,17 +685,17 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     if (attention_flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
     else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl);
     if (fused_kernels && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
-        matmul_forward(model->acts.scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C);
-        residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, model->acts.scratch, w->ln2w,
+        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C);
+        residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, la->scratch, w->ln2w,
                                    w->ln2b, BT, C);
     } else {
-        row_parallel_forward(model, la->residual2, la->input, la->atty, w->attprojw, w->attprojb, BT, Cl);
+        row_parallel_forward(model, la->residual2, la->input, la->atty, w->attprojw, w->attprojb, la->scratch, BT, Cl);
         layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
     }
     // MLP block: output = residual2 + fcproj(gelu(fc(ln2(residual2))))
     matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl);  // TP: column-parallel, our hidden units
     gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
-    row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, BT, 4 * Cl);
+    row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
 }
 
 // before a layer's backward: recompute what --recompute did not keep
@@ -713,20 +713,20 @@ static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights
     if (R >= 1) gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
 }
 
-// Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set model->acts.
-// The first stage starts from the token ids `inputs` (host); the others from acts.encoded, which the
-// pipeline has filled with the previous stage's output. The last stage, given targets, returns the mean
-// loss (and with dloss != 0 leaves dlogits, scaled by dloss, in acts.logits for gpt2_backward); without
-// targets acts.logits holds the logits. Other stages return 0 and leave their output in
-// stage_output(). Without pipelining the one stage is first and last. B, T may be below the allocated.
-static float gpt2_forward(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss) {
+// Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set a (a
+// micro-batch slot, or the work set: see micro_batch_activations). The first stage starts from the token
+// ids `inputs` (host); the others from a->encoded, which the pipeline has filled with the previous
+// stage's output. The last stage, given targets, returns the mean loss (and with dloss != 0 leaves
+// dlogits, scaled by dloss, in a->logits for gpt2_backward); without targets a->logits holds the logits.
+// Other stages return 0 and leave their output in stage_output(). Without pipelining the one stage is
+// first and last. B, T may be below the allocated.
+static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T, float dloss) {
     const GPT2Config* c = &model->config;
     check_internal(model->B > 0, "gpt2_forward before gpt2_allocate_activations");
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
     int C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
     size_t BT = (size_t)B * T;
-    Activations* a = &model->acts;
     Comm* comm = model->comm;
     if (model->first) {
         if (fused_kernels) copy_to_device_nowait(a->inputs, inputs, BT * sizeof(int));  // llmc/device.h: pageable, staged
@@ -798,15 +798,15 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
     trace_add(model->tracer, "allreduce", model->zero.stage == 0 ? "all-reduce" : "reduce-scatter", b, t0);
 }
 
-// Backward pass for the last gpt2_forward (which must have had targets and dloss != 0). Gradients are
-// accumulated (+=), so micro-steps of gradient accumulation simply add up. `communicate`: reduce the
-// gradients across the DP group as they become final (on the last micro-step; at ZeRO-2 on every one).
-static void gpt2_backward(GPT2* model, int B, int T, int communicate) {
+// Backward pass for the last gpt2_forward on the activation set a (which must have had targets and
+// dloss != 0). Gradients are accumulated (+=), so micro-steps of gradient accumulation simply add up.
+// `communicate`: reduce the gradients across the DP group as they become final (on the last
+// micro-step; at ZeRO-2 on every one).
+static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
     int L = c->L, C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
-    Activations* a = &model->acts;
     Weights* p = &model->params;
     Weights* g = &model->grads;
     int zero2 = model->zero.stage == 2;
@@ -964,8 +964,8 @@ static void gpt2_round_params(GPT2* model, int t) {
 // ----------------------------------------------------------------------------------------------------
 // the pipeline: one optimizer step's forward and backward passes over the micro-batches
 
-static floatX* stage_output(GPT2* model, int B, int T) {  // (B, T, C) the last local layer's output
-    return model->acts.residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
+static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
+    return a->residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
 }
 
 // The send left over from the previous action, if any, goes out now; if this action receives from
@@ -1006,16 +1006,19 @@ static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, i
     pending->peer = -1;
 }
 
-// Makes micro-batch slot i the activations forward and backward use. With rematerialization the work
-// set is used, starting from the slot's stage input.
-static void use_slot(GPT2* model, int i, int B, int T) {
+// The activations forward and backward of micro-batch i (B, T) work on: its slot. With
+// rematerialization the one full work set, starting from the slot's stage input.
+static Activations* micro_batch_activations(GPT2* model, int i, int B, int T) {
     Activations* slot = &model->slots[i % model->n_slots];
-    if (!model->rematerialize) {
-        model->acts = *slot;
-        return;
-    }
-    model->acts = model->work;
+    if (!model->rematerialize) return slot;
     if (!model->first) device_copy(model->work.encoded, slot->encoded, (size_t)B * T * model->config.C * sizeof(floatX));
+    return &model->work;
+}
+
+// The activations of a forward-only pass (evaluation, sampling): the first slot, or with
+// rematerialization the one full work set (the stage input arrives in it).
+static Activations* forward_only_activations(GPT2* model) {
+    return model->rematerialize ? &model->work : &model->slots[0];
 }
 
 // Runs this stage's schedule for one optimizer step of M micro-batches (llmc/pipeline.h): receive the
@@ -1048,21 +1051,22 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
             memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
             memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
             pipe_exchange(model, &pending, model->first ? NULL : slot->encoded, s - 1, n, m);
-            use_slot(model, m, B, T);
+            Activations* a = micro_batch_activations(model, m, B, T);
             t0 = trace_now_us(model->tracer);
             model->loss_dest = defer_loss ? model->step_losses + m : NULL;
-            loss += gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);  // 0 when deferred
+            loss += gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);  // 0 when deferred
             model->loss_dest = NULL;
             trace_add(model->tracer, "forward", "F", m, t0);
-            if (!model->last) pending = (PendingSend){stage_output(model, B, T), s + 1, model->rematerialize};
+            if (!model->last) pending = (PendingSend){stage_output(model, a, B, T), s + 1, model->rematerialize};
         } else {
-            pipe_exchange(model, &pending, model->last ? NULL : model->acts.dresidual, s + 1, n, m);
-            use_slot(model, m, B, T);
+            // dresidual is one buffer that every activation set shares
+            pipe_exchange(model, &pending, model->last ? NULL : slot->dresidual, s + 1, n, m);
+            Activations* a = micro_batch_activations(model, m, B, T);
             t0 = trace_now_us(model->tracer);
-            if (model->rematerialize) gpt2_forward(model, slot->host_inputs, slot->host_targets, B, T, dloss);
-            gpt2_backward(model, B, T, m == M - 1);
+            if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
+            gpt2_backward(model, a, B, T, m == M - 1);
             trace_add(model->tracer, "backward", "B", m, t0);
-            if (!model->first) pending = (PendingSend){model->acts.dresidual, s - 1, 1};
+            if (!model->first) pending = (PendingSend){a->dresidual, s - 1, 1};
         }
     }
     pipe_exchange(model, &pending, NULL, -1, n, -1);
@@ -1303,7 +1307,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
     float* sorted = (float*)malloc_check(c->Vp * sizeof(float));
     floatX* row = (floatX*)malloc_check(c->Vp * sizeof(floatX));
     floatX* gathered = (floatX*)device_malloc(c->Vp * sizeof(floatX));  // [TP rank 0's ids | 1's | ...]
-    use_slot(model, 0, 1, T);
+    Activations* a = forward_only_activations(model);
     seq[0] = tok->eot;
     if (print) printf("sample: ");
     for (int t = 1; t <= sc->n_prompt; t++) {
@@ -1313,18 +1317,18 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
     for (int t = 1 + sc->n_prompt; t < T; t++) {
         // PP: the sequence flows through the stages; the last one has the logits
         if (!model->first) {
-            comm_recv(comm, &comm->pp_group, model->acts.encoded, (size_t)t * c->C, DT_FLOATX, comm->pp_rank - 1);
+            comm_recv(comm, &comm->pp_group, a->encoded, (size_t)t * c->C, DT_FLOATX, comm->pp_rank - 1);
             comm_join(comm);
         }
-        gpt2_forward(model, seq, NULL, 1, t, 0.0f);
+        gpt2_forward(model, a, seq, NULL, 1, t, 0.0f);
         if (!model->last) {
-            comm_send(comm, &comm->pp_group, stage_output(model, 1, t), (size_t)t * c->C, DT_FLOATX, comm->pp_rank + 1);
+            comm_send(comm, &comm->pp_group, stage_output(model, a, 1, t), (size_t)t * c->C, DT_FLOATX, comm->pp_rank + 1);
             comm_join(comm);
         }
         int next = c->V - 1;
         float r = rng_uniform(rng);  // every rank draws, so all generators stay in step
         if (model->last) {
-            copy_to_host(row, model->acts.logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
+            copy_to_host(row, a->logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
             copy_to_device(gathered + (size_t)model->tp_rank * Vpl, row, Vpl * sizeof(floatX));
             comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
             comm_join(comm);
@@ -1580,17 +1584,17 @@ static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     Comm* comm = model->comm;
     long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
     size_t act = (size_t)val->B * val->T * model->config.C;
-    use_slot(model, 0, val->B, val->T);
+    Activations* a = forward_only_activations(model);
     double sum = 0.0;
     for (long long i = 0; i < n; i++) {  // through the pipeline, forward only
         dataloader_load(val, i * comm->dp + comm->dp_rank);
         if (!model->first) {
-            comm_recv(comm, &comm->pp_group, model->acts.encoded, act, DT_FLOATX, comm->pp_rank - 1);
+            comm_recv(comm, &comm->pp_group, a->encoded, act, DT_FLOATX, comm->pp_rank - 1);
             comm_join(comm);
         }
-        sum += gpt2_forward(model, val->inputs, val->targets, val->B, val->T, 0.0f);
+        sum += gpt2_forward(model, a, val->inputs, val->targets, val->B, val->T, 0.0f);
         if (!model->last) {
-            comm_send(comm, &comm->pp_group, stage_output(model, val->B, val->T), act, DT_FLOATX, comm->pp_rank + 1);
+            comm_send(comm, &comm->pp_group, stage_output(model, a, val->B, val->T), act, DT_FLOATX, comm->pp_rank + 1);
             comm_join(comm);
         }
     }
@@ -1625,7 +1629,7 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     int* bin = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
     int* btg = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
     size_t act = (size_t)rows_per_forward * Te * model->config.C;
-    use_slot(model, 0, rows_per_forward, Te);
+    Activations* a = forward_only_activations(model);
     for (int r0 = 0; r0 < n_rows; r0 += rows_per_forward) {
         for (int j = 0; j < rows_per_forward; j++) {  // rows r0.., cut to Te; past the last row: zeros
             int r = r0 + j < n_rows ? r0 + j : -1;
@@ -1635,12 +1639,12 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
             }
         }
         if (!model->first) {
-            comm_recv(comm, &comm->pp_group, model->acts.encoded, act, DT_FLOATX, comm->pp_rank - 1);
+            comm_recv(comm, &comm->pp_group, a->encoded, act, DT_FLOATX, comm->pp_rank - 1);
             comm_join(comm);
         }
-        gpt2_forward(model, bin, btg, rows_per_forward, Te, 0.0f);
+        gpt2_forward(model, a, bin, btg, rows_per_forward, Te, 0.0f);
         if (!model->last) {
-            comm_send(comm, &comm->pp_group, stage_output(model, rows_per_forward, Te), act, DT_FLOATX, comm->pp_rank + 1);
+            comm_send(comm, &comm->pp_group, stage_output(model, a, rows_per_forward, Te), act, DT_FLOATX, comm->pp_rank + 1);
             comm_join(comm);
             continue;
         }
