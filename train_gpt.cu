@@ -304,6 +304,7 @@ typedef struct {
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
+    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (gpt2_grad_sumsq)
     Weights params, grads;
     Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
@@ -349,6 +350,8 @@ static void validate_tp(const GPT2Config* c, int tp) {
     if ((4 * c->C) % tp != 0) fatal("--tp %d: the MLP's 4C=%d hidden units do not split evenly", tp, 4 * c->C);
     if (c->Vp % tp != 0) fatal("--tp %d: the padded vocabulary Vp=%d does not split evenly", tp, c->Vp);
 }
+
+static void gpt2_init_norm_parts(GPT2* model);
 
 // Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
 // slices of the split tensors), DP rank dp_rank of dp, sharded per ZeRO stage `zero_stage` (llmc/zero.h).
@@ -396,6 +399,7 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
     if (!master_is_params()) model->master = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
     model->m = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
+    gpt2_init_norm_parts(model);
 }
 
 static void gpt2_free(GPT2* model) {
@@ -414,6 +418,7 @@ static void gpt2_free(GPT2* model) {
     free(model->grads.layers);
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
+    norm_parts_free(&model->norm_parts);
     free(model->host_losses);
     if (model->step_losses) device_free(model->step_losses);
 }
@@ -879,59 +884,42 @@ static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t
     return *lo < *hi;
 }
 
-// Clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0 disables) and takes
-// one AdamW step number t (1-based) on the part of the parameters this rank owns (all of them at ZeRO
-// stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
-// clipping. With a loss scaler (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value:
-// the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
-// everywhere (*skipped = 1; parameters and optimizer state untouched). Without loss scaling, a non-finite
-// norm is returned before anything is updated: the run has diverged, and the caller ends it. The norm is
-// reduced over every group a gradient lives in, so every rank sees the same verdict.
-static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped) {
-    ZeroPlan* z = &model->zero;
-    Comm* comm = model->comm;
-    // squared norm: tensors split by TP are summed over the TP group, replicated ones counted once; the
-    // stages' tensors are summed over the PP group; with ZeRO the owned parts over the DP group
-    double split = 0.0, replicated = 0.0;
+// The owned ranges of the gradients that the squared norm sums every step (gpt2_grad_sumsq): group 1
+// holds the tensors split by TP, group 0 the replicated ones.
+static void gpt2_init_norm_parts(GPT2* model) {
+    const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
-    int n_parts = 0, num_slots = model->layout.num_slots;
-    const floatX** part = (const floatX**)calloc_check(num_slots * sizeof(floatX*));
-    size_t* part_n = (size_t*)calloc_check(num_slots * sizeof(size_t));
-    int* part_split = (int*)malloc_check(num_slots * sizeof(int));
-    double* part_sum = (double*)malloc_check(num_slots * sizeof(double));
-    for (int i = 0; i < num_slots; i++) {
+    norm_parts_init(&model->norm_parts, model->layout.num_slots);
+    for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
         if (s->kind == 0 && !model->first) continue;  // PP: the tied wte is counted on the first stage only
-        part[n_parts] = grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket));
-        part_n[n_parts] = hi - lo;
-        part_split[n_parts++] = s->whole.split != SPLIT_NONE;
+        norm_parts_add(&model->norm_parts, grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo,
+                       s->whole.split != SPLIT_NONE);
     }
-    sum_squares_many(part, part_n, n_parts, part_sum);
-    for (int i = 0; i < n_parts; i++) {
-        if (part_split[i]) split += part_sum[i];
-        else replicated += part_sum[i];
-    }
-    free(part), free(part_n), free(part_split), free(part_sum);
-    float scale = scaler ? loss_scale(scaler) : 1.0f;
-    if (skipped) *skipped = 0;
-    if (scaler && scaler->mode != SCALE_OFF) {  // one max all-reduce: did any rank's gradients overflow?
-        double overflow = isfinite(split) && isfinite(replicated) ? 0.0 : 1.0;
-        comm_all_reduce_host(comm, &comm->world, &overflow, 1, REDUCE_MAX);
-        if (loss_scaler_update(scaler, overflow > 0.0)) {
-            *skipped = 1;
-            return INFINITY;
-        }
-    }
-    if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &split, 1, REDUCE_SUM);
-    double sumsq = split + replicated;
+    norm_parts_finish(&model->norm_parts);
+}
+
+// The squared norm of all the model's gradients (with a loss scaler: of scale x gradients), the same on
+// every rank: tensors split by TP are summed over the TP group, replicated ones counted once; the
+// stages' tensors are summed over the PP group; with ZeRO the owned parts over the DP group.
+static double gpt2_grad_sumsq(GPT2* model) {
+    Comm* comm = model->comm;
+    double sums[2];  // [replicated, split by TP]
+    norm_parts_sum(&model->norm_parts, sums);
+    if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
+    double sumsq = sums[1] + sums[0];
     comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
-    if (z->stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
-    float norm = (float)sqrt(sumsq) / scale;
-    if (!isfinite(norm)) return norm;  // diverged: parameters and optimizer state stay as they were
-    float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
-    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, t,
-                      model->stochastic_rounding, 0};
+    if (model->zero.stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
+    return sumsq;
+}
+
+// One AdamW step number t (1-based) on the part of every tensor this rank owns; the gradients are
+// multiplied by grad_scale first (clipping, and 1 / the loss scale).
+static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, float grad_scale) {
+    const ZeroPlan* z = &model->zero;
+    size_t lo, hi, k;
+    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, grad_scale, t, model->stochastic_rounding, 0};
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
@@ -941,8 +929,30 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
         adamw_update(master_of_bucket(model, s->bucket) + in_bucket, master_is_params() ? NULL : model->params_memory + lo,
                      grads_of_bucket(model, s->bucket) + in_bucket, model->m + k, model->v + k, hi - lo, args);
     }
-    zero_gather_params(comm, z, model->params_memory);
-    comm_join(comm);
+}
+
+// The optimizer step: clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0
+// disables) and takes AdamW step t on the part of the parameters this rank owns (all of them at ZeRO
+// stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
+// clipping. With a loss scaler (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value:
+// the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
+// everywhere (*skipped = 1; parameters and optimizer state untouched). Without loss scaling, a non-finite
+// norm is returned before anything is updated: the run has diverged, and the caller ends it. Every rank
+// sees the same norm, so every rank reaches the same verdict.
+static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped) {
+    float scale = scaler ? loss_scale(scaler) : 1.0f;  // the scale backward ran with (the check may change it)
+    double sumsq = gpt2_grad_sumsq(model);
+    if (skipped) *skipped = 0;
+    if (loss_scaler_check(scaler, model->comm, sumsq)) {
+        *skipped = 1;
+        return INFINITY;
+    }
+    float norm = (float)sqrt(sumsq) / scale;
+    if (!isfinite(norm)) return norm;  // diverged: parameters and optimizer state stay as they were
+    float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
+    gpt2_adamw_owned(model, o, lr, t, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale);
+    zero_gather_params(model->comm, &model->zero, model->params_memory);
+    comm_join(model->comm);
     return norm;
 }
 

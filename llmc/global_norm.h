@@ -4,6 +4,11 @@
  *
  * Sums are taken per fixed chunk and the chunks added in order (in double on the host), so the result
  * does not depend on the number of threads or blocks that ran.
+ *
+ * NormParts is the optimizer step's use: the gradient ranges a rank sums every step are fixed when the
+ * model is built, so the list and every buffer its sum needs are allocated once, and a step allocates
+ * nothing. Each range adds to one of two sums (the trainer keeps tensors split by tensor parallelism
+ * apart from replicated ones, which it reduces over different groups).
  */
 #pragma once
 
@@ -11,9 +16,11 @@
 
 #define NORM_CHUNK 65536
 
-static double sum_squares_cpu(const float* x, size_t n) {
-    size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
-    double* partial = (double*)malloc_check(chunks * sizeof(double));
+static size_t norm_chunks(size_t n) { return (n + NORM_CHUNK - 1) / NORM_CHUNK; }
+
+// partial: (norm_chunks(n)) the chunks' sums
+static double sum_squares_cpu_into(const float* x, size_t n, double* partial) {
+    size_t chunks = norm_chunks(n);
 #pragma omp parallel for
     for (size_t c = 0; c < chunks; c++) {
         size_t end = (c + 1) * NORM_CHUNK < n ? (c + 1) * NORM_CHUNK : n;
@@ -23,6 +30,12 @@ static double sum_squares_cpu(const float* x, size_t n) {
     }
     double total = 0.0;
     for (size_t c = 0; c < chunks; c++) total += partial[c];
+    return total;
+}
+
+static double sum_squares_cpu(const float* x, size_t n) {
+    double* partial = (double*)malloc_check(norm_chunks(n) * sizeof(double));
+    double total = sum_squares_cpu_into(x, n, partial);
     free(partial);
     return total;
 }
@@ -47,22 +60,18 @@ __global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
     }
 }
 static Scratch norm_scratch = {NULL, 0};
-#endif
 
-// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: on the GPU one kernel
-// per tensor writes its blocks' partial sums and a single copy brings them all to the host (one
-// synchronization per optimizer step, not one per tensor)
-static void sum_squares_many(const floatX* const* x, const size_t* n, int k, double* sums) {
-#ifdef LLMC_CPU
-    for (int i = 0; i < k; i++) sums[i] = sum_squares_cpu(x[i], n[i]);
-#else
-    int* blocks = (int*)malloc_check(k * sizeof(int));
+static int norm_blocks(size_t n) {
+    size_t b = (n + 255) / 256;
+    return b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
+}
+
+// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: one kernel per tensor
+// writes its blocks[i] partial sums and a single copy brings them all to host (total blocks floats), so
+// a step synchronizes once, not once per tensor
+static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums) {
     size_t total_blocks = 0;
-    for (int i = 0; i < k; i++) {
-        size_t b = (n[i] + 255) / 256;
-        blocks[i] = b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
-        total_blocks += blocks[i];
-    }
+    for (int i = 0; i < k; i++) total_blocks += blocks[i];
     float* partial = (float*)scratch_get(&norm_scratch, total_blocks * sizeof(float));
     size_t offset = 0;
     for (int i = 0; i < k; i++) {
@@ -70,7 +79,6 @@ static void sum_squares_many(const floatX* const* x, const size_t* n, int k, dou
         offset += blocks[i];
     }
     launchCheck();
-    float* host = (float*)malloc_check(total_blocks * sizeof(float));
     copy_to_host(host, partial, total_blocks * sizeof(float));
     offset = 0;
     for (int i = 0; i < k; i++) {
@@ -79,16 +87,80 @@ static void sum_squares_many(const floatX* const* x, const size_t* n, int k, dou
         sums[i] = total;
         offset += blocks[i];
     }
-    free(host);
-    free(blocks);
-#endif
 }
+#endif
 
 // sum of x^2, in double
 static double sum_squares(const floatX* x, size_t n) {
+#ifdef LLMC_CPU
+    return sum_squares_cpu(x, n);
+#else
+    int blocks = norm_blocks(n);
+    float host[NORM_BLOCKS];
     double s;
-    sum_squares_many(&x, &n, 1, &s);
+    sum_squares_gpu(&x, &n, &blocks, 1, host, &s);
     return s;
+#endif
 }
 
 static float global_norm(const floatX* x, size_t n) { return (float)sqrt(sum_squares(x, n)); }
+
+// ----------------------------------------------------------------------------------------------------
+// a fixed list of ranges, summed every step without allocating
+
+typedef struct {
+    int n, cap;
+    const floatX** x;  // (cap) first element of each range
+    size_t* len;       // (cap) its elements
+    int* group;        // (cap) the sum it adds to: 0 or 1
+    double* sums;      // (cap) each range's sum of squares
+    double* chunks;    // CPU: (the most chunks of a range) the chunk sums of the range being summed
+    int* blocks;       // GPU: (cap) the blocks that sum each range
+    float* host;       // GPU: (every range's blocks) their partial sums, copied to the host in one go
+} NormParts;
+
+static void norm_parts_init(NormParts* p, int cap) {
+    memset(p, 0, sizeof(*p));
+    p->cap = cap;
+    p->x = (const floatX**)calloc_check(cap * sizeof(floatX*));
+    p->len = (size_t*)calloc_check(cap * sizeof(size_t));
+    p->group = (int*)calloc_check(cap * sizeof(int));
+    p->sums = (double*)calloc_check(cap * sizeof(double));
+    p->blocks = (int*)calloc_check(cap * sizeof(int));
+}
+
+static void norm_parts_add(NormParts* p, const floatX* x, size_t len, int group) {
+    check_internal(p->n < p->cap, "more norm ranges than planned");
+    p->x[p->n] = x;
+    p->len[p->n] = len;
+    p->group[p->n++] = group;
+}
+
+// after the last norm_parts_add: sizes the work buffers for the ranges added
+static void norm_parts_finish(NormParts* p) {
+#ifdef LLMC_CPU
+    size_t most_chunks = 1;
+    for (int i = 0; i < p->n; i++) most_chunks = norm_chunks(p->len[i]) > most_chunks ? norm_chunks(p->len[i]) : most_chunks;
+    p->chunks = (double*)malloc_check(most_chunks * sizeof(double));
+#else
+    size_t total_blocks = 1;
+    for (int i = 0; i < p->n; i++) total_blocks += (p->blocks[i] = norm_blocks(p->len[i]));
+    p->host = (float*)malloc_check(total_blocks * sizeof(float));
+#endif
+}
+
+// group_sums[g] = the sum of squares of the ranges of group g (g = 0, 1), the ranges added in order
+static void norm_parts_sum(NormParts* p, double group_sums[2]) {
+#ifdef LLMC_CPU
+    for (int i = 0; i < p->n; i++) p->sums[i] = sum_squares_cpu_into(p->x[i], p->len[i], p->chunks);
+#else
+    sum_squares_gpu(p->x, p->len, p->blocks, p->n, p->host, p->sums);
+#endif
+    group_sums[0] = group_sums[1] = 0.0;
+    for (int i = 0; i < p->n; i++) group_sums[p->group[i]] += p->sums[i];
+}
+
+static void norm_parts_free(NormParts* p) {
+    free(p->x), free(p->len), free(p->group), free(p->sums), free(p->blocks), free(p->chunks), free(p->host);
+    memset(p, 0, sizeof(*p));
+}

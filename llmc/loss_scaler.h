@@ -14,10 +14,13 @@
  *   off:    S = 1, no check (BF16 and FP32: their 8-bit exponent has the range of fp32).
  *
  * Whether any gradient overflowed is decided once per step for the whole world (a max all-reduce of a
- * flag), so every rank skips the same steps. The scale and its counters go into checkpoints.
+ * flag, loss_scaler_check), so every rank skips the same steps. A rank sees an overflow in its squared
+ * gradient norm: one inf or NaN among the gradients makes the sum of squares inf or NaN. The scale and
+ * its counters go into checkpoints.
  */
 #pragma once
 
+#include "comm.h"
 #include "common.h"
 
 typedef enum { SCALE_OFF, SCALE_STATIC, SCALE_DYNAMIC } ScaleMode;
@@ -52,4 +55,15 @@ static int loss_scaler_update(LossScaler* s, int found_inf) {
         s->hysteresis_left = s->hysteresis;
     }
     return 0;
+}
+
+// The overflow check of one optimizer step, on every rank (collective over the world): sumsq is this
+// rank's squared gradient norm (any sum that includes its own gradients). Returns 1 if any rank's
+// gradients overflowed, so the step must be skipped everywhere, and adjusts the scale. No scaler (NULL)
+// or mode off: no check, 0.
+static int loss_scaler_check(LossScaler* s, Comm* comm, double sumsq) {
+    if (s == NULL || s->mode == SCALE_OFF) return 0;
+    double overflow = isfinite(sumsq) ? 0.0 : 1.0;
+    comm_all_reduce_host(comm, &comm->world, &overflow, 1, REDUCE_MAX);
+    return loss_scaler_update(s, overflow > 0.0);
 }
