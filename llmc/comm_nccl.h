@@ -1,0 +1,293 @@
+/*
+ * comm_nccl.h: the NCCL engine of llmc/comm.h (GPU target, one GPU per rank), and its start-up.
+ *
+ * Every operation is queued on the communication stream (Comm.stream) after the work the main stream
+ * has queued so far (an event orders them), so it overlaps whatever the main stream does next; the join
+ * (nccl_wait) polls that stream. The communicators are non-blocking: creation, splitting and every
+ * enqueue may return ncclInProgress and are polled, with each communicator's asynchronous error state,
+ * against the deadline, so a peer that died or stopped ends the run with one line instead of a hang.
+ *
+ * Start-up: the ranks share NCCL's unique id (rank 0 draws it) through MPI when launched by mpirun, else
+ * through a file in a shared folder (torchrun, srun), then create the world's communicator and split
+ * the DP, TP, PP and embedding groups from it. A build without NCCL gets the placeholders at the bottom.
+ */
+#pragma once
+
+#ifdef HAVE_NCCL
+
+static void nccl_check(ncclResult_t r, const char* file, int line) {
+    if (r != ncclSuccess) fatal("NCCL error at %s:%d: %s", file, line, ncclGetErrorString(r));
+}
+#define ncclCheck(r) nccl_check((r), __FILE__, __LINE__)
+static ncclDataType_t nccl_type(DType t) {
+#if defined(ENABLE_BF16)
+    if (t == DT_FLOATX) return ncclBfloat16;
+#elif defined(ENABLE_FP16)
+    if (t == DT_FLOATX) return ncclHalf;
+#endif
+    return ncclFloat;
+}
+static ncclRedOp_t nccl_op(ReduceOp op) { return op == REDUCE_MAX ? ncclMax : op == REDUCE_AVG ? ncclAvg : ncclSum; }
+
+// every communicator this rank holds: the world and the groups split from it, each with its own error
+// state (aborting the world does not abort its children)
+static int nccl_comms(Comm* c, ncclComm_t* out) {
+    int n = 0;
+    Group* groups[5] = {&c->dp_group, &c->tp_group, &c->pp_group, &c->emb_group, &c->world};  // children first
+    for (int i = 0; i < 5; i++)
+        if (groups[i]->nccl != NULL) out[n++] = groups[i]->nccl;
+    return n;
+}
+
+static void nccl_abort_all(Comm* c) {
+    ncclComm_t comms[5];
+    int n = nccl_comms(c, comms);
+    for (int i = 0; i < n; i++) ncclCommAbort(comms[i]);
+    c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
+}
+
+// One look at every communicator: an asynchronous error (a peer that died, a network failure) or the
+// deadline passed since `start` ends the run (all communicators aborted first, so no NCCL kernel keeps
+// the GPU). Returns 1 while a non-blocking NCCL call (creation, split, an enqueue) is still in progress.
+static int nccl_watch(Comm* c, const char* what, double start) {
+    ncclComm_t comms[5];
+    int n = nccl_comms(c, comms), in_progress = 0;
+    for (int i = 0; i < n; i++) {
+        ncclResult_t e;
+        ncclResult_t r = ncclCommGetAsyncError(comms[i], &e);
+        if (r == ncclSuccess && e == ncclInProgress) in_progress = 1;
+        else if (r != ncclSuccess || e != ncclSuccess) {
+            nccl_abort_all(c);
+            fatal("rank %d: NCCL failed while waiting for %s: %s", c->world_rank, what, ncclGetErrorString(r != ncclSuccess ? r : e));
+        }
+    }
+    double limit = comm_deadline_s(c);
+    if (limit > 0 && wall_seconds() - start > limit) {
+        nccl_abort_all(c);
+        fatal("rank %d: %s did not complete within %.0f s (%s): a peer rank is stopped, hung or gone", c->world_rank, what, limit,
+              comm_deadline_flag(c));
+    }
+    return in_progress;
+}
+
+// until every non-blocking NCCL call on this rank's communicators has finished (or the deadline)
+static void nccl_settle(Comm* c, const char* what) {
+    double start = wall_seconds();
+    while (nccl_watch(c, what, start)) usleep(100);
+}
+
+// A call on a non-blocking communicator may return ncclInProgress: it finishes in the background, and
+// the communicator takes the next call only after that
+static void nccl_call(Comm* c, ncclResult_t r, const char* what, const char* file, int line) {
+    if (r == ncclInProgress) nccl_settle(c, what);
+    else nccl_check(r, file, line);
+}
+#define ncclCall(c, call, what) nccl_call((c), (call), (what), __FILE__, __LINE__)
+
+// Waits for the communication stream, watching every communicator for errors and the deadline: a
+// collective that never completes must end the run, not hang it.
+static void nccl_wait(Comm* c) {
+    double start = wall_seconds();
+    for (;;) {
+        int busy = nccl_watch(c, "communication (a collective, send or receive)", start);
+        cudaError_t q = cudaStreamQuery(c->stream);
+        if (q == cudaSuccess && !busy) return;
+        if (q != cudaSuccess && q != cudaErrorNotReady) cudaCheck(q);
+        usleep(100);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// operations
+
+// queue NCCL work after what the main stream has queued so far
+static void comm_stream_follow_main(Comm* c) {
+    cudaCheck(cudaEventRecord(c->event, main_stream));
+    cudaCheck(cudaStreamWaitEvent(c->stream, c->event, 0));
+}
+
+static void nccl_run(Comm* c, const CommOp* q) {
+    comm_stream_follow_main(c);
+    ncclComm_t g = q->g->nccl;
+    ncclDataType_t t = nccl_type(q->t);
+    const char* what = "queueing communication";
+    switch (q->kind) {
+        case OP_ALL_REDUCE:
+            ncclCall(c, ncclAllReduce(q->recv, q->recv, q->n, t, nccl_op(q->op), g, c->stream), what);
+            break;
+        case OP_REDUCE_SCATTER:
+            ncclCall(c, ncclReduceScatter(q->send, q->recv, q->n, t, ncclSum, g, c->stream), what);
+            break;
+        case OP_ALL_GATHER:  // this rank's part is already in place
+            ncclCall(c, ncclAllGather((char*)q->recv + q->g->rank * q->n * dtype_size(q->t), q->recv, q->n, t, g, c->stream), what);
+            break;
+        case OP_BROADCAST:
+            ncclCall(c, ncclBroadcast(q->recv, q->recv, q->n, t, q->peer, g, c->stream), what);
+            break;
+        case OP_SEND:
+            ncclCall(c, ncclSend(q->send, q->n, t, q->peer, g, c->stream), what);
+            break;
+        case OP_RECV:
+            ncclCall(c, ncclRecv(q->recv, q->n, t, q->recv_peer, g, c->stream), what);
+            break;
+        case OP_SENDRECV:  // one group, so neither side blocks in its send
+            ncclCheck(ncclGroupStart());
+            ncclCheck(ncclSend(q->send, q->n, t, q->peer, g, c->stream));
+            ncclCheck(ncclRecv(q->recv, q->n, t, q->recv_peer, g, c->stream));
+            ncclCall(c, ncclGroupEnd(), what);
+            break;
+    }
+}
+
+// host scalars through a small device buffer, waited for
+static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
+    static double* dev = NULL;
+    if (dev == NULL) dev = (double*)device_malloc(64 * sizeof(double));
+    check_internal(n <= 64, "too many host scalars");
+    copy_to_device(dev, values, n * sizeof(double));
+    comm_stream_follow_main(c);
+    ncclCall(c, ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, c->stream), "queueing communication");
+    nccl_wait(c);
+    copy_to_host(values, dev, n * sizeof(double));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// start-up and shutdown
+
+// torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id into a file of the shared folder,
+// the others poll for it. The file's name carries the launch's identity where the launcher gives one
+// (torchrun's run id, Slurm's job and step), its content the world size and the time it was written: a
+// file left by an earlier run (a crash skips the removal at the end) is never taken for this run's.
+typedef struct {
+    uint32_t magic;  // NCCL_ID_MAGIC
+    int world_size;
+    double written;  // seconds since the epoch (the clocks of the nodes agree to well under a minute)
+    ncclUniqueId id;
+} NcclIdFile;
+#define NCCL_ID_MAGIC 0x4e43434cu
+static char nccl_id_path[4300];  // rank 0 removes the file at the end
+
+static void nccl_id_file_name(const char* dir) {
+    const char* run = getenv("TORCHELASTIC_RUN_ID");
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    char tag[200] = "";
+    if (run && strcmp(run, "none") != 0) snprintf(tag, sizeof(tag), "_%s", run);
+    else if (job && step) snprintf(tag, sizeof(tag), "_%s.%s", job, step);
+    for (char* t = tag; *t; t++)
+        if (*t == '/') *t = '_';
+    snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s", dir, tag);
+}
+
+static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
+    NcclIdFile rec;
+    nccl_id_file_name(dir);
+    const char* path = nccl_id_path;
+    double entered = (double)time(NULL);
+    if (c->world_rank == 0) {
+        char tmp[4400];
+        memset(&rec, 0, sizeof(rec));
+        rec.magic = NCCL_ID_MAGIC, rec.world_size = c->world_size, rec.written = entered;
+        ncclCheck(ncclGetUniqueId(&rec.id));
+        snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());  // written whole, then renamed: never half-read
+        FILE* f = fopen_check(tmp, "wb");
+        fwrite_check(&rec, sizeof(rec), 1, f, tmp);
+        if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) fatal("cannot write '%s': %s", tmp, strerror(errno));
+        if (rename(tmp, path) != 0) fatal("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+        return rec.id;
+    }
+    // a file written before this rank started, by more than the launch skew the deadline allows, is stale
+    double skew = c->timeout_s > 0 ? c->timeout_s : 600.0, start = wall_seconds();
+    for (;;) {
+        FILE* f = fopen(path, "rb");
+        int got = f && fread(&rec, sizeof(rec), 1, f) == 1;
+        if (f) fclose(f);
+        if (got && rec.magic == NCCL_ID_MAGIC && rec.world_size == c->world_size && rec.written >= entered - skew) return rec.id;
+        if (c->timeout_s > 0 && wall_seconds() - start > c->timeout_s)
+            fatal("rank %d: no NCCL id of this run appeared in '%s' within %.0f s (--comm-timeout; is rank 0 running? is the folder "
+                  "shared?%s)", c->world_rank, path, c->timeout_s, got ? " the file there is from an earlier run or another world size" : "");
+        usleep(100000);
+    }
+}
+
+// NCCL's unique id, drawn by rank 0 and shared with every rank
+static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir) {
+    ncclUniqueId id;
+    if (use_mpi) {
+        if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
+        mpi_broadcast_bytes(&id, sizeof(id));
+        return id;
+    }
+    if (nccl_id_dir == NULL) fatal("launching without mpirun needs --nccl-id-dir (a folder every rank can read)");
+    return nccl_id_through_file(c, nccl_id_dir);
+}
+
+// the 16-byte UUID of this rank's GPU, by which ranks find out whether they share one
+static void gpu_uuid(char out[16]) {
+    int dev;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    memcpy(out, prop.uuid.bytes, 16);
+}
+
+// The world's communicator, the groups split from it, the stream and its event. Non-blocking
+// communicators: creation and splitting return at once, and are polled against the deadline (a peer that
+// never joins would otherwise block here forever).
+static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
+    ncclUniqueId id = nccl_unique_id(c, use_mpi, nccl_id_dir);
+    int in_emb = group_valid(&c->emb_group);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclCall(c, ncclCommInitRankConfig(&c->world.nccl, c->world_size, id, c->world_rank, &config), "creating the NCCL communicator");
+    nccl_settle(c, "creating the NCCL communicator (every rank must join)");
+    ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, &config), "splitting the DP group");
+    nccl_settle(c, "splitting the DP group");
+    ncclCall(c, ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, &config), "splitting the TP group");
+    nccl_settle(c, "splitting the TP group");
+    ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.nccl, &config), "splitting the PP group");
+    nccl_settle(c, "splitting the PP group");
+    ncclCall(c, ncclCommSplit(c->world.nccl, in_emb ? c->tp_rank + c->tp * c->dp_rank : NCCL_SPLIT_NOCOLOR, c->pp_rank,
+                              &c->emb_group.nccl, &config), "splitting the embedding group");
+    nccl_settle(c, "splitting the embedding group");
+    cudaCheck(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
+}
+
+// finalize (non-blocking: polled against the deadline), then free, children before the world
+static void nccl_finish(Comm* c) {
+    nccl_wait(c);
+    ncclComm_t comms[5];
+    int n = nccl_comms(c, comms);
+    for (int i = 0; i < n; i++) ncclCall(c, ncclCommFinalize(comms[i]), "finishing the NCCL communicators");
+    nccl_settle(c, "finishing the NCCL communicators");
+    c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
+    for (int i = 0; i < n; i++) ncclCheck(ncclCommDestroy(comms[i]));
+    if (c->world_rank == 0 && nccl_id_path[0]) remove(nccl_id_path);  // every rank has read it long ago
+}
+
+#else  // a build without NCCL: the engine is never ENGINE_NCCL, so none of these runs
+
+#define NCCL_MISSING() check_internal(0, "the NCCL engine in a build without NCCL")
+static void nccl_run(Comm* c, const CommOp* q) {
+    (void)c, (void)q;
+    NCCL_MISSING();
+}
+static void nccl_wait(Comm* c) {
+    (void)c;
+    NCCL_MISSING();
+}
+static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
+    (void)c, (void)g, (void)values, (void)n, (void)op;
+    NCCL_MISSING();
+}
+static void gpu_uuid(char out[16]) { memset(out, 0, 16); }
+static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
+    (void)c, (void)use_mpi, (void)nccl_id_dir;
+    NCCL_MISSING();
+}
+static void nccl_finish(Comm* c) {
+    (void)c;
+    NCCL_MISSING();
+}
+
+#endif
