@@ -9,6 +9,8 @@
 #   --fused-kernels 1 checks (test_gpt in 3 precisions, 200 steps against the default path), and
 #   scripts/benchmark_gpu.py (this trainer's two attention paths, torch.compile, and llm.c when
 #   LLMC=path/to/llm.c-checkout is set). About 10 minutes on one H100.
+# Each step prints PASS or FAIL with its time; a summary of all steps ends the run (and $OUT/summary.txt),
+# followed by the flash attention kernels' TFLOP/s. The exit code is 1 if any step failed.
 # Logs go to $OUT (or ./build/gpu-check). Needs torch in $PYTHON (default /usr/bin/python3) for the reference.
 # Without a system MPI, build a portable one first (.mpi/env.sh is sourced when present).
 set -uo pipefail
@@ -19,15 +21,18 @@ OUT=${OUT:-build/gpu-check}
 mkdir -p "$OUT"
 PY=${PYTHON:-/usr/bin/python3}
 status=0
-run() {  # run NAME CMD...: logs to $OUT/NAME.log, reports the exit code
+SUMMARY=()
+run() {  # run NAME CMD...: logs to $OUT/NAME.log, shows its last TAIL (25) lines, PASS/FAIL and seconds
     local name=$1
     shift
     echo "==== $name: $*"
+    local t0=$SECONDS
     "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    tail -n 25 "$OUT/$name.log"
-    echo "==== $name: exit $rc"
-    [ $rc -eq 0 ] || status=1
+    local rc=$? secs=$((SECONDS - t0)) verdict=PASS
+    tail -n "${TAIL:-25}" "$OUT/$name.log"
+    [ $rc -eq 0 ] || verdict=FAIL status=1
+    echo "==== $name: $verdict (exit $rc, ${secs} s)"
+    SUMMARY+=("$(printf '%-4s %5d s  %s' "$verdict" "$secs" "$name")")
 }
 nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv | tee "$OUT/gpu.txt"
 run build make -j8 gpu cpu
@@ -38,6 +43,15 @@ run test_fp16 ./build/gpu-fp16/test_gpt build/ref
 run test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
 run test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
 run dev_cuda_build make -C dev/cuda -j8
+# the tensor-core flash attention (--attention flash) on its own first, each step with its PASS/FAIL and
+# time: the host emulation of its index maps and algorithm, then every GPU version against the CPU
+# reference on odd shapes (T = 37..200, partial tiles) and at GPT-2 124M shapes, timed in TFLOP/s (targets
+# on an H100: forward >= 150, backward >= 100); the backward is also rerun for bit-identical results
+run flash_emulated make -C dev/cuda layout
+TAIL=40 run flash_forward_bf16 ./dev/cuda/build/attention_forward 4
+TAIL=40 run flash_forward_fp16 ./dev/cuda/build/attention_forward 5
+TAIL=40 run flash_backward_bf16 ./dev/cuda/build/attention_backward 3
+TAIL=40 run flash_backward_fp16 ./dev/cuda/build/attention_backward 4
 run dev_cuda make -C dev/cuda run
 run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
 run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
@@ -113,4 +127,7 @@ run recompute3_flash ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 32 --s
 # this trainer (both attention paths) against PyTorch torch.compile, and llm.c if LLMC=path/to/llm.c (a
 # checkout, patched for CUDA 13 as scripts/benchmark_gpu.py's header says); GPT-2 124M B=16, 32, 350M B=16
 run benchmark "$PY" scripts/benchmark_gpu.py --steps 20 --warmup 5 ${LLMC:+--llmc "$LLMC"}
+echo "==== summary (logs in $OUT)"
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
+grep -H "TFLOP/s" "$OUT"/flash_*.log 2>/dev/null | sed "s|^$OUT/|flash timing: |"
 exit $status

@@ -62,7 +62,7 @@ bash scripts/test_train.sh build/cpu/train_gpt
 step "the documentation's commands (README.md, docs/) run"
 bash scripts/test_readme.sh build/cpu/train_gpt
 
-step "flash attention: the tensor-core kernels' ldmatrix/mma index maps, emulated on the host"
+step "flash attention: the tensor-core kernels' index maps and their forward and backward, on ldmatrix/mma emulated on the host"
 timeout 120 make -C dev/cuda layout
 
 step "GPU benchmark script: parses its flags and prints its plan without a GPU (--dry-run)"

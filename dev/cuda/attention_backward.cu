@@ -34,7 +34,7 @@
  *      query tiles, then dQ per query tile walking the key tiles: deterministic, no atomics), with every
  *      tile product on mma.sync m16n8k16 (bf16 operands, fp32 accumulation) fed by ldmatrix (.trans for
  *      the products whose B operand is a tile taken as is: P^T dO, dS^T Q, dS K). 4 warps of 16 rows;
- *      the walked tiles are double-buffered by cp.async. Layouts: see atop llmc/attention_flash.h.
+ *      the walked tiles are double-buffered by cp.async. Layouts: see atop llmc/attention_flash_mma.h.
  *      Checked also for determinism: a second run must give the same bits.
  *   4  the same with fp16 operands.
  *

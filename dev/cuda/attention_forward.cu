@@ -26,8 +26,8 @@
  *   4  flash attention on tensor cores, bf16 (llmc/attention_flash.h, the trainer's `--attention flash`):
  *      FlashAttention-2 with mma.sync m16n8k16 (bf16 operands, fp32 accumulation) and ldmatrix, 4 warps
  *      of 16 query rows per 64-query tile, K/V tiles double-buffered by cp.async, online softmax in
- *      registers with exp2. Reads qkv in place and writes out (B,T,C) and lse; the algorithm, tiling and
- *      fragment layouts are written out atop llmc/attention_flash.h.
+ *      registers with exp2. Reads qkv in place and writes out (B,T,C) and lse; the algorithm is written
+ *      out atop llmc/attention_flash.h, the tiling and fragment layouts atop attention_flash_mma.h.
  *   5  the same kernel with fp16 operands.
  * Versions 2 to 5 also write the logsumexp of each score row, lse (B,NH,T) = m + log(l), which the
  * flash backward pass (attention_backward.cu) uses to recompute the probabilities. They need HS = 64
