@@ -115,7 +115,7 @@ static void load_model(GPT2* model, const char* path) {
 static void check_tensors(const char* what, const GPT2Config* c, const float* ours, const float* ref, double tol, int skip_kind) {
     size_t pos = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
-        size_t n = file_tensor_numel(c, kind) * (file_tensor_is_per_layer(kind) ? c->L : 1);
+        size_t n = file_tensor_numel(c, kind) * (tensor_is_per_layer(kind) ? c->L : 1);
         if (kind == skip_kind) {
             pos += n;
             continue;
@@ -134,7 +134,7 @@ static void check_tensors(const char* what, const GPT2Config* c, const float* ou
 // bound (nsteps * lr) and the query and value biases by relative norm as usual.
 static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const float* ref, double tol, int nsteps, float lr) {
     size_t pos = 0;
-    for (int kind = 0; kind < 5; kind++) pos += file_tensor_numel(c, kind) * (file_tensor_is_per_layer(kind) ? c->L : 1);
+    for (int kind = 0; kind < QKVB; kind++) pos += file_tensor_numel(c, kind) * (tensor_is_per_layer(kind) ? c->L : 1);
     size_t C = c->C, qv = 0;
     float *ours_qv = (float*)malloc_check(2 * C * c->L * sizeof(float)), *ref_qv = (float*)malloc_check(2 * C * c->L * sizeof(float));
     double kmax = 0.0;
@@ -178,7 +178,8 @@ static void test_against_reference(const char* dir, const char* name) {
 
     // loss and gradients (FP16: with a static loss scale, divided out here, as the optimizer does)
     float S = FP16_BUILD ? 1024.0f : 1.0f;
-    LossScaler scaler = {FP16_BUILD ? SCALE_STATIC : SCALE_OFF, S, 2.0f, 0.5f, 2000, 1, 0, 1};
+    LossScaler scaler = {.mode = FP16_BUILD ? SCALE_STATIC : SCALE_OFF, .scale = S, .growth = 2.0f, .backoff = 0.5f, .interval = 2000,
+                         .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
     gpt2_zero_grad(&model);
     float loss = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
     check("loss", rel_diff(loss, r.loss), TOL.loss);
@@ -195,7 +196,8 @@ static void test_against_reference(const char* dir, const char* name) {
     load_model(&model, model_path);
     gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
     a = &model.slots[0];
-    OptimizerConfig opt = {r.lr, r.beta1, r.beta2, r.eps, r.weight_decay, r.grad_clip};
+    OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.weight_decay,
+                           .grad_clip = r.grad_clip};
     for (int step = 0; step < r.nsteps; step++) {
         gpt2_zero_grad(&model);
         float l = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
@@ -209,7 +211,7 @@ static void test_against_reference(const char* dir, const char* name) {
     }
     float* params = (float*)malloc_check(r.num_params * sizeof(float));
     gpt2_export_master(&model, params);
-    check_tensors("params after", c, params, r.params_after, TOL.params, 5);  // qkvb: see below
+    check_tensors("params after", c, params, r.params_after, TOL.params, QKVB);  // qkvb: see below
     check_qkvb_after_adam(c, params, r.params_after, TOL.params, r.nsteps, r.lr);
     gpt2_free(&model);
     free(logits), free(real), free(grads), free(params);
@@ -374,7 +376,7 @@ static void test_zero_memory(const char* dir) {
         for (int stage = 0; stage <= 2; stage++) {
             for (int d = 0; d < D; d++) {
                 GPT2 model;
-                Placement place = {stage, D, d, 1, 0, 1, 0, 0, c.L};
+                Placement place = {.zero = stage, .dp = D, .dp_rank = d, .tp = 1, .pp = 1, .l1 = c.L};
                 gpt2_build(&model, &c, comm_single(), &place);
                 size_t psi = model.layout.total;
                 size_t largest_layer = 0;
@@ -403,12 +405,12 @@ static void test_zero_memory(const char* dir) {
 // a buffer's size is the distance to the next one (each rounded up to 256 bytes).
 static void test_tp_memory(void) {
     printf("TP memory per rank (L=2 C=48 NH=12 V=700, B=4 T=16)\n");
-    GPT2Config c = {16, 700, 768, 2, 12, 48};
+    GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 2, .NH = 12, .C = 48};
     int B = 4, T = 16;
     size_t fx = sizeof(floatX), BT = (size_t)B * T;
     for (int tp = 1; tp <= 4; tp++) {
         GPT2 model;
-        Placement place = {0, 1, 0, tp, tp - 1, 1, 0, 0, c.L};
+        Placement place = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
         gpt2_build(&model, &c, comm_single(), &place);
         gpt2_allocate_activations(&model, B, T, 1, 0);
         size_t split_local = 0, split_whole = 0, replicated = 0;
@@ -448,7 +450,7 @@ static void test_tp_memory(void) {
 // 1F1B; and each stage's activation bytes must grow by one slot's size per slot, read off the allocation.
 static void test_pipeline_memory(void) {
     printf("pipeline activation memory per stage (L=5 C=32 NH=4 V=512, P=4, B=2 T=16)\n");
-    GPT2Config c = {16, 512, 512, 5, 4, 32};
+    GPT2Config c = {.maxT = 16, .V = 512, .Vp = 512, .L = 5, .NH = 4, .C = 32};
     int P = 4, first[5];
     pipeline_split(c.L, P, NULL, first);
     PipeAction actions[2 * 7];
@@ -466,14 +468,14 @@ static void test_pipeline_memory(void) {
                 size_t bytes[2];
                 for (int k = 0; k < 2; k++) {  // allocated with `slots` slots and with one
                     GPT2 model;
-                    Placement place = {0, 1, 0, 1, 0, P, st, first[st], first[st + 1]};
+                    Placement place = {.dp = 1, .tp = 1, .pp = P, .pp_rank = st, .l0 = first[st], .l1 = first[st + 1]};
                     gpt2_build(&model, &c, comm_single(), &place);
                     gpt2_allocate_activations(&model, 2, 16, k == 0 ? slots : 1, 0);
                     bytes[k] = model.bytes_activations;
                     gpt2_free(&model);
                 }
                 GPT2 two;
-                Placement place = {0, 1, 0, 1, 0, P, st, first[st], first[st + 1]};
+                Placement place = {.dp = 1, .tp = 1, .pp = P, .pp_rank = st, .l0 = first[st], .l1 = first[st + 1]};
                 gpt2_build(&two, &c, comm_single(), &place);
                 gpt2_allocate_activations(&two, 2, 16, 2, 0);
                 size_t per_slot = two.bytes_activations - bytes[1];
@@ -553,7 +555,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
 // recomputation, rematerialization and batch.
 static void test_memory_plan(void) {
     printf("memory plan = measured allocation (L=4 C=48 NH=12 V=700), grid of configurations\n");
-    GPT2Config c = {16, 700, 768, 4, 12, 48};
+    GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
     int n = 0, bad = 0;
     for (int dp = 1; dp <= 4; dp *= 2)
         for (int tp = 1; tp <= 2; tp++)
@@ -565,7 +567,8 @@ static void test_memory_plan(void) {
                             int first[3];
                             pipeline_split(c.L, pp, NULL, first);
                             for (int st = 0; st < pp; st++) {
-                                Placement pl = {zero, dp, dp - 1, tp, tp - 1, pp, st, first[st], first[st + 1]};
+                                Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st,
+                                                .l0 = first[st], .l1 = first[st + 1]};
                                 int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
                                 MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1);
                                 size_t before = device_allocated_bytes;
@@ -596,12 +599,12 @@ static void test_memory_plan(void) {
 // logsumexp (the T x T term disappears). Planning needs no GPU, so every target checks it.
 static void test_memory_plan_flash(void) {
     printf("memory plan with --attention flash (L=4 C=48 NH=12 V=700, T=16)\n");
-    GPT2Config c = {16, 700, 768, 4, 12, 48};
+    GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
     int saved = attention_flash, bad = 0, T = 16;
     for (int tp = 1; tp <= 2; tp++)
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {
-                Placement pl = {0, 1, 0, tp, tp - 1, 1, 0, 0, c.L};
+                Placement pl = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
                 attention_flash = 0;
                 MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1);
                 attention_flash = 1;

@@ -54,9 +54,6 @@
 // ----------------------------------------------------------------------------------------------------
 // 1. parameter layout
 
-// the 12 tensors of one transformer block, in file order (file kinds 2..13)
-enum { LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, NUM_LAYER_TENSORS };
-
 typedef struct {
     floatX *ln1w, *ln1b;          // (C)
     floatX *qkvw, *qkvb;          // (3C, C), (3C)
@@ -64,7 +61,7 @@ typedef struct {
     floatX *ln2w, *ln2b;          // (C)
     floatX *fcw, *fcb;            // (4C, C), (4C)
     floatX *fcprojw, *fcprojb;    // (C, 4C), (C)
-} LayerWeights;
+} LayerWeights;  // the 12 tensors of a block, in file order (llmc/model_file.h): a table of pointers
 static_assert(sizeof(LayerWeights) == NUM_LAYER_TENSORS * sizeof(floatX*), "LayerWeights is a table of 12 pointers");
 
 typedef struct {
@@ -78,7 +75,7 @@ typedef struct {
 // 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero. With tensor parallelism a
 // rank holds its slice of the split tensors (see llmc/tensor_parallel.h), so numel is the local size.
 typedef struct {
-    int kind;   // file tensor index 0..15 (see FILE_TENSOR_NAMES)
+    int kind;   // which tensor: a FileTensor (llmc/model_file.h)
     int layer;  // 0..L-1 for per-layer tensors, 0 otherwise
     int bucket; // the communication bucket it belongs to (see below)
     size_t offset, numel;
@@ -108,17 +105,28 @@ typedef struct {
     int l0, l1;
 } Placement;
 
-static Placement placement_single(const GPT2Config* c) { return (Placement){0, 1, 0, 1, 0, 1, 0, 0, c->L}; }
+static Placement placement_single(const GPT2Config* c) { return (Placement){.dp = 1, .tp = 1, .pp = 1, .l1 = c->L}; }
 static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
 static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
 
 // Which tensors a pipeline stage holds: the first stage the embeddings, the last the final LayerNorm,
 // both the tied wte, each its own layers.
 static int stage_has(const Placement* p, int kind, int layer) {
-    if (kind == 0) return is_first_stage(p) || is_last_stage(p);
-    if (kind == 1) return is_first_stage(p);
-    if (kind >= 14) return is_last_stage(p);
+    if (kind == WTE) return is_first_stage(p) || is_last_stage(p);
+    if (kind == WPE) return is_first_stage(p);
+    if (kind == LNFW || kind == LNFB) return is_last_stage(p);
     return layer >= p->l0 && layer < p->l1;
+}
+
+// the i-th tensor in memory order (wte, wpe, layer 0's 12 tensors, ..., layer L-1's, lnfw, lnfb), and
+// its layer (0 for the tensors that are not per layer)
+static int memory_order_tensor(int i, int L, int* layer) {
+    int k = i - 2;  // index among the layers' tensors
+    *layer = 0;
+    if (i < 2) return i == 0 ? WTE : WPE;
+    if (k >= NUM_LAYER_TENSORS * L) return k - NUM_LAYER_TENSORS * L == 0 ? LNFW : LNFB;
+    *layer = k / NUM_LAYER_TENSORS;
+    return LN1W + k % NUM_LAYER_TENSORS;
 }
 
 static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
@@ -130,24 +138,23 @@ static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     size_t* file_base = (size_t*)malloc_check(NUM_FILE_TENSORS * c->L * sizeof(size_t));  // [kind][layer]
     size_t file_offset = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
-        for (int l = 0; l < (file_tensor_is_per_layer(kind) ? c->L : 1); l++) {
+        for (int l = 0; l < (tensor_is_per_layer(kind) ? c->L : 1); l++) {
             file_base[kind * c->L + l] = file_offset;
             file_offset += file_tensor_numel(c, kind);
         }
     lay.num_slots = 0;
     for (int i = 0; i < NUM_LAYER_TENSORS * c->L + 4; i++) {  // memory order: wte, wpe, layers, lnfw, lnfb
-        int kind = i < 2 ? i : i >= 2 + NUM_LAYER_TENSORS * c->L ? 14 + (i - 2 - NUM_LAYER_TENSORS * c->L) : 2 + (i - 2) % NUM_LAYER_TENSORS;
-        int layer = i >= 2 && kind < 14 ? (i - 2) / NUM_LAYER_TENSORS : 0;
+        int layer, kind = memory_order_tensor(i, c->L, &layer);
         if (!stage_has(p, kind, layer)) continue;
         TensorSlot* s = &lay.slots[lay.num_slots++];
         s->kind = kind;
         s->layer = layer;
-        s->bucket = kind < 2 ? 0 : kind >= 14 ? c->L + 1 : 1 + layer;
+        s->bucket = tensor_is_per_layer(kind) ? 1 + layer : kind == WTE || kind == WPE ? 0 : c->L + 1;
         s->whole = file_tensor_shape(c, kind);
         TensorShape local = local_shape(s->whole, p->tp);
         s->numel = local.rows * local.cols;
         s->file_base = file_base[kind * c->L + layer];
-        s->decay = kind == 0 || kind == 1 || kind == 4 || kind == 6 || kind == 10 || kind == 12;
+        s->decay = tensor_is_matrix(kind);
     }
     lay.num_buckets = c->L + 2;  // buckets of layers on other stages stay empty
     lay.buckets = (Bucket*)calloc_check(lay.num_buckets * sizeof(Bucket));
@@ -194,11 +201,11 @@ static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX
     for (int i = 0; i < lay->num_slots; i++) {
         const TensorSlot* s = &lay->slots[i];
         floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
-        if (s->kind == 0) w.wte = p;
-        else if (s->kind == 1) w.wpe = p;
-        else if (s->kind == 14) w.lnfw = p;
-        else if (s->kind == 15) w.lnfb = p;
-        else ((floatX**)&w.layers[s->layer])[s->kind - 2] = p;  // LayerWeights is a table in file order
+        if (s->kind == WTE) w.wte = p;
+        else if (s->kind == WPE) w.wpe = p;
+        else if (s->kind == LNFW) w.lnfw = p;
+        else if (s->kind == LNFB) w.lnfb = p;
+        else ((floatX**)&w.layers[s->layer])[s->kind - LN1W] = p;  // LayerWeights is a table in file order
     }
     return w;
 }
@@ -511,7 +518,7 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     free(host);
     device_free(whole);
     if (model->place.pp > 1) {  // PP: each stage filled in its own tensors; the sum over stages is the model
-        if (model->last && !model->first) memset(file_order, 0, file_tensor_numel(&model->config, 0) * sizeof(float));  // wte once
+        if (model->last && !model->first) memset(file_order, 0, file_tensor_numel(&model->config, WTE) * sizeof(float));  // wte once
         float* dev = (float*)device_malloc(total * sizeof(float));
         copy_to_device(dev, file_order, total * sizeof(float));
         comm_all_reduce(comm, &comm->pp_group, dev, total, DT_FLOAT, REDUCE_SUM);
@@ -529,14 +536,13 @@ static void gpt2_init_random(GPT2* model, uint64_t seed) {
     Rng rng = {seed};
     size_t pos = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
-        for (int l = 0; l < (file_tensor_is_per_layer(kind) ? c->L : 1); l++) {
+        for (int l = 0; l < (tensor_is_per_layer(kind) ? c->L : 1); l++) {
             size_t n = file_tensor_numel(c, kind);
-            int is_ln_weight = kind == 2 || kind == 8 || kind == 14;
-            int is_matrix = kind == 0 || kind == 1 || kind == 4 || kind == 6 || kind == 10 || kind == 12;
-            float std = (kind == 6 || kind == 12) ? 0.02f / sqrtf(2.0f * c->L) : 0.02f;
+            int is_ln_weight = tensor_is_layernorm_weight(kind), is_matrix = tensor_is_matrix(kind);
+            float std = tensor_is_residual_projection(kind) ? 0.02f / sqrtf(2.0f * c->L) : 0.02f;
             for (size_t i = 0; i < n; i++) {
                 float value = is_ln_weight ? 1.0f : is_matrix ? std * rng_normal(&rng) : 0.0f;
-                if (kind == 0 && i >= (size_t)c->V * c->C) value = 0.0f;  // padded rows of wte
+                if (kind == WTE && i >= (size_t)c->V * c->C) value = 0.0f;  // padded rows of wte
                 p[pos + i] = value;
             }
             pos += n;
@@ -893,7 +899,7 @@ static void gpt2_init_norm_parts(GPT2* model) {
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
-        if (s->kind == 0 && !model->first) continue;  // PP: the tied wte is counted on the first stage only
+        if (s->kind == WTE && !model->first) continue;  // PP: the tied wte is counted on the first stage only
         norm_parts_add(&model->norm_parts, grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo,
                        s->whole.split != SPLIT_NONE);
     }
@@ -1171,7 +1177,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
             const TensorSlot* t = &model->layout.slots[i];
             if (!owned_part(model, t, &lo, &hi, &k)) continue;
             if (t->whole.split == SPLIT_NONE && model->tp_rank != 0) continue;  // TP rank 0 has the same
-            if (t->kind == 0 && !model->first) continue;                        // the first stage has the same
+            if (t->kind == WTE && !model->first) continue;                      // the first stage has the same
             size_t n;
             Run* runs = slot_runs(&model->layout, i, model->tp_rank, lo - t->offset, hi - t->offset, &n);
             for (size_t j = 0; j < n; j++) {
@@ -1521,7 +1527,7 @@ static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, in
     PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
     size_t worst = 0;
     for (int s = 0; s < tc->pp; s++) {
-        Placement pl = {tc->zero, dp, 0, tc->tp, 0, tc->pp, s, first[s], first[s + 1]};
+        Placement pl = {.zero = tc->zero, .dp = dp, .tp = tc->tp, .pp = tc->pp, .pp_rank = s, .l0 = first[s], .l1 = first[s + 1]};
         int slots = pipeline_schedule(tc->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule, tc->pp, s, tc->grad_accum, plan);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
@@ -1950,8 +1956,8 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
               config.C, config.NH, config.V, config.maxT);
     int* stage_first = (int*)malloc_check((comm->pp + 1) * sizeof(int));  // first layer of each pipeline stage
     pipeline_split(config.L, comm->pp, tc->pp_split, stage_first);
-    Placement place = {tc->zero, D, comm->dp_rank, comm->tp, comm->tp_rank, comm->pp, comm->pp_rank,
-                       stage_first[comm->pp_rank], stage_first[comm->pp_rank + 1]};
+    Placement place = {.zero = tc->zero, .dp = D, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
+                       .pp = comm->pp, .pp_rank = comm->pp_rank, .l0 = stage_first[comm->pp_rank], .l1 = stage_first[comm->pp_rank + 1]};
     free(stage_first);
     if (attention_flash) attention_flash_validate(config.C, config.NH, elem_bytes, 0);
     gpt2_build(&model, &config, comm, &place);
@@ -2192,7 +2198,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->train_data = "data/devil_train.bin";
     tc->val_data = "data/devil_val.bin";
     tc->tokenizer = "data/gpt2_tokenizer.bin";
-    tc->arch = (GPT2Config){128, 50257, 0, 4, 4, 128};  // maxT V Vp L NH C (Vp derived)
+    tc->arch = (GPT2Config){.maxT = 128, .V = 50257, .Vp = 0, .L = 4, .NH = 4, .C = 128};  // Vp: derived from V
     tc->seed = 1337;
     tc->comm_timeout = 120.0;
     tc->io_timeout = 3600.0;
@@ -2200,7 +2206,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->T = 64;
     tc->grad_accum = 1;
     tc->steps = 150;
-    tc->opt = (OptimizerConfig){3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    tc->opt = (OptimizerConfig){.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
     tc->warmup = 20;
     tc->schedule = "cosine";
     tc->lr_min_frac = 0.1f;
@@ -2223,7 +2229,8 @@ static void default_train_config(TrainConfig* tc) {
     tc->fault_inf_rank = -1;
     tc->fault_inf_step = -1;
     // FP16 needs loss scaling; BF16 and FP32 have fp32's exponent range and do not
-    tc->scaler = (LossScaler){FP16_BUILD ? SCALE_DYNAMIC : SCALE_OFF, 65536.0f, 2.0f, 0.5f, 2000, 1, 0, 1};
+    tc->scaler = (LossScaler){.mode = FP16_BUILD ? SCALE_DYNAMIC : SCALE_OFF, .scale = 65536.0f, .growth = 2.0f, .backoff = 0.5f,
+                              .interval = 2000, .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
 }
 
 static void print_usage(void) {

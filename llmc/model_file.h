@@ -10,6 +10,10 @@
  * writes either (version 5 rounds each fp32 master weight to the nearest bf16, ties to even, as llm.c's
  * and PyTorch's conversions do, for llm.c's GPU builds, which read only version 5). Both are read.
  * A file is written through atomic_file.h: a crash mid-save never leaves half a model.
+ *
+ * The 16 tensors are named once, by FileTensor, in that order; the trainer keeps a layer's tensors
+ * together in memory (train_gpt.cu) and tensor parallelism slices some of them (tensor_parallel.h), and
+ * both ask the predicates below what a tensor is (per layer, a matrix...) instead of listing numbers.
  */
 #pragma once
 
@@ -28,27 +32,61 @@ typedef struct {
     int C;     // channels
 } GPT2Config;
 
-#define NUM_FILE_TENSORS 16
-[[maybe_unused]] static const char* FILE_TENSOR_NAMES[NUM_FILE_TENSORS] = {"wte",  "wpe",      "ln1w",     "ln1b", "qkvw", "qkvb",
-                                                          "attprojw", "attprojb", "ln2w", "ln2b", "fcw",  "fcb",
-                                                          "fcprojw", "fcprojb", "lnfw", "lnfb"};
+typedef enum {
+    WTE, WPE,                                 // embeddings (wte is tied with the classifier)
+    LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB,  // per layer: the attention block
+    LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB,      // per layer: the MLP block
+    LNFW, LNFB,                               // final LayerNorm
+    NUM_FILE_TENSORS
+} FileTensor;
 
-// elements of file tensor `kind` for ONE layer (kinds 2..13 repeat L times; the others appear once)
-static size_t file_tensor_numel(const GPT2Config* c, int kind) {
+#define NUM_LAYER_TENSORS (FCPROJB - LN1W + 1)  // the 12 tensors of one transformer block
+
+[[maybe_unused]] static const char* FILE_TENSOR_NAMES[NUM_FILE_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb",
+    "lnfw", "lnfb"};
+
+// one per transformer block (L of them in the file), or once for the whole model
+static int tensor_is_per_layer(int kind) { return kind >= LN1W && kind <= FCPROJB; }
+
+// the 2-D weights: initialized at random and weight-decayed (biases and LayerNorms are neither)
+static int tensor_is_matrix(int kind) {
+    return kind == WTE || kind == WPE || kind == QKVW || kind == ATTPROJW || kind == FCW || kind == FCPROJW;
+}
+
+// LayerNorm gains, which start at 1
+static int tensor_is_layernorm_weight(int kind) { return kind == LN1W || kind == LN2W || kind == LNFW; }
+
+// the projections that write into the residual stream, whose initialization GPT-2 scales by 1/sqrt(2L)
+static int tensor_is_residual_projection(int kind) { return kind == ATTPROJW || kind == FCPROJW; }
+
+// (rows, cols) of one layer's tensor, as PyTorch's Linear stores it (out, in); a vector is (n, 1)
+static void file_tensor_dims(const GPT2Config* c, int kind, size_t* rows, size_t* cols) {
     size_t C = c->C;
-    static const int mult[NUM_FILE_TENSORS] = {0, 0, 1, 1, 3 * 1, 3, 1, 1, 1, 1, 4, 4, 4, 1, 1, 1};
+    *cols = 1;
     switch (kind) {
-        case 0: return (size_t)c->Vp * C;
-        case 1: return (size_t)c->maxT * C;
-        case 4: case 6: case 10: case 12: return mult[kind] * C * C;  // qkvw 3CxC, attprojw CxC, fcw 4CxC, fcprojw Cx4C
-        default: return mult[kind] * C;
+        case WTE: *rows = c->Vp, *cols = C; break;
+        case WPE: *rows = c->maxT, *cols = C; break;
+        case QKVW: *rows = 3 * C, *cols = C; break;
+        case ATTPROJW: *rows = C, *cols = C; break;
+        case FCW: *rows = 4 * C, *cols = C; break;
+        case FCPROJW: *rows = C, *cols = 4 * C; break;
+        case QKVB: *rows = 3 * C; break;
+        case FCB: *rows = 4 * C; break;
+        default: *rows = C; break;  // LayerNorms, attprojb, fcprojb
     }
 }
-static int file_tensor_is_per_layer(int kind) { return kind >= 2 && kind <= 13; }
+
+// elements of one layer's tensor (per-layer tensors repeat L times in the file; the others appear once)
+static size_t file_tensor_numel(const GPT2Config* c, int kind) {
+    size_t rows, cols;
+    file_tensor_dims(c, kind, &rows, &cols);
+    return rows * cols;
+}
 
 static size_t gpt2_num_parameters(const GPT2Config* c) {
     size_t n = 0;
-    for (int k = 0; k < NUM_FILE_TENSORS; k++) n += file_tensor_numel(c, k) * (file_tensor_is_per_layer(k) ? c->L : 1);
+    for (int k = 0; k < NUM_FILE_TENSORS; k++) n += file_tensor_numel(c, k) * (tensor_is_per_layer(k) ? c->L : 1);
     return n;
 }
 
@@ -63,17 +101,18 @@ static int find_nonfinite_param(const GPT2Config* c, const float* params, char* 
     if (i == n) return 0;
     size_t pos = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
-        int layers = file_tensor_is_per_layer(kind) ? c->L : 1;
-        size_t numel = file_tensor_numel(c, kind);
+        int layers = tensor_is_per_layer(kind) ? c->L : 1;
+        size_t rows, cols;
+        file_tensor_dims(c, kind, &rows, &cols);
+        size_t numel = rows * cols;
         if (i >= pos + numel * layers) {
             pos += numel * layers;
             continue;
         }
         size_t k = i - pos, layer = k / numel, e = k % numel;
-        size_t cols = kind == 12 ? 4 * (size_t)c->C : (kind <= 1 || kind == 4 || kind == 6 || kind == 10) ? (size_t)c->C : 0;
         char layer_s[32] = "";
         if (layers > 1) snprintf(layer_s, sizeof(layer_s), " of layer %zu ", layer);
-        if (cols > 0) snprintf(where, where_len, "%s%s[%zu][%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e / cols, e % cols, params[i]);
+        if (tensor_is_matrix(kind)) snprintf(where, where_len, "%s%s[%zu][%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e / cols, e % cols, params[i]);
         else snprintf(where, where_len, "%s%s[%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e, params[i]);
         return 1;
     }

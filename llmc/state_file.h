@@ -147,7 +147,7 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
 static void state_header_decode(const int* header, RunState* s, uint64_t* n, uint64_t* n_ranges) {
     s->version = header[1];
     s->run_id = s->version >= 2 ? get_u64(header + 33) : 0;
-    s->config = (GPT2Config){header[2], header[3], header[7], header[4], header[5], header[6]};
+    s->config = (GPT2Config){.maxT = header[2], .V = header[3], .Vp = header[7], .L = header[4], .NH = header[5], .C = header[6]};
     s->B = header[8];
     s->T = header[9];
     s->grad_accum = header[10];

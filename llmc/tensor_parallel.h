@@ -27,40 +27,49 @@
  */
 #pragma once
 
-#include "checkpoint.h"
+#include "model_file.h"
 #include "comm.h"
 
 // ----------------------------------------------------------------------------------------------------
-// how each file tensor is split: a (rows, cols) matrix cut along rows (in `blocks` equal blocks, each
-// cut T ways: qkv has q, k and v blocks) or along columns, or replicated
+// How each file tensor is split. Weights are stored as PyTorch's Linear stores them, (out, in), so a
+// column-parallel layer (each rank computes some of the outputs) cuts its weight's rows, and a
+// row-parallel layer (each rank reads some of the inputs) cuts its weight's columns:
+//   SPLIT_NONE    replicated: wpe, LayerNorms, and the row-parallel biases (added once, after the sum)
+//   SPLIT_COLUMN  column-parallel: qkvw, qkvb (q, k and v each cut by heads), fcw, fcb (by hidden units)
+//   SPLIT_ROW     row-parallel: attprojw, fcprojw
+//   SPLIT_VOCAB   the vocab-parallel embedding: rows of wte
 
-typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } SplitDim;
+typedef enum { SPLIT_NONE, SPLIT_COLUMN, SPLIT_ROW, SPLIT_VOCAB } TpSplit;
 
+static TpSplit tp_split(int kind) {
+    switch (kind) {
+        case WTE: return SPLIT_VOCAB;
+        case QKVW: case QKVB: case FCW: case FCB: return SPLIT_COLUMN;
+        case ATTPROJW: case FCPROJW: return SPLIT_ROW;
+        default: return SPLIT_NONE;
+    }
+}
+
+// A (rows, cols) tensor and how it is split: by rows, in `blocks` equal blocks that are each cut T
+// ways (qkv has q, k and v blocks), or by columns, or not at all.
 typedef struct {
     size_t rows, cols;  // the whole tensor (one layer's part for per-layer tensors)
-    SplitDim split;
+    TpSplit split;
     int blocks;
 } TensorShape;
 
+static int cuts_rows(TpSplit s) { return s == SPLIT_COLUMN || s == SPLIT_VOCAB; }
+
 static TensorShape file_tensor_shape(const GPT2Config* c, int kind) {
-    size_t C = c->C;
-    switch (kind) {
-        case 0: return (TensorShape){(size_t)c->Vp, C, SPLIT_ROWS, 1};   // wte: vocab-parallel
-        case 1: return (TensorShape){(size_t)c->maxT, C, SPLIT_NONE, 1}; // wpe
-        case 4: return (TensorShape){3 * C, C, SPLIT_ROWS, 3};           // qkvw: heads of q, k, v
-        case 5: return (TensorShape){3 * C, 1, SPLIT_ROWS, 3};           // qkvb
-        case 6: return (TensorShape){C, C, SPLIT_COLS, 1};               // attprojw: row-parallel (input dim)
-        case 10: return (TensorShape){4 * C, C, SPLIT_ROWS, 1};          // fcw: column-parallel
-        case 11: return (TensorShape){4 * C, 1, SPLIT_ROWS, 1};          // fcb
-        case 12: return (TensorShape){C, 4 * C, SPLIT_COLS, 1};          // fcprojw: row-parallel
-        default: return (TensorShape){C, 1, SPLIT_NONE, 1};              // LayerNorms, attprojb, fcprojb
-    }
+    TensorShape s = {.split = tp_split(kind), .blocks = kind == QKVW || kind == QKVB ? 3 : 1};
+    file_tensor_dims(c, kind, &s.rows, &s.cols);
+    return s;
 }
 
 // this rank's (rows, cols) of the tensor
 static TensorShape local_shape(TensorShape s, int tp) {
-    if (s.split == SPLIT_ROWS) s.rows /= tp;
-    if (s.split == SPLIT_COLS) s.cols /= tp;
+    if (cuts_rows(s.split)) s.rows /= tp;
+    if (s.split == SPLIT_ROW) s.cols /= tp;
     return s;
 }
 
@@ -68,10 +77,10 @@ static TensorShape local_shape(TensorShape s, int tp) {
 static size_t whole_index(TensorShape whole, int tp, int r, size_t lr, size_t lc) {
     TensorShape local = local_shape(whole, tp);
     size_t fr = lr, fc = lc;
-    if (whole.split == SPLIT_ROWS) {
+    if (cuts_rows(whole.split)) {
         size_t per_block = local.rows / whole.blocks;  // local rows of one block
         fr = (lr / per_block) * (whole.rows / whole.blocks) + (size_t)r * per_block + lr % per_block;
-    } else if (whole.split == SPLIT_COLS) {
+    } else if (whole.split == SPLIT_ROW) {
         fc = (size_t)r * local.cols + lc;
     }
     return fr * whole.cols + fc;
@@ -92,7 +101,7 @@ static size_t tensor_runs(TensorShape whole, int tp, int r, size_t file_base, si
         size_t len = local.cols - lc < hi - pos ? local.cols - lc : hi - pos;
         size_t file = file_base + whole_index(whole, tp, r, lr, lc);
         if (n > 0 && out[n - 1].file + out[n - 1].count == file && out[n - 1].local + out[n - 1].count == pos) out[n - 1].count += len;
-        else out[n++] = (Run){pos, file, len};
+        else out[n++] = (Run){.local = pos, .file = file, .count = len};
         pos += len;
     }
     return n;
