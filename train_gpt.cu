@@ -304,10 +304,7 @@ typedef struct {
     ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
     floatX* params_memory;  // (layout.total) what forward and backward read, always whole
     floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stage 2
-    floatX* grad_shard;     // (zero.shard_total) stage 2: this rank's reduced gradient chunks, accumulated
-    floatX* grad_incoming;  // (zero.shard_total) stage 2: the chunks reduce-scattered in this micro-step
-    floatX* grad_workspace; // stage 2: the embedding and final-LayerNorm buckets, and two layer slots
-    Zero2Workspace zero2;
+    Zero2Grads zero2;       // stage 2: the gradient shard and the workspace backward writes (llmc/zero.h)
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
@@ -344,13 +341,6 @@ static Comm* comm_single(void) {
     return &single;
 }
 
-static void* zeroed_device_buffer(size_t bytes, size_t* account) {
-    void* p = device_malloc(bytes);
-    device_memset_zero(p, bytes);
-    *account += bytes;
-    return p;
-}
-
 // Checks that the model splits over tp ranks (whole heads, whole hidden units, whole vocabulary rows).
 static void validate_tp(const GPT2Config* c, int tp) {
     if (c->NH % tp != 0) fatal("--tp %d: the %d attention heads do not split evenly", tp, c->NH);
@@ -385,21 +375,11 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
     if (zero_stage < 2) {
         model->grads_memory = (floatX*)zeroed_device_buffer(n * fx, &model->bytes_grads);
         model->grads = point_weights_flat(c, lay, model->grads_memory);
-    } else {
-        model->grad_shard = (floatX*)zeroed_device_buffer(shard * fx, &model->bytes_grads);
-        model->grad_incoming = (floatX*)zeroed_device_buffer(shard * fx, &model->bytes_comm);
-        // workspace: [embeddings | final LayerNorm | layer slot 0 | layer slot 1]
-        size_t largest_layer = 0;
-        for (int b = 1; b <= c->L; b++) largest_layer = lay->buckets[b].size > largest_layer ? lay->buckets[b].size : largest_layer;
-        size_t emb = lay->buckets[0].size, lnf = lay->buckets[c->L + 1].size;
+    } else {  // ZeRO-2: backward writes into the workspace, whose buckets point the gradient tensors
         check_internal(place->pp == 1, "ZeRO-2 with pipeline parallelism");
-        model->grad_workspace = (floatX*)zeroed_device_buffer((emb + lnf + 2 * largest_layer) * fx, &model->bytes_workspace);
-        model->zero2.layer_slot[0] = model->grad_workspace + emb + lnf;
-        model->zero2.layer_slot[1] = model->zero2.layer_slot[0] + largest_layer;
+        zero2_init(&model->zero2, &model->zero, fx, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
         floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
-        bases[0] = model->grad_workspace;
-        bases[c->L + 1] = model->grad_workspace + emb;
-        for (int l = 0; l < c->L; l++) bases[1 + l] = model->zero2.layer_slot[l % 2];
+        zero2_bucket_bases(&model->zero2, &model->zero, bases);
         model->grads = point_weights(c, lay, bases);
         free(bases);
     }
@@ -412,9 +392,7 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
 static void gpt2_free(GPT2* model) {
     device_free(model->params_memory);
     if (model->grads_memory) device_free(model->grads_memory);
-    if (model->grad_shard) device_free(model->grad_shard);
-    if (model->grad_incoming) device_free(model->grad_incoming);
-    if (model->grad_workspace) device_free(model->grad_workspace);
+    zero2_free(&model->zero2);
     if (model->master) device_free(model->master);
     device_free(model->m);
     device_free(model->v);
@@ -439,7 +417,7 @@ static float* master_of_bucket(GPT2* model, int b) {
 
 // The reduced gradients of bucket b's owned range.
 static floatX* grads_of_bucket(GPT2* model, int b) {
-    if (model->zero.stage == 2) return model->grad_shard + model->zero.owned_offset[b];
+    if (model->zero.stage == 2) return model->zero2.shard + model->zero.owned_offset[b];
     return model->grads_memory + owned_start(&model->zero, b);
 }
 
@@ -780,7 +758,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
 // stages 0 and 1, the shard at stage 2).
 static void gpt2_zero_grad(GPT2* model) {
     if (model->grads_memory) device_memset_zero(model->grads_memory, model->layout.total * sizeof(floatX));
-    if (model->grad_shard) device_memset_zero(model->grad_shard, model->zero.shard_total * sizeof(floatX));
+    zero2_begin_step(&model->zero2);
 }
 
 // The gradient buffer of bucket b as backward writes it (in the flat buffer, or a ZeRO-2 workspace).
@@ -805,7 +783,7 @@ static void tp_sum_input_grad(GPT2* model, floatX* dinp, size_t n) {
 static void gradients_ready(GPT2* model, int b, int communicate) {
     if (!communicate || model->layout.buckets[b].size == 0 || (model->place.dp == 1 && model->zero.stage < 2)) return;
     double t0 = trace_now_us(model->tracer);
-    zero_reduce_bucket(model->comm, &model->zero, b, bucket_grads(model, b), model->grad_incoming);
+    zero_reduce_bucket(model->comm, &model->zero, &model->zero2, b, bucket_grads(model, b));
     trace_add(model->tracer, "allreduce", model->zero.stage == 0 ? "all-reduce" : "reduce-scatter", b, t0);
 }
 
@@ -820,12 +798,8 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     size_t BT = (size_t)B * T;
     Weights* p = &model->params;
     Weights* g = &model->grads;
-    int zero2 = model->zero.stage == 2;
-    if (zero2) communicate = 1;  // the workspace holds one micro-step only: reduce every time
-    if (zero2) {  // this micro-step's embedding and final-LayerNorm gradients start from zero
-        size_t emb = model->layout.buckets[0].size, lnf = model->layout.buckets[L + 1].size;
-        device_memset_zero(model->grad_workspace, (emb + lnf) * sizeof(floatX));
-    }
+    communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2: in every micro-step
+    zero2_begin_micro_step(&model->zero2);
     if (model->last) {
         // classifier: the fused kernel already turned logits into dlogits
         matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl);  // dlnf (=), dwte (+=)
@@ -843,7 +817,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         LayerWeights* dw = &g->layers[l];
         LayerActs la = layer_acts(model, a, li, B, T);
         recompute_layer(model, &la, w, B, T);
-        if (zero2) zero2_acquire_slot(model->comm, &model->zero2, l % 2, model->layout.buckets[1 + l].size);
+        zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
 
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: into a row-parallel layer, whose input gradient is local: no communication)
@@ -862,7 +836,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
                            BT, C);                                                                                   // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
-        if (zero2) zero2_release_slot(model->comm, &model->zero2, l % 2);
+        zero2_layer_done(model->comm, &model->zero2, l);
     }
     if (model->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
@@ -871,8 +845,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);
     comm_join(model->comm);
-    if (zero2)  // this micro-step's reduced chunks join the ones accumulated so far
-        residual_forward(model->grad_shard, model->grad_shard, model->grad_incoming, model->zero.shard_total);
+    zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
 }
 
 typedef struct {

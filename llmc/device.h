@@ -192,6 +192,14 @@ static inline void device_memset_zero(void* p, size_t bytes) {
 #endif
 }
 
+// a cleared allocation, its bytes added to *account (the memory plan's categories)
+static inline void* zeroed_device_buffer(size_t bytes, size_t* account) {
+    void* p = device_malloc(bytes);
+    device_memset_zero(p, bytes);
+    *account += bytes;
+    return p;
+}
+
 static inline void copy_to_host(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU
     memcpy(dst, src, bytes);

@@ -1,34 +1,63 @@
 /*
- * zero.h: data parallelism and ZeRO sharding of the optimizer state (stage 1) and gradients (stage 2).
+ * zero.h: data parallelism and ZeRO sharding of the optimizer state (ZeRO-1) and of the gradients
+ * (ZeRO-2): who owns what, when gradients are reduced, and ZeRO-2's gradient buffers.
  *
- * The flat parameter buffer is cut into buckets, the units of communication: the embeddings (wte, wpe),
- * each transformer layer, and the final LayerNorm. Each bucket's size is padded to a multiple of the DP
- * size D, so it splits into D equal chunks; DP rank d owns chunk d of every bucket:
+ * Data parallelism: D ranks hold the same model and run backward on different micro-batches; before the
+ * update the gradients are summed over the D ranks. Summed, not averaged: the loss of each position is
+ * already weighted 1/(D*B*T*accum), so the sum over ranks is the gradient of the mean loss of the
+ * global batch.
+ *
+ * Buckets. The flat parameter buffer is cut into buckets, the units of communication: the embeddings
+ * (wte, wpe) are bucket 0, transformer layer l is bucket 1 + l, the final LayerNorm the last. Each
+ * bucket is padded to a multiple of D elements, so it splits into D equal chunks; DP rank d owns chunk
+ * d of every bucket:
  *
  *      bucket b:  | chunk 0 (rank 0) | chunk 1 (rank 1) | ... | chunk D-1 |
  *
- * What each stage keeps and communicates, per rank (Psi = parameters, gaps and padding included):
- *   stage 0  params Psi, grads Psi, optimizer state Psi x (m, v[, fp32 master])
- *            every bucket's gradients are all-reduced (summed) as soon as backward has finished them
- *   stage 1  params Psi, grads Psi, optimizer state Psi/D x (m, v[, master])
- *            each bucket is reduce-scattered: the rank receives the summed gradients of its own chunk
- *   stage 2  params Psi, grads Psi/D (+ a bounded workspace: the embedding bucket, the final LayerNorm,
- *            and two layer buckets), optimizer state Psi/D x (m, v[, master])
- *            each layer's gradients are produced in a workspace bucket, reduce-scattered into the
- *            rank's gradient shard, and the workspace is reused two layers further down
- * With stage 1 and 2, after the update every rank holds new values for its chunks only, and an
- * all-gather per bucket gives everyone the full parameters again.
+ * Backward finishes the buckets from the last to the first (final LayerNorm, layer L-1, ..., layer 0,
+ * embeddings), and each bucket's communication starts as soon as its gradients are final, so it
+ * overlaps the backward of the layers below (on the GPU with NCCL it runs on the communication stream).
  *
- * Gradients are summed, not averaged: the loss of each position is already weighted 1/(D*B*T*accum),
- * so the sum over ranks is the gradient of the mean loss of the global batch.
+ * Per rank (Psi = parameters, gaps and padding included; the optimizer state is AdamW's m and v, plus
+ * fp32 master weights in BF16 builds):
+ *   stage 0  params Psi, grads Psi, optimizer state Psi. Each bucket is all-reduced: every rank gets the
+ *            sum of every chunk and runs the same update on the whole model.
+ *   ZeRO-1   params Psi, grads Psi, optimizer state Psi/D. Each bucket is reduce-scattered: rank d
+ *            receives only the sum of its chunk, in place in its chunk of the full gradient buffer, and
+ *            updates only that chunk (the optimizer state of the other chunks lives on the other ranks).
+ *            The reduce-scatter runs once per optimizer step, in the backward of the last micro-step;
+ *            the micro-steps before it only accumulate (+=) into the full local buffer.
+ *   ZeRO-2   params Psi, grads Psi/D (+ a bounded workspace), optimizer state Psi/D. The full gradient
+ *            of a layer exists only briefly: backward writes it into a workspace slot, the slot is
+ *            reduce-scattered into `incoming` (this rank's chunks), and the slot is reused. Since the
+ *            workspace holds one micro-step, the reduce-scatter runs in every micro-step, and after
+ *            each the chunks are added into `shard`, which accumulates over the optimizer step:
+ *              shard (Psi/D) += incoming (Psi/D)     (zero2_end_micro_step)
+ * At ZeRO-1 and ZeRO-2, after the update every rank holds new values for its chunks only, and an
+ * all-gather per bucket gives everyone the full parameters again (zero_gather_params).
  *
- * This file holds the bookkeeping (who owns what) and the communication of one bucket; the training
- * step in train_gpt.cu calls it.
+ * ZeRO-2's workspace: [embeddings bucket | final LayerNorm bucket | layer slot 0 | layer slot 1].
+ * The embeddings and final LayerNorm get their own space (the first and the last bucket backward
+ * finishes); the L layers share two slots, layer l writing slot l % 2. Why two: the reduce-scatter of
+ * layer l still reads its slot while backward computes layer l-1, which therefore writes the other slot;
+ * layer l-2 comes back to l's slot, and first waits for l's reduce-scatter (zero2_layer_begins). With
+ * one slot, every layer would wait for its predecessor's communication (no overlap); with L slots, the
+ * workspace would be as large as the full gradients ZeRO-2 set out not to keep.
+ *
+ * What the trainer calls, in order (the zero2_ calls do nothing below stage 2):
+ *   zero2_init / zero2_free         allocate / free the shard, incoming and the workspace (gpt2_build)
+ *   zero2_begin_step                clear the accumulated shard (start of an optimizer step)
+ *   zero_reduces_now                whether this micro-step's backward reduces: the last one; all at ZeRO-2
+ *   zero2_begin_micro_step          clear the embeddings and final-LayerNorm workspace (start of backward)
+ *   zero2_layer_begins (layer l)    wait until slot l % 2 is free, clear it
+ *   zero_reduce_bucket (bucket b)   all-reduce or reduce-scatter the bucket's gradients, as they are final
+ *   zero2_layer_done (layer l)      slot l % 2 is read by the reduce-scatter just posted
+ *   zero2_end_micro_step            after the join: shard += incoming
+ *   zero_gather_params              after the update
  */
 #pragma once
 
 #include "comm.h"
-#include "residual.h"
 
 typedef struct {
     size_t offset;  // first element in the flat buffer
@@ -75,19 +104,106 @@ static void zero_plan_free(ZeroPlan* z) {
     free(z->owned_offset);
 }
 
+// Whether backward reduces this micro-step's gradients: in the last micro-step of an optimizer step (the
+// others accumulate locally); at ZeRO-2 in every micro-step, since the workspace holds one micro-step only.
+static int zero_reduces_now(const ZeroPlan* z, int last_micro_step) {
+    return last_micro_step || z->stage == 2;
+}
+
 // ----------------------------------------------------------------------------------------------------
-// stage 2: the gradient workspace. Layer l's gradients are produced in slot l % 2; before backward
-// writes into a slot again, the reduce-scatter that last read it must be done.
+// ZeRO-2's gradient buffers
 
 typedef struct {
-    floatX* layer_slot[2];  // (largest layer bucket) each
+    floatX* shard;          // (shard_total) this rank's reduced gradient chunks, accumulated over micro-steps;
+                            // NULL below stage 2, where the zero2_ calls do nothing
+    floatX* incoming;       // (shard_total) the chunks reduce-scattered in this micro-step
+    floatX* workspace;      // (ends + 2 * slot_size) [embeddings | final LayerNorm | layer slot 0 | slot 1]
+    floatX* layer_slot[2];  // (slot_size) each, inside the workspace
+    size_t shard_total, ends, slot_size;  // elements; ends: the embeddings and final-LayerNorm buckets
     int slot_pending[2];    // a reduce-scatter that reads the slot was posted and not yet waited for
 #ifdef HAVE_NCCL
-    cudaEvent_t slot_free[2];
+    cudaEvent_t slot_free[2];  // recorded on the communication stream after that reduce-scatter
 #endif
-} Zero2Workspace;
+} Zero2Grads;
 
-static void zero2_acquire_slot(Comm* c, Zero2Workspace* w, int slot, size_t size) {
+// out += x, elementwise (n): the micro-step's reduced chunks join the accumulated ones. (The same
+// memory-bound pattern as residual_forward, whose variants dev/cuda/residual_forward.cu measures.)
+static void add_into_cpu(float* out, const float* x, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = out[i] + x[i];
+}
+
+#ifndef LLMC_CPU
+__global__ void add_into_kernel(floatX* out, const floatX* x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = float_to_floatX(floatX_to_float(out[i]) + floatX_to_float(x[i]));
+}
+#endif
+
+static void add_into(floatX* out, const floatX* x, size_t n) {
+#ifdef LLMC_CPU
+    add_into_cpu(out, x, n);
+#else
+    add_into_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(out, x, n);
+    launchCheck();
+#endif
+}
+
+// Allocates the buffers at stage 2 (below it nothing: the full gradient buffer serves). elem: bytes of a
+// floatX element (the planner builds for other precisions); the bytes are counted into the three
+// accounts: the gradient shard, the communication buffer (incoming), the workspace.
+static void zero2_init(Zero2Grads* w, const ZeroPlan* z, size_t elem, size_t* bytes_grads, size_t* bytes_comm,
+                       size_t* bytes_workspace) {
+    memset(w, 0, sizeof(*w));
+    if (z->stage != 2) return;
+    int last = z->num_buckets - 1;
+    w->shard_total = z->shard_total;
+    w->shard = (floatX*)zeroed_device_buffer(z->shard_total * elem, bytes_grads);
+    w->incoming = (floatX*)zeroed_device_buffer(z->shard_total * elem, bytes_comm);
+    for (int b = 1; b < last; b++) w->slot_size = z->buckets[b].size > w->slot_size ? z->buckets[b].size : w->slot_size;
+    w->ends = z->buckets[0].size + z->buckets[last].size;
+    w->workspace = (floatX*)zeroed_device_buffer((w->ends + 2 * w->slot_size) * elem, bytes_workspace);
+    w->layer_slot[0] = w->workspace + w->ends;
+    w->layer_slot[1] = w->layer_slot[0] + w->slot_size;
+}
+
+// Where backward writes bucket b's gradients at stage 2: bases[b] for every bucket (gpt2_build points
+// the gradient tensors there).
+static void zero2_bucket_bases(const Zero2Grads* w, const ZeroPlan* z, floatX** bases) {
+    int last = z->num_buckets - 1;
+    bases[0] = w->workspace;
+    bases[last] = w->workspace + z->buckets[0].size;
+    for (int b = 1; b < last; b++) bases[b] = w->layer_slot[(b - 1) % 2];
+}
+
+static void zero2_free(Zero2Grads* w) {
+    if (w->shard == NULL) return;
+    device_free(w->shard);
+    device_free(w->incoming);
+    device_free(w->workspace);
+#ifdef HAVE_NCCL
+    for (int s = 0; s < 2; s++)
+        if (w->slot_free[s] != NULL) cudaCheck(cudaEventDestroy(w->slot_free[s]));
+#endif
+    memset(w, 0, sizeof(*w));
+}
+
+// start of an optimizer step: nothing accumulated yet
+static void zero2_begin_step(Zero2Grads* w) {
+    if (w->shard) device_memset_zero(w->shard, w->shard_total * sizeof(floatX));
+}
+
+// start of a micro-step's backward: the embeddings' and final LayerNorm's gradients start from zero
+// (backward adds into them; the layer slots are cleared as each layer begins)
+static void zero2_begin_micro_step(Zero2Grads* w) {
+    if (w->shard) device_memset_zero(w->workspace, w->ends * sizeof(floatX));
+}
+
+// Before backward writes layer l's gradients: its slot must no longer be read by the reduce-scatter of
+// layer l + 2, and starts from zero.
+static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
+    if (w->shard == NULL) return;
+    int slot = l % 2;
     if (w->slot_pending[slot]) {
 #ifdef HAVE_NCCL
         // NCCL: the main stream waits for the communication that reads this slot
@@ -97,10 +213,13 @@ static void zero2_acquire_slot(Comm* c, Zero2Workspace* w, int slot, size_t size
         if (c->engine != ENGINE_NCCL) comm_join(c);
         w->slot_pending[slot] = 0;
     }
-    device_memset_zero(w->layer_slot[slot], size * sizeof(floatX));
+    device_memset_zero(w->layer_slot[slot], w->slot_size * sizeof(floatX));
 }
 
-static void zero2_release_slot(Comm* c, Zero2Workspace* w, int slot) {
+// After the reduce-scatter of layer l was posted (zero_reduce_bucket): its slot belongs to it until done.
+static void zero2_layer_done(Comm* c, Zero2Grads* w, int l) {
+    if (w->shard == NULL) return;
+    int slot = l % 2;
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         if (w->slot_free[slot] == NULL) cudaCheck(cudaEventCreateWithFlags(&w->slot_free[slot], cudaEventDisableTiming));
@@ -111,12 +230,18 @@ static void zero2_release_slot(Comm* c, Zero2Workspace* w, int slot) {
     w->slot_pending[slot] = 1;
 }
 
+// end of a micro-step's backward, after the communication was joined: its reduced chunks join the ones
+// accumulated so far
+static void zero2_end_micro_step(Zero2Grads* w) {
+    if (w->shard) add_into(w->shard, w->incoming, w->shard_total);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // the communication of one bucket, called as soon as backward has finished its gradients
 
-// grads: the bucket's full gradient (in the gradient buffer at stages 0 and 1, in a workspace at stage 2).
-// incoming: stage 2's shard buffer that receives this micro-step's reduced chunks.
-static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, int b, floatX* grads, floatX* incoming) {
+// grads: the bucket's full gradient (in the gradient buffer at stages 0 and 1, in the workspace at
+// stage 2, whose reduced chunks land in w->incoming).
+static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, int b, floatX* grads) {
     size_t chunk = z->buckets[b].size / z->D;
     switch (z->stage) {
         case 0:  // DP: everyone gets the sum of everyone's gradients
@@ -125,8 +250,8 @@ static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, int b, floatX* grads,
         case 1:  // ZeRO-1: the sum of my chunk lands in place, in my chunk of the full gradient buffer
             comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->d * chunk, chunk, DT_FLOATX);
             break;
-        case 2:  // ZeRO-2: the sum of my chunk lands in my gradient shard
-            comm_reduce_scatter(c, &c->dp_group, grads, incoming + z->owned_offset[b], chunk, DT_FLOATX);
+        case 2:  // ZeRO-2: the sum of my chunk lands in the micro-step's incoming shard
+            comm_reduce_scatter(c, &c->dp_group, grads, w->incoming + z->owned_offset[b], chunk, DT_FLOATX);
             break;
     }
 }
