@@ -1010,6 +1010,97 @@ static Activations* forward_only_activations(GPT2* model) {
     return model->rematerialize ? &model->work : &model->slots[0];
 }
 
+// Forward-only through the pipeline (evaluation, sampling): receive this stage's input (B, T, C) from
+// the previous stage, forward, send the output to the next. Each transfer is waited for: nothing
+// overlaps outside training. Returns gpt2_forward's loss (the last stage's; 0 on the others).
+static float forward_through_stages(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T) {
+    Comm* comm = model->comm;
+    size_t n = (size_t)B * T * model->config.C;
+    if (!model->first) {
+        comm_recv(comm, &comm->pp_group, a->encoded, n, DT_FLOATX, comm->pp_rank - 1);
+        comm_join(comm);
+    }
+    float loss = gpt2_forward(model, a, inputs, targets, B, T, 0.0f);
+    if (!model->last) {
+        comm_send(comm, &comm->pp_group, stage_output(model, a, B, T), n, DT_FLOATX, comm->pp_rank + 1);
+        comm_join(comm);
+    }
+    return loss;
+}
+
+// A forward action of the schedule: micro-batch m (number `batch` in the data order) is loaded, its input
+// arrives from the previous stage (paired with the pending send when that goes there too), forward runs,
+// and its output becomes the pending send to the next stage. With defer_loss the mean loss stays on the
+// device (model->step_losses[m]). Returns the loss (0 when deferred, and on all but the last stage).
+static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pending, int m, long long batch, float dloss,
+                              int defer_loss) {
+    int B = loader->B, T = loader->T, s = model->place.pp_rank;
+    Activations* slot = &model->slots[m % model->n_slots];
+    dataloader_load(loader, batch);  // every stage reads the ids it needs
+    memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
+    memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
+    pipe_exchange(model, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, m);
+    Activations* a = micro_batch_activations(model, m, B, T);
+    double t0 = trace_now_us(model->tracer);
+    model->loss_dest = defer_loss ? model->step_losses + m : NULL;
+    float loss = gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
+    model->loss_dest = NULL;
+    trace_add(model->tracer, "forward", "F", m, t0);
+    if (!model->last) *pending = (PendingSend){stage_output(model, a, B, T), s + 1, model->rematerialize};
+    return loss;
+}
+
+// A backward action: the gradient of micro-batch m's output arrives from the next stage (into dresidual,
+// one buffer that every activation set shares), backward runs (after recomputing the forward when the
+// slots are rematerialized), and the input's gradient becomes the pending send to the previous stage.
+// `communicate`: this is the step's last micro-batch, whose backward reduces the gradients (see
+// gpt2_backward).
+static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
+    int s = model->place.pp_rank;
+    Activations* slot = &model->slots[m % model->n_slots];
+    pipe_exchange(model, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, m);
+    Activations* a = micro_batch_activations(model, m, B, T);
+    double t0 = trace_now_us(model->tracer);
+    if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
+    gpt2_backward(model, a, B, T, communicate);
+    trace_add(model->tracer, "backward", "B", m, t0);
+    if (!model->first) *pending = (PendingSend){a->dresidual, s - 1, 1};
+}
+
+// --fused-kernels on the last stage: room on the device for a step's M mean losses
+static void reserve_step_losses(GPT2* model, int M) {
+    if (model->step_losses_cap >= M) return;
+    if (model->step_losses) device_free(model->step_losses);
+    model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
+    model->step_losses_cap = M;
+}
+
+// The sum of the step's M deferred mean losses: one copy for the whole step, added in micro-step order
+// (the order forwards run in, so the sum equals the one of losses returned by each forward)
+static double sum_step_losses(GPT2* model, int M) {
+    float* means = (float*)malloc_check((size_t)M * sizeof(float));
+    copy_to_host(means, model->step_losses, (size_t)M * sizeof(float));
+    double sum = 0.0;
+    for (int m = 0; m < M; m++) sum += means[m];
+    free(means);
+    return sum;
+}
+
+// PP: wte is tied, the first stage's embedding and the last stage's classifier both use it, so its
+// gradient is the sum of the two stages' (an all-reduce over the group of the two); then the embedding
+// bucket is final and its DP reduction starts. Without pipelining the one stage has summed both itself.
+static void sum_tied_embedding_grads(GPT2* model) {
+    if (model->place.pp == 1 || !(model->first || model->last)) return;
+    Comm* comm = model->comm;
+    double t0 = trace_now_us(model->tracer);
+    size_t wte = model->layout.slots[0].numel;  // wte is the first tensor of both stages
+    comm_all_reduce(comm, &comm->emb_group, model->grads.wte, wte, DT_FLOATX, REDUCE_SUM);
+    comm_join(comm);
+    trace_add(model->tracer, "allreduce", "tied wte", -1, t0);
+    gradients_ready(model, 0, 1);
+    comm_join(comm);
+}
+
 // Runs this stage's schedule for one optimizer step of M micro-batches (llmc/pipeline.h): receive the
 // input, forward, send the output; receive the output's gradient, backward, send the input's gradient.
 // The last micro-batch's backward reduces the gradients across the DP group as they become final.
@@ -1018,66 +1109,24 @@ static Activations* forward_only_activations(GPT2* model) {
 static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
     Comm* comm = model->comm;
     const Placement* pl = &model->place;
-    int B = loader->B, T = loader->T, s = pl->pp_rank;
-    size_t n = (size_t)B * T * model->config.C;
     PipeAction* actions = (PipeAction*)malloc_check(2 * M * sizeof(PipeAction));
-    pipeline_schedule(schedule, pl->pp, s, M, actions);
+    pipeline_schedule(schedule, pl->pp, pl->pp_rank, M, actions);
     PendingSend pending = {NULL, -1, 0};
     double loss = 0.0, t_start = wall_seconds();
     int defer_loss = fused_kernels && model->last;  // the micro-steps' mean losses stay on the device
-    if (defer_loss && model->step_losses_cap < M) {
-        if (model->step_losses) device_free(model->step_losses);
-        model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
-        model->step_losses_cap = M;
-    }
+    if (defer_loss) reserve_step_losses(model, M);
     for (int i = 0; i < 2 * M; i++) {
         int m = actions[i].micro;
-        Activations* slot = &model->slots[m % model->n_slots];
-        double t0;
-        if (!actions[i].backward) {
-            // data-order contract: micro-step s reads micro-batch s * D + d (every stage reads the ids it needs)
-            dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);
-            memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
-            memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
-            pipe_exchange(model, &pending, model->first ? NULL : slot->encoded, s - 1, n, m);
-            Activations* a = micro_batch_activations(model, m, B, T);
-            t0 = trace_now_us(model->tracer);
-            model->loss_dest = defer_loss ? model->step_losses + m : NULL;
-            loss += gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);  // 0 when deferred
-            model->loss_dest = NULL;
-            trace_add(model->tracer, "forward", "F", m, t0);
-            if (!model->last) pending = (PendingSend){stage_output(model, a, B, T), s + 1, model->rematerialize};
-        } else {
-            // dresidual is one buffer that every activation set shares
-            pipe_exchange(model, &pending, model->last ? NULL : slot->dresidual, s + 1, n, m);
-            Activations* a = micro_batch_activations(model, m, B, T);
-            t0 = trace_now_us(model->tracer);
-            if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
-            gpt2_backward(model, a, B, T, m == M - 1);
-            trace_add(model->tracer, "backward", "B", m, t0);
-            if (!model->first) pending = (PendingSend){a->dresidual, s - 1, 1};
-        }
+        long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
+        if (!actions[i].backward) loss += schedule_forward(model, loader, &pending, m, batch, dloss, defer_loss);
+        else schedule_backward(model, &pending, m, loader->B, loader->T, dloss, m == M - 1);
     }
-    pipe_exchange(model, &pending, NULL, -1, n, -1);
+    pipe_exchange(model, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, -1);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
-    if (defer_loss) {  // one copy for the whole step, in micro-step order (the order forwards run in)
-        float* means = (float*)malloc_check((size_t)M * sizeof(float));
-        copy_to_host(means, model->step_losses, (size_t)M * sizeof(float));
-        for (int m = 0; m < M; m++) loss += means[m];
-        free(means);
-    }
+    if (defer_loss) loss += sum_step_losses(model, M);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
-    if (pl->pp > 1 && (model->first || model->last)) {
-        // the tied wte: the first stage's gradient (embedding) and the last stage's (classifier) add up
-        double t0 = trace_now_us(model->tracer);
-        size_t wte = model->layout.slots[0].numel;  // wte is the first tensor of both stages
-        comm_all_reduce(comm, &comm->emb_group, model->grads.wte, wte, DT_FLOATX, REDUCE_SUM);
-        comm_join(comm);
-        trace_add(model->tracer, "allreduce", "tied wte", -1, t0);
-        gradients_ready(model, 0, 1);
-        comm_join(comm);
-    }
+    sum_tied_embedding_grads(model);
     double mean = model->last ? loss / M : 0.0;  // the last stage has the loss; the DP ranks average theirs
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
@@ -1304,16 +1353,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
         if (print) print_sampled_token(tok, seq[t]);
     }
     for (int t = 1 + sc->n_prompt; t < T; t++) {
-        // PP: the sequence flows through the stages; the last one has the logits
-        if (!model->first) {
-            comm_recv(comm, &comm->pp_group, a->encoded, (size_t)t * c->C, DT_FLOATX, comm->pp_rank - 1);
-            comm_join(comm);
-        }
-        gpt2_forward(model, a, seq, NULL, 1, t, 0.0f);
-        if (!model->last) {
-            comm_send(comm, &comm->pp_group, stage_output(model, a, 1, t), (size_t)t * c->C, DT_FLOATX, comm->pp_rank + 1);
-            comm_join(comm);
-        }
+        forward_through_stages(model, a, seq, NULL, 1, t);  // PP: the last stage has the logits
         int next = c->V - 1;
         float r = rng_uniform(rng);  // every rank draws, so all generators stay in step
         if (model->last) {
@@ -1572,20 +1612,11 @@ static float learning_rate(const TrainConfig* tc, long long step) {
 static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     Comm* comm = model->comm;
     long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
-    size_t act = (size_t)val->B * val->T * model->config.C;
     Activations* a = forward_only_activations(model);
     double sum = 0.0;
-    for (long long i = 0; i < n; i++) {  // through the pipeline, forward only
+    for (long long i = 0; i < n; i++) {
         dataloader_load(val, i * comm->dp + comm->dp_rank);
-        if (!model->first) {
-            comm_recv(comm, &comm->pp_group, a->encoded, act, DT_FLOATX, comm->pp_rank - 1);
-            comm_join(comm);
-        }
-        sum += gpt2_forward(model, a, val->inputs, val->targets, val->B, val->T, 0.0f);
-        if (!model->last) {
-            comm_send(comm, &comm->pp_group, stage_output(model, a, val->B, val->T), act, DT_FLOATX, comm->pp_rank + 1);
-            comm_join(comm);
-        }
+        sum += forward_through_stages(model, a, val->inputs, val->targets, val->B, val->T);
     }
     double mean = model->last ? sum / n : 0.0;
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
@@ -1617,7 +1648,6 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     double* mean = (double*)calloc_check((size_t)(n_rows + 1) * sizeof(double));
     int* bin = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
     int* btg = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
-    size_t act = (size_t)rows_per_forward * Te * model->config.C;
     Activations* a = forward_only_activations(model);
     for (int r0 = 0; r0 < n_rows; r0 += rows_per_forward) {
         for (int j = 0; j < rows_per_forward; j++) {  // rows r0.., cut to Te; past the last row: zeros
@@ -1627,16 +1657,8 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
                 btg[j * Te + t] = r >= 0 ? tg[(size_t)r * T + t] : 0;
             }
         }
-        if (!model->first) {
-            comm_recv(comm, &comm->pp_group, a->encoded, act, DT_FLOATX, comm->pp_rank - 1);
-            comm_join(comm);
-        }
-        gpt2_forward(model, a, bin, btg, rows_per_forward, Te, 0.0f);
-        if (!model->last) {
-            comm_send(comm, &comm->pp_group, stage_output(model, a, rows_per_forward, Te), act, DT_FLOATX, comm->pp_rank + 1);
-            comm_join(comm);
-            continue;
-        }
+        forward_through_stages(model, a, bin, btg, rows_per_forward, Te);
+        if (!model->last) continue;
         for (int j = 0; j < rows_per_forward && r0 + j < n_rows; j++) {
             int r = r0 + j;
             double sum = 0.0;
