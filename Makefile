@@ -66,6 +66,11 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-to
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_fp32) $< $(NVCC_LIBS) -o $@
 
+# the exchange of the NCCL id over TCP (llmc/rendezvous.h), with real processes: scripts/test_rendezvous.sh
+build/cpu/test_rendezvous: tests/test_rendezvous.cpp llmc/rendezvous.h llmc/common.h build/flags-cpu.txt
+	@mkdir -p $(@D)
+	$(CXX) -O2 -std=c++17 -Wall -Wextra $< -o $@
+
 # kernel variants, checks and benchmarks (dev/cuda/README.md)
 dev:
 	$(MAKE) -C dev/cuda

@@ -2261,7 +2261,7 @@ static void print_usage(void) {
         "  --trace-steps N       steps to trace, after the first      [2]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
-        "  --nccl-id-dir DIR     shared folder for the NCCL id when launched without mpirun\n"
+        "  --nccl-id-dir DIR     without mpirun: a shared folder for the NCCL id [none: TCP at MASTER_ADDR:MASTER_PORT]\n"
         "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
         "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"

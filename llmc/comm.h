@@ -17,9 +17,10 @@
  *         data is staged through host memory, in float. Calls complete before they return.
  * Launch (comm_launch.h): mpirun (Open MPI); or, for the GPU target, without MPI through RANK /
  * WORLD_SIZE / LOCAL_RANK (torchrun) or, in a task of srun, SLURM_PROCID / SLURM_STEP_NUM_TASKS /
- * SLURM_LOCALID, with the NCCL id passed through a file in a shared folder (--nccl-id-dir). Under mpirun
- * the engine is chosen from the GPUs' UUIDs within each node and agreed by all ranks. On the CPU target
- * each rank defaults to cores / local ranks OpenMP threads.
+ * SLURM_LOCALID, with the NCCL id passed through a file in a shared folder (--nccl-id-dir) or over TCP
+ * at MASTER_ADDR:MASTER_PORT (llmc/rendezvous.h). Under mpirun the engine is chosen from the GPUs'
+ * UUIDs within each node and agreed by all ranks. On the CPU target each rank defaults to cores / local
+ * ranks OpenMP threads.
  *
  * Strict mode (LLMC_COMM_STRICT=1, for tests): the MPI engine honours NCCL's buffer contract to the
  * letter. A send or collective is only queued when it is called; comm_join() (or a blocking host

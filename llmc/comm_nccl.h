@@ -8,10 +8,13 @@
  * against the deadline, so a peer that died or stopped ends the run with one line instead of a hang.
  *
  * Start-up: the ranks share NCCL's unique id (rank 0 draws it) through MPI when launched by mpirun, else
- * through a file in a shared folder (torchrun, srun), then create the world's communicator and split
+ * through a file in a shared folder (--nccl-id-dir) or, without one, over TCP at MASTER_ADDR:MASTER_PORT
+ * as torchrun sets them (llmc/rendezvous.h), then create the world's communicator and split
  * the DP, TP, PP and embedding groups from it. A build without NCCL gets the placeholders at the bottom.
  */
 #pragma once
+
+#include "rendezvous.h"
 
 #ifdef HAVE_NCCL
 
@@ -168,14 +171,11 @@ typedef struct {
 static char nccl_id_path[4300];  // rank 0 removes the file at the end
 
 static void nccl_id_file_name(const char* dir) {
-    const char* run = getenv("TORCHELASTIC_RUN_ID");
-    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
-    char tag[200] = "";
-    if (run && strcmp(run, "none") != 0) snprintf(tag, sizeof(tag), "_%s", run);
-    else if (job && step) snprintf(tag, sizeof(tag), "_%s.%s", job, step);
+    char tag[200];
+    launch_identity(tag, sizeof(tag));  // (llmc/rendezvous.h)
     for (char* t = tag; *t; t++)
         if (*t == '/') *t = '_';
-    snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s", dir, tag);
+    snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s%s", dir, tag[0] ? "_" : "", tag);
 }
 
 static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
@@ -217,7 +217,13 @@ static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir
         mpi_broadcast_bytes(&id, sizeof(id));
         return id;
     }
-    if (nccl_id_dir == NULL) fatal("launching without mpirun needs --nccl-id-dir (a folder every rank can read)");
+    if (nccl_id_dir == NULL && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {  // torchrun's way: over TCP
+        char err[1024];
+        if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
+        if (rendezvous_from_env(c->world_rank, c->world_size, &id, sizeof(id), c->timeout_s, err, sizeof(err)) != 0) fatal("%s", err);
+        return id;
+    }
+    if (nccl_id_dir == NULL) fatal("launching without mpirun needs MASTER_ADDR and MASTER_PORT, or --nccl-id-dir (a shared folder)");
     return nccl_id_through_file(c, nccl_id_dir);
 }
 

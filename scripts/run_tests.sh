@@ -5,8 +5,9 @@
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
-#      tensor and pipeline parallelism under mpirun, fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be 2 nats below the first)
-#      and every command block of README.md and docs/ (scripts/test_readme.sh)
+#      tensor and pipeline parallelism under mpirun, the NCCL id's exchange over TCP (llmc/rendezvous.h),
+#      fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be
+#      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it
 #   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
@@ -49,6 +50,10 @@ bash scripts/test_tp.sh build/cpu/train_gpt
 
 step "CPU target: pipeline parallelism and 3D under mpirun"
 bash scripts/test_pp.sh build/cpu/train_gpt
+
+step "the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (torchrun without a shared folder), with processes on 127.0.0.1"
+make -s build/cpu/test_rendezvous
+bash scripts/test_rendezvous.sh build/cpu/test_rendezvous
 
 step "CPU target: dynamic loss scaling (an injected overflow is skipped everywhere)"
 bash scripts/test_loss_scale.sh build/cpu/train_gpt
