@@ -598,7 +598,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
 
 // out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
 // TP it is row-parallel: inp and weight hold this rank's IC = (C or 4C)/tp input channels, the partial
-// products are summed across the TP group ("g"), and the bias is added once, after the sum.
+// products are summed across the TP group (Megatron's g), and the bias is added once, after the sum.
 // scratch (N, C) holds the projection before the add.
 static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
                                  const floatX* bias, floatX* scratch, int N, int IC) {
@@ -609,8 +609,7 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
         return;
     }
     matmul_forward(scratch, inp, weight, NULL, N, IC, C);
-    comm_all_reduce(model->comm, &model->comm->tp_group, scratch, (size_t)N * C, DT_FLOATX, REDUCE_SUM);
-    comm_join(model->comm);
+    tp_g_forward(model->comm, scratch, (size_t)N * C);  // TP: g
     residual_bias_forward(out, residual, scratch, bias, N, C);
 }
 
@@ -721,14 +720,8 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
         if (fused_kernels) copy_to_device_nowait(a->inputs, inputs, BT * sizeof(int));  // llmc/device.h: pageable, staged
         else copy_to_device(a->inputs, inputs, BT * sizeof(int));
         if (a->host_inputs != inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));  // the pipeline passes them in place
-        // TP: each rank looks up the ids in its rows of wte; the sum over the group has exactly one of
-        // them (and wpe, added by rank 0 only), so the all-reduce is exact
-        encoder_forward(a->encoded, a->inputs, model->params.wte, model->tp_rank == 0 ? model->params.wpe : NULL, B, T, C,
-                        model->tp_rank * Vpl, Vpl);
-        if (tp > 1) {
-            comm_all_reduce(comm, &comm->tp_group, a->encoded, BT * C, DT_FLOATX, REDUCE_SUM);
-            comm_join(comm);
-        }
+        // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
+        vocab_parallel_embedding_forward(comm, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
     }
     for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
         LayerActs la = layer_acts(model, a, li, B, T);
@@ -769,14 +762,6 @@ static floatX* bucket_grads(GPT2* model, int b) {
     return model->grads.layers[b - 1].ln1w;
 }
 
-// TP: the gradient of a column-parallel layer's input (replicated on every rank) is the sum of the
-// ranks' parts ("f" in backward); a no-op without TP.
-static void tp_sum_input_grad(GPT2* model, floatX* dinp, size_t n) {
-    if (model->tp == 1) return;
-    comm_all_reduce(model->comm, &model->comm->tp_group, dinp, n, DT_FLOATX, REDUCE_SUM);
-    comm_join(model->comm);
-}
-
 // Bucket b's gradients are final for this micro-step: start their reduction across the DP group
 // (all-reduce, or reduce-scatter at ZeRO 1 and 2; see llmc/zero.h). On the GPU with NCCL this runs on
 // the communication stream while backward continues with the layers below.
@@ -803,7 +788,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     if (model->last) {
         // classifier: the fused kernel already turned logits into dlogits
         matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl);  // dlnf (=), dwte (+=)
-        tp_sum_input_grad(model, a->scratch, BT * C);  // TP: dlnf had only our vocabulary rows' part
+        tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
         layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (Ls - 1) * BT * C, p->lnfw, a->lnf_mean,
@@ -820,11 +805,11 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
 
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
-        // (TP: into a row-parallel layer, whose input gradient is local: no communication)
+        // (TP: through g, whose backward is the identity: no communication)
         matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C);  // dfch_gelu =
         gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
         matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl);                     // dln2 =
-        tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel fc saw only our hidden units
+        tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
                            BT, C);                                                                                   // dresidual2 +=
         // attention block
@@ -832,7 +817,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         if (attention_flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl);  // dqkv =
         else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl);                               // dqkv =
         matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
-        tp_sum_input_grad(model, a->scratch, BT * C);  // TP: the column-parallel qkv saw only our heads
+        tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
                            BT, C);                                                                                   // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
@@ -840,7 +825,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     }
     if (model->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
-        encoder_backward(g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, model->tp_rank * Vpl, Vpl);
+        vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
     // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);
@@ -898,7 +883,8 @@ static double gpt2_grad_sumsq(GPT2* model) {
 static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, float grad_scale) {
     const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
-    AdamWArgs args = {lr, o->beta1, o->beta2, o->eps, 0.0f, grad_scale, t, model->stochastic_rounding, 0};
+    AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = grad_scale,
+                      .t = t, .stochastic = model->stochastic_rounding, .index_base = 0};
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;

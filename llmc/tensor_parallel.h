@@ -1,34 +1,65 @@
 /*
  * tensor_parallel.h: Megatron-style tensor parallelism over the T ranks of a TP group.
  *
- * Every transformer layer is split so that each rank does 1/T of its matmuls, with one all-reduce per
- * block in forward and one in backward:
+ * Every transformer block is split so that each rank does 1/T of its matmuls. A column-parallel layer
+ * computes some of the outputs from the whole, replicated input; the row-parallel layer after it reads
+ * those outputs as they are and produces a partial sum of the whole output:
  *
  *              column-parallel                         row-parallel
- *   x (B,T,C) ──► [ W_1 | W_2 | .. | W_T ]  ──► y_r ──► [ W_1 ; W_2 ; .. ; W_T ] ──► z_r ──► all-reduce ──► z
- *   replicated    each rank: its columns       local   each rank: its rows           partial   sum
- *                 of the output (heads, 4C)            of the input
+ *   x (B,T,C) ──f──► [ W_1 | W_2 | .. | W_T ] ──► y_r ──► [ W_1 ; W_2 ; .. ; W_T ] ──► z_r ──g──► z + bias
+ *   replicated       each rank: its columns      local    each rank: its rows          partial   replicated
+ *                    of the output                        of the input
  *
- *   attention: qkv is column-parallel (rank r owns heads [r*NH/T, (r+1)*NH/T) with their q, k, v rows
- *              and biases), attention runs on local heads, attproj is row-parallel
- *   MLP:       fc is column-parallel (4C/T hidden units, GELU is local), fcproj is row-parallel
- *   forward:   the row-parallel output is all-reduced ("g"), then its bias is added on every rank
- *   backward:  the gradient of the column-parallel input is all-reduced ("f"): each rank only has the
- *              part that flowed through its columns
- * The embedding is vocab-parallel: rank r owns rows [r*Vp/T, (r+1)*Vp/T) of the tied wte. The lookup
- * masks foreign ids and the results are all-reduced; the classifier computes logits only for its rows
- * and the cross-entropy without gathering them: the row max, the sum of exponentials and the target
- * logit are reduced across the group, and dlogits stay local. LayerNorms, wpe and the row-parallel
- * biases are replicated: every rank computes the same gradients for them, so they need no reduction.
+ *   attention: x = ln1 ──f──► qkv (rank r: heads [r*NH/T, (r+1)*NH/T), their q, k, v rows and biases)
+ *              ──► attention on the local heads ──► attproj ──g──► + attprojb ──► + residual
+ *   MLP:       x = ln2 ──f──► fc (rank r: 4C/T hidden units) ──► GELU (local) ──► fcproj ──g──► + fcprojb
  *
- * This file holds the rules that split each llm.c tensor (used to read and write the single-file
- * checkpoint slice by slice), and the kernels of the vocab-parallel cross-entropy and the bias add.
- * The calls sit in gpt2_forward / gpt2_backward in train_gpt.cu, next to "TP:" comments.
+ * Megatron names the two communications f and g; each is the other's mirror image:
+ *   f  forward: identity (x is already on every rank)
+ *      backward: all-reduce of dx, since each rank's dx holds only the part that flowed through its
+ *      columns                                                                     -> tp_f_backward
+ *   g  forward: all-reduce of the partial outputs z_r (the bias is added once, after the sum)
+ *      backward: identity (dz is the same on every rank; each rank's row block needs all of it)
+ *                                                                                  -> tp_g_forward
+ * So a block costs one all-reduce in forward and one in backward, per attention and per MLP. The
+ * identity halves are no code at all; the model calls tp_g_forward in row_parallel_forward and
+ * tp_f_backward after each column-parallel layer's backward (qkv, fc, and the classifier).
+ *
+ * The tied wte is vocab-parallel: rank r owns rows [r*Vp/T, (r+1)*Vp/T).
+ *   embedding: each rank looks up the ids in its rows (zero for the others) and rank 0 adds wpe: a
+ *              g, whose sum has exactly one nonzero term per element (vocab_parallel_embedding_*)
+ *   classifier: column-parallel over the vocabulary (logits only for its rows, the lnf input gets an
+ *              f), and the cross-entropy is computed without gathering the logits: the row max, the
+ *              sum of exponentials and the target logit are reduced across the group, and dlogits
+ *              stay local (vocab_parallel_cross_entropy).
+ * LayerNorms, wpe and the row-parallel biases are replicated: every rank computes the same gradients
+ * for them, so they need no reduction.
+ *
+ * This file holds f and g, the rules that split each llm.c tensor (used to read and write the
+ * single-file checkpoint slice by slice), the vocab-parallel embedding and cross-entropy, and the bias
+ * add of a row-parallel layer. The model calls them from gpt2_forward / gpt2_backward in train_gpt.cu,
+ * next to "TP:" comments.
  */
 #pragma once
 
 #include "model_file.h"
 #include "comm.h"
+#include "encoder.h"
+
+// ----------------------------------------------------------------------------------------------------
+// f and g (see above): the two all-reduces of a block, each a no-op on a group of one
+
+static void tp_sum(Comm* comm, floatX* x, size_t n) {
+    if (comm->tp_group.size == 1) return;
+    comm_all_reduce(comm, &comm->tp_group, x, n, DT_FLOATX, REDUCE_SUM);
+    comm_join(comm);
+}
+
+// f's backward: dinp (n) of a column-parallel layer, this rank's part -> the sum over the group
+static void tp_f_backward(Comm* comm, floatX* dinp, size_t n) { tp_sum(comm, dinp, n); }
+
+// g's forward: out (n) of a row-parallel layer, this rank's partial sum -> the whole sum
+static void tp_g_forward(Comm* comm, floatX* out, size_t n) { tp_sum(comm, out, n); }
 
 // ----------------------------------------------------------------------------------------------------
 // How each file tensor is split. Weights are stored as PyTorch's Linear stores them, (out, in), so a
@@ -231,6 +262,26 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
     vocab_ce_finish_kernel<<<N, 256, 0, main_stream>>>(logits, losses, m, st, targets, dloss, Vl, start, V);
     launchCheck();
 #endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// vocab-parallel embedding (llmc/encoder.h restricted to this rank's rows of wte), collective over the
+// TP group; with one rank it is the plain embedding
+
+// out (B,T,C) = wte[inp] + wpe[t]: a g over the ranks' lookups (inp: ids on the device)
+static void vocab_parallel_embedding_forward(Comm* comm, floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
+                                             int B, int T, int C, int Vp) {
+    int r = comm->tp_group.rank, Vl = Vp / comm->tp_group.size;
+    encoder_forward(out, inp, wte, r == 0 ? wpe : NULL, B, T, C, r * Vl, Vl);  // wpe once, on rank 0
+    tp_g_forward(comm, out, (size_t)B * T * C);
+}
+
+// dwte (+=) for the ids in our rows only, dwpe (+=) the same on every rank: g's backward needs no
+// communication, dout is replicated (inp_host: the same ids on the host)
+static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
+                                              const int* inp_host, int B, int T, int C, int Vp) {
+    int r = comm->tp_group.rank, Vl = Vp / comm->tp_group.size;
+    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, r * Vl, Vl);
 }
 
 // ----------------------------------------------------------------------------------------------------
