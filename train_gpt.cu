@@ -1692,7 +1692,7 @@ static void inject_inf_gradient(GPT2* model) {
 
 // Writes the trace (every rank its part, rank 0 merges) and prints the pipeline bubble measured in the
 // traced steps: the fraction of each rank's pipeline time not spent in forward or backward, averaged
-// over the ranks, next to GPipe's (P-1)/(M+P-1).
+// over the ranks, next to GPipe's (P-1)/(M+P-1); then the communication engine's rate in those steps.
 static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
     char label[128];
     snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
@@ -1705,6 +1705,7 @@ static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm)
         printf("wrote trace %s; pipeline bubble: measured %.1f%%, (P-1)/(M+P-1) = %.1f%%\n", tc->trace, 100.0 * bubble,
                100.0 * (P - 1) / (M + P - 1));
     }
+    comm_print_stats(comm);
 }
 
 // A random identity for a run that starts from scratch (kept in its checkpoints and through every
@@ -2088,6 +2089,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
 
         double t0 = wall_seconds();
         tracer.enabled = tc->trace && step > start_step && step <= start_step + tc->trace_steps;  // skip the first step
+        comm->stats.on = tracer.enabled;  // the engine's bytes and time over the same steps (comm_print_stats)
         gpt2_zero_grad(&model);
         // each position's weight in the mean loss of the global batch, times the loss scale
         float dloss = loss_scale(&scaler) / (float)tokens_per_step;

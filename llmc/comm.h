@@ -14,7 +14,8 @@
  *         communication stream after the work already queued on the main stream, so they overlap what
  *         the main stream does next; comm_join() waits for them.
  *   MPI   (comm_mpi.h) the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that):
- *         data is staged through host memory, in float. Calls complete before they return.
+ *         on the GPU, data goes through pinned host memory in chunks (comm_staging.h), sums in float,
+ *         everything else as bytes. Calls complete before they return.
  * Launch (comm_launch.h): mpirun (Open MPI); or, for the GPU target, without MPI through RANK /
  * WORLD_SIZE / LOCAL_RANK (torchrun) or, in a task of srun, SLURM_PROCID / SLURM_STEP_NUM_TASKS /
  * SLURM_LOCALID, with the NCCL id passed through a file in a shared folder (--nccl-id-dir) or over TCP
@@ -83,6 +84,15 @@ typedef struct {
     int peer, recv_peer;  // send/recv: the peer; sendrecv: send_peer, recv_peer; broadcast: the root
 } CommOp;
 
+// What the engine moved while counting (--trace: the traced steps): the bytes of the operations'
+// buffers (all-reduce, broadcast, send, receive: n elements; reduce-scatter, all-gather: n per rank, the
+// whole buffer) and the time they took (MPI: inside the calls; NCCL: on the stream, timed by events)
+typedef struct {
+    int on;
+    double bytes, seconds;
+    long ops;
+} CommStats;
+
 typedef struct {
     int world_rank, world_size, local_rank, local_size;  // local: the ranks on this node
     int dp, tp, pp;                 // grid dimensions
@@ -97,15 +107,26 @@ typedef struct {
     int strict;       // MPI engine: run sends and collectives at the join (LLMC_COMM_STRICT=1)
     CommOp* queue;    // strict mode: the operations posted since the last join, in order
     int queued, queue_cap;
+    size_t stage_bytes;        // MPI engine: chunk size through host memory (0: the buffers directly, CPU target)
+    struct Staging* staging;   // its pinned slots and copy streams (comm_staging.h)
+    CommStats stats;
 #ifdef HAVE_NCCL
     cudaStream_t stream;  // NCCL work runs here
     cudaEvent_t event;    // orders it after the main stream's work
+    cudaEvent_t* timing;  // while counting: a start and an end event around each operation since the last join
+    int timed, timing_cap;
 #endif
 } Comm;
 
 static Comm* g_comm = NULL;  // for fatal(): abort every rank
 
 static size_t dtype_size(DType t) { return t == DT_FLOATX ? sizeof(floatX) : sizeof(float); }
+
+// the bytes an operation counts for (see CommStats)
+static double comm_op_bytes(const CommOp* q) {
+    int whole = q->kind == OP_REDUCE_SCATTER || q->kind == OP_ALL_GATHER;
+    return (double)q->n * dtype_size(q->t) * (whole ? q->g->size : 1);
+}
 
 // an invalid group (this rank is not a member), for emb_group on the middle pipeline stages
 static int group_valid(const Group* g) { return g->size > 0; }
@@ -195,4 +216,14 @@ static void comm_barrier_io(Comm* c, Group* g) {
     c->waiting_io = 1;
     comm_barrier(c, g);
     c->waiting_io = 0;
+}
+
+// The engine's rate over what it counted (CommStats), every rank's bytes over every rank's time: one
+// line from rank 0. Collective over the world.
+static void comm_print_stats(Comm* c) {
+    double v[3] = {c->stats.bytes, c->stats.seconds, (double)c->stats.ops};
+    comm_all_reduce_host(c, &c->world, v, 3, REDUCE_SUM);
+    if (c->world_rank != 0 || c->engine == ENGINE_NONE) return;
+    printf("communication, %s engine: %.0f operations, %.1f MB in %.3f s per rank: %.3g GB/s\n", c->engine == ENGINE_NCCL ? "NCCL" : "MPI",
+           v[2] / c->world_size, v[0] / c->world_size / 1e6, v[1] / c->world_size, v[1] > 0 ? v[0] / v[1] / 1e9 : 0.0);
 }

@@ -143,6 +143,7 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
     if (c->engine == ENGINE_NCCL) nccl_start(c, use_mpi, nccl_id_dir);
     const char* strict = getenv("LLMC_COMM_STRICT");
     c->strict = c->engine == ENGINE_MPI && strict != NULL && strcmp(strict, "0") != 0;
+    if (c->engine == ENGINE_MPI) c->stage_bytes = stage_bytes_setting();
     if (use_mpi) mpi_split_groups(c);
 }
 
@@ -150,6 +151,8 @@ static void comm_finalize(Comm* c) {
     mpi_flush(c);
     free(c->queue);
     c->queue = NULL;
+    staging_free(c->staging);
+    c->staging = NULL;
     if (c->engine == ENGINE_NCCL) nccl_finish(c);
     mpi_finish(c);
     g_comm = NULL;

@@ -3,14 +3,18 @@
  *
  * The engine of the CPU target, and of the GPU target when ranks share a GPU (NCCL refuses two ranks on
  * one GPU): every operation runs on host memory, through MPI's non-blocking calls polled against the
- * deadline (mpi_wait). On the CPU target the buffers are host memory already; on the GPU target they are
- * staged through host copies in float. An operation completes before its call returns, except in strict
- * mode, where mpi_post queues it and the join (mpi_flush) runs the queue in order.
+ * deadline (mpi_wait). On the CPU target the buffers are host memory already (mpi_run_direct); on the
+ * GPU target they are staged through pinned host slots in chunks, the copies of one chunk overlapping
+ * the transfer of another (mpi_run_staged, comm_staging.h). An operation completes before its call
+ * returns, except in strict mode, where mpi_post queues it and the join (mpi_flush) runs the queue in
+ * order. Each operation's bytes and time are counted while c->stats.on (comm_print_stats).
  *
  * Also here: MPI's part of the start-up (MPI_Init, the node-local ranks, the choice of the engine, the
  * group communicators) and of the shutdown. A build without MPI gets the placeholders at the bottom.
  */
 #pragma once
+
+#include "comm_staging.h"
 
 #ifdef USE_MPI
 
@@ -46,100 +50,110 @@ static void mpi_wait(const Comm* c, MPI_Request* reqs, int n, const char* what, 
 }
 
 // ----------------------------------------------------------------------------------------------------
-// staging on the GPU target: device data <-> host float buffers
-
-[[maybe_unused]] static HostScratch staging = {NULL, 0};  // host copies for the MPI engine on the GPU target
-// host float view of a device buffer (on the CPU target, the buffer itself when it is float)
-static float* stage_in(const void* buf, size_t n, DType t) {
-#ifdef LLMC_CPU
-    (void)t, (void)n;
-    return (float*)buf;
-#else
-    float* h = host_scratch(&staging, n);
-    if (t == DT_FLOATX) download_floats(h, (const floatX*)buf, n);
-    else copy_to_host(h, buf, n * sizeof(float));
-    return h;
-#endif
-}
-static void stage_out(void* buf, const float* h, size_t n, DType t) {
-#ifdef LLMC_CPU
-    (void)buf, (void)h, (void)n, (void)t;
-#else
-    if (t == DT_FLOATX) upload_floats((floatX*)buf, h, n);
-    else copy_to_device(buf, h, n * sizeof(float));
-#endif
-}
-
-// ----------------------------------------------------------------------------------------------------
 // one operation, run now (blocking)
 
-static void mpi_run(const Comm* c, const CommOp* q) {
+static const char* mpi_op_names[] = {"an all-reduce", "a reduce-scatter", "an all-gather", "a broadcast", "a send", "a receive",
+                                     "a send-receive"};
+
+// The MPI call of an operation on host memory, waited for against the deadline. data: the buffer it
+// works on in place (a send's source, a receive's destination); received: a send-receive's destination.
+// count elements of type (per rank for the block collectives).
+static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, MPI_Datatype type, int count) {
     Group* g = q->g;
-    size_t n = q->n;
-    float* h;
     MPI_Request r[2];
+    int requests = 1;
     switch (q->kind) {
         case OP_ALL_REDUCE:
-            h = stage_in(q->recv, n, q->t);
-            mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, mpi_op(q->op), g->mpi, r));
-            mpiWait(c, r, 1, "an all-reduce", g);
-            if (q->op == REDUCE_AVG)
-                for (size_t i = 0; i < n; i++) h[i] /= g->size;
-            stage_out(q->recv, h, n, q->t);
+            mpiCheck(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op(q->op), g->mpi, r));
             break;
-        case OP_REDUCE_SCATTER:  // in place in a staged copy of send; the result lands in h[0 .. n)
-            h = stage_in(q->send, n * g->size, q->t);
-            mpiCheck(MPI_Ireduce_scatter_block(MPI_IN_PLACE, h, (int)n, MPI_FLOAT, MPI_SUM, g->mpi, r));
-            mpiWait(c, r, 1, "a reduce-scatter", g);
-#ifdef LLMC_CPU
-            if ((float*)q->recv != h) memmove(q->recv, h, n * sizeof(float));
-#else
-            stage_out(q->recv, h, n, q->t);
-#endif
+        case OP_REDUCE_SCATTER:  // the sum of this rank's block lands at the start of data
+            mpiCheck(MPI_Ireduce_scatter_block(MPI_IN_PLACE, data, count, type, MPI_SUM, g->mpi, r));
             break;
         case OP_ALL_GATHER:
-            h = stage_in(q->recv, n * g->size, q->t);
-            mpiCheck(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, (int)n, MPI_FLOAT, g->mpi, r));
-            mpiWait(c, r, 1, "an all-gather", g);
-            stage_out(q->recv, h, n * g->size, q->t);
+            mpiCheck(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count, type, g->mpi, r));
             break;
         case OP_BROADCAST:
-            h = stage_in(q->recv, n, q->t);
-            mpiCheck(MPI_Ibcast(h, (int)n, MPI_FLOAT, q->peer, g->mpi, r));
-            mpiWait(c, r, 1, "a broadcast", g);
-            stage_out(q->recv, h, n, q->t);
+            mpiCheck(MPI_Ibcast(data, count, type, q->peer, g->mpi, r));
             break;
         case OP_SEND:
-            h = stage_in(q->send, n, q->t);
-            mpiCheck(MPI_Isend(h, (int)n, MPI_FLOAT, q->peer, 0, g->mpi, r));
-            mpiWait(c, r, 1, "a send", g);
+            mpiCheck(MPI_Isend(data, count, type, q->peer, 0, g->mpi, r));
             break;
         case OP_RECV:
-#ifdef LLMC_CPU
-            h = (float*)q->recv;
-#else
-            h = host_scratch(&staging, n);
-#endif
-            mpiCheck(MPI_Irecv(h, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, r));
-            mpiWait(c, r, 1, "a receive", g);
-            stage_out(q->recv, h, n, q->t);
+            mpiCheck(MPI_Irecv(data, count, type, q->recv_peer, 0, g->mpi, r));
             break;
-        case OP_SENDRECV: {
-#ifdef LLMC_CPU
-            const float* hs = (const float*)q->send;
-            float* hr = (float*)q->recv;
-#else
-            static HostScratch recv_staging = {NULL, 0};
-            const float* hs = stage_in(q->send, n, q->t);
-            float* hr = host_scratch(&recv_staging, n);
-#endif
-            mpiCheck(MPI_Irecv(hr, (int)n, MPI_FLOAT, q->recv_peer, 0, g->mpi, &r[0]));
-            mpiCheck(MPI_Isend(hs, (int)n, MPI_FLOAT, q->peer, 0, g->mpi, &r[1]));
-            mpiWait(c, r, 2, "a send-receive", g);
-            stage_out(q->recv, hr, n, q->t);
+        case OP_SENDRECV:
+            mpiCheck(MPI_Irecv(received, count, type, q->recv_peer, 0, g->mpi, &r[0]));
+            mpiCheck(MPI_Isend(data, count, type, q->peer, 0, g->mpi, &r[1]));
+            requests = 2;
             break;
-        }
     }
+    mpiWait(c, r, requests, mpi_op_names[q->kind], g);
+    if (q->kind == OP_ALL_REDUCE && q->op == REDUCE_AVG)
+        for (int i = 0; i < count; i++) ((float*)data)[i] /= g->size;
+}
+
+// CPU target: the buffers are host memory (floatX is float), and MPI works on them directly
+static void mpi_run_direct(Comm* c, const CommOp* q) {
+    int from_send = q->kind == OP_SEND || q->kind == OP_SENDRECV || q->kind == OP_REDUCE_SCATTER;
+    void* data = from_send ? (void*)q->send : q->recv;
+    mpi_transfer(c, q, data, q->recv, MPI_FLOAT, (int)q->n);
+    if (q->kind == OP_REDUCE_SCATTER && q->recv != data) memmove(q->recv, data, q->n * sizeof(float));
+}
+
+static int mpi_is_sum(const CommOp* q) { return q->kind == OP_ALL_REDUCE || q->kind == OP_REDUCE_SCATTER; }
+
+// What an operation downloads into the slots and uploads from them (comm_staging.h)
+static StagePlan mpi_stage_plan(const CommOp* q) {
+    const Group* g = q->g;
+    StagePlan p;
+    memset(&p, 0, sizeof(p));
+    p.n = q->n, p.elem = dtype_size(q->t), p.widths = 1;
+    p.convert = mpi_is_sum(q) && p.elem != sizeof(float);  // sums in float; everything else moves as bytes
+    p.wire = p.convert ? sizeof(float) : p.elem;
+    StageSide send = {(char*)q->send, q->n, 1, 0}, recv = {(char*)q->recv, q->n, 1, 0};
+    StageSide blocks_in = {(char*)q->send, q->n, g->size, 0}, blocks_out = {(char*)q->recv, q->n, g->size, 0};
+    StageSide own_block = {(char*)q->recv + g->rank * q->n * p.elem, q->n, 1, (size_t)g->rank};
+    switch (q->kind) {
+        case OP_ALL_REDUCE: p.down = recv, p.up = recv; break;
+        case OP_REDUCE_SCATTER: p.down = blocks_in, p.up = recv, p.widths = g->size; break;
+        case OP_ALL_GATHER: p.down = own_block, p.up = blocks_out, p.widths = g->size; break;
+        case OP_BROADCAST: (g->rank == q->peer ? p.down : p.up) = recv; break;
+        case OP_SEND: p.down = send, p.widths = 2; break;  // point-to-point: 2 widths (a send-receive's both
+        case OP_RECV: p.up = recv, p.widths = 2; break;    // halves), so every kind cuts the same chunks
+        case OP_SENDRECV: p.down = send, p.up = recv, p.up.host_row = 1, p.widths = 2; break;
+    }
+    return p;
+}
+
+// GPU target (or LLMC_MPI_STAGE_BYTES): through the pinned slots, chunk by chunk, MPI on chunk k while the
+// copies of the chunks around it run (comm_staging.h)
+static void mpi_run_staged(Comm* c, const CommOp* q) {
+    StagePlan p = mpi_stage_plan(q);
+    size_t S = stage_width(&p, c->stage_bytes), chunks = (p.n + S - 1) / S;
+    c->staging = staging_reserve(c->staging, S * p.widths * p.wire);
+    Staging* st = c->staging;
+    int sum = mpi_is_sum(q);
+    stage_begin(st);
+    for (size_t k = 0; p.down.dev && k < chunks && k < STAGE_SLOTS; k++) stage_download(st, &p, S, k);
+    for (size_t k = 0; k < chunks; k++) {
+        int s = (int)(k % STAGE_SLOTS);
+        if (p.down.dev) stage_wait_download(st, s);
+        else if (k >= STAGE_SLOTS) stage_wait_upload(st, s);  // the slot's previous chunk has left it
+        size_t w;
+        stage_chunk(&p, S, k, &w);
+        char* slot = st->host[s];
+        mpi_transfer(c, q, slot, slot + w * p.wire, sum ? MPI_FLOAT : MPI_BYTE, (int)(sum ? w : w * p.wire));
+        if (p.up.dev) stage_upload(st, &p, S, k);
+        if (p.down.dev && k + STAGE_SLOTS < chunks) stage_download(st, &p, S, k + STAGE_SLOTS);
+    }
+    stage_end(st);
+}
+
+static void mpi_run(Comm* c, const CommOp* q) {
+    double start = wall_seconds();
+    if (c->stage_bytes > 0) mpi_run_staged(c, q);
+    else mpi_run_direct(c, q);
+    if (c->stats.on) c->stats.bytes += comm_op_bytes(q), c->stats.seconds += wall_seconds() - start, c->stats.ops++;
 }
 
 // run the operation now, or in strict mode queue it for the join

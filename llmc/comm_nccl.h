@@ -87,6 +87,28 @@ static void nccl_call(Comm* c, ncclResult_t r, const char* what, const char* fil
 }
 #define ncclCall(c, call, what) nccl_call((c), (call), (what), __FILE__, __LINE__)
 
+// While counting (CommStats): an event on the communication stream before and after each operation
+static void nccl_time_mark(Comm* c) {
+    if (c->timed == c->timing_cap) {
+        int cap = c->timing_cap ? 2 * c->timing_cap : 64;
+        c->timing = (cudaEvent_t*)realloc(c->timing, cap * sizeof(cudaEvent_t));
+        if (c->timing == NULL) fatal("out of host memory for the communication timing events");
+        for (int i = c->timing_cap; i < cap; i++) cudaCheck(cudaEventCreate(&c->timing[i]));
+        c->timing_cap = cap;
+    }
+    cudaCheck(cudaEventRecord(c->timing[c->timed++], c->stream));
+}
+
+// the stream is idle: add up the time between each pair of marks
+static void nccl_collect_times(Comm* c) {
+    for (int i = 0; i + 1 < c->timed; i += 2) {
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, c->timing[i], c->timing[i + 1]));
+        c->stats.seconds += 1e-3 * ms;
+    }
+    c->timed = 0;
+}
+
 // Waits for the communication stream, watching every communicator for errors and the deadline: a
 // collective that never completes must end the run, not hang it.
 static void nccl_wait(Comm* c) {
@@ -94,10 +116,11 @@ static void nccl_wait(Comm* c) {
     for (;;) {
         int busy = nccl_watch(c, "communication (a collective, send or receive)", start);
         cudaError_t q = cudaStreamQuery(c->stream);
-        if (q == cudaSuccess && !busy) return;
+        if (q == cudaSuccess && !busy) break;
         if (q != cudaSuccess && q != cudaErrorNotReady) cudaCheck(q);
         usleep(100);
     }
+    nccl_collect_times(c);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -109,8 +132,7 @@ static void comm_stream_follow_main(Comm* c) {
     cudaCheck(cudaStreamWaitEvent(c->stream, c->event, 0));
 }
 
-static void nccl_run(Comm* c, const CommOp* q) {
-    comm_stream_follow_main(c);
+static void nccl_enqueue(Comm* c, const CommOp* q) {
     ncclComm_t g = q->g->nccl;
     ncclDataType_t t = nccl_type(q->t);
     const char* what = "queueing communication";
@@ -140,6 +162,14 @@ static void nccl_run(Comm* c, const CommOp* q) {
             ncclCall(c, ncclGroupEnd(), what);
             break;
     }
+}
+
+static void nccl_run(Comm* c, const CommOp* q) {
+    comm_stream_follow_main(c);
+    int timed = c->stats.on;
+    if (timed) nccl_time_mark(c);
+    nccl_enqueue(c, q);
+    if (timed) nccl_time_mark(c), c->stats.bytes += comm_op_bytes(q), c->stats.ops++;
 }
 
 // host scalars through a small device buffer, waited for
@@ -269,6 +299,9 @@ static void nccl_finish(Comm* c) {
     c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
     for (int i = 0; i < n; i++) ncclCheck(ncclCommDestroy(comms[i]));
     if (c->world_rank == 0 && nccl_id_path[0]) remove(nccl_id_path);  // every rank has read it long ago
+    for (int i = 0; i < c->timing_cap; i++) cudaCheck(cudaEventDestroy(c->timing[i]));
+    free(c->timing);
+    c->timing = NULL, c->timing_cap = 0;
 }
 
 #else  // a build without NCCL: the engine is never ENGINE_NCCL, so none of these runs

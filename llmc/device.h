@@ -218,7 +218,7 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-// The same without waiting: safe only for pageable host memory (cudaMallocHost is never used here),
+// The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, comm_staging.h),
 // which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once.
 static inline void copy_to_device_nowait(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU

@@ -21,6 +21,10 @@
 #   6. ranks started with different flags, data or checkpoints end together with one line naming the
 #      first difference (they hung, aborted in MPI or trained divergent replicas)
 #   7. launch: Slurm variables count only in a task of srun; OpenMP threads default to cores / local ranks
+#   8. the MPI engine's staged path (the GPU target's, run here on host memory with LLMC_MPI_STAGE_BYTES):
+#      chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for
+#      byte, as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); a traced
+#      run prints the engine's rate; a bad LLMC_MPI_STAGE_BYTES is refused
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -241,6 +245,33 @@ want=$((cores / 2)); [ $want -lt 1 ] && want=1
 env -u OMP_NUM_THREADS timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/omp.out" 2>&1
 if grep -q "^threads: $want OpenMP thread(s) per rank (OMP_NUM_THREADS unset" "$TMP/omp.out"; then echo "  ok    2 ranks, OMP_NUM_THREADS unset: $want thread(s) each ($cores cores)"
 else echo "  FAIL  2 ranks, OMP_NUM_THREADS unset: want $want thread(s) each"; grep "threads\|error" "$TMP/omp.out" | head -3; fails=$((fails + 1)); fi
+
+echo "8. the MPI engine through host slots in chunks"
+same() {  # NAME: $TMP/st.* equals $TMP/dr.* (losses of every step, model file byte for byte)
+    if cmp -s "$TMP/dr.bin" "$TMP/st.bin" && "$PY" - "$TMP/dr.jsonl" "$TMP/st.jsonl" <<'PYEOF'
+import json, sys
+losses = [[(r["step"], r["loss"]) for r in map(json.loads, open(p)) if "loss" in r] for p in sys.argv[1:]]
+sys.exit(0 if losses[0] and losses[0] == losses[1] else 1)
+PYEOF
+    then echo "  ok    $1: identical to MPI on the buffers"
+    else echo "  FAIL  $1: differs from MPI on the buffers"; fails=$((fails + 1)); fi
+}
+for cfg in "2|--layers 3 --batch-size 2 --grad-accum 2 --zero 2|4 1000" \
+           "8|--batch-size 4 --dp 2 --tp 2 --pp 2 --zero 1 --micro-batches 4 --schedule 1f1b|100"; do
+    IFS='|' read -r np flags sizes <<<"$cfg"
+    # shellcheck disable=SC2086
+    run "$np" $flags --steps 4 --log "$TMP/dr.jsonl" --save-model "$TMP/dr.bin"
+    for bytes in $sizes; do
+        # shellcheck disable=SC2086
+        LLMC_MPI_STAGE_BYTES=$bytes run "$np" $flags --steps 4 --log "$TMP/st.jsonl" --save-model "$TMP/st.bin" --trace "$TMP/st.json"
+        same "$np ranks $flags, $bytes-byte chunks"
+    done
+done
+# the last run was traced: its rate over the traced steps
+if grep -Eq "^communication, MPI engine: [1-9][0-9]* operations, [0-9.]+ MB in [0-9.]+ s per rank: [0-9.e+-]+ GB/s" "$TMP/run.out" \
+    && ! grep -q " 0 GB/s" "$TMP/run.out"; then echo "  ok    a traced run prints the rate: $(grep '^communication' "$TMP/run.out")"
+else echo "  FAIL  a traced run must print the engine's rate"; tail -3 "$TMP/run.out"; fails=$((fails + 1)); fi
+LLMC_MPI_STAGE_BYTES=0 expect_mpi_error "LLMC_MPI_STAGE_BYTES=0" "LLMC_MPI_STAGE_BYTES must be" 2 "$BIN" "${COMMON[@]}" --batch-size 2
 
 if [ $fails -ne 0 ]; then echo "test_dp: $fails FAILED"; exit 1; fi
 echo "test_dp: all passed"

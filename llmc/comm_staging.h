@@ -1,0 +1,229 @@
+/*
+ * comm_staging.h: the copies between device buffers and host memory under the MPI engine (comm_mpi.h).
+ *
+ * MPI moves host memory; on the GPU target the engine's buffers live on the device. An operation is cut
+ * into chunks, and each chunk goes through one of STAGE_SLOTS pinned host slots:
+ *
+ *     download (device -> slot, copy stream `down`)  ->  MPI on the slot (host)  ->  upload (slot -> device, `up`)
+ *
+ * While MPI works on chunk k, the downloads of chunks k+1 .. k+SLOTS-1 and the upload of chunk k-1 run on
+ * the GPU's copy engines, so the copies hide behind the transfer. Slot reuse is ordered by events: the
+ * download of chunk k+SLOTS into slot s waits (on the GPU) for the upload of chunk k out of it.
+ *
+ * A chunk covers columns [col0, col0 + w) of `rows` rows of the device buffer (rows > 1: the blocks of a
+ * reduce-scatter or all-gather, `pitch` elements apart); in the slot its rows lie w elements apart,
+ * which is the layout MPI's block collectives want. Data moves as bytes, with no conversion, except for
+ * sums of 16-bit floatX (bf16, fp16), which travel and are summed in float: a kernel widens each chunk
+ * into a device float buffer before the download and narrows it after the upload.
+ *
+ * The CPU target runs the same chunking with plain copies when LLMC_MPI_STAGE_BYTES is set (a test of
+ * the logic; by default its MPI engine works on the buffers directly).
+ */
+#pragma once
+
+#define STAGE_SLOTS 4
+#define STAGE_DEFAULT_BYTES ((size_t)8 << 20)  // per slot: large chunks, so each MPI call moves megabytes
+
+typedef struct {  // one side of a staged operation: where the download reads, or the upload writes
+    char* dev;        // the device buffer (NULL: the operation has no such side on this rank)
+    size_t pitch;     // elements between its rows
+    int rows;
+    size_t host_row;  // where its first row goes in the slot, in chunk widths
+} StageSide;
+
+typedef struct {
+    StageSide down, up;
+    size_t n;        // columns: elements per row
+    size_t elem;     // bytes of an element in device memory
+    size_t wire;     // bytes of an element in the slot and in MPI (4 when widened to float)
+    int convert;     // floatX <-> float on the way (a sum of 16-bit floatX)
+    int widths;      // chunk widths a slot must hold (the rows of the block collectives; 2 for point-to-point)
+} StagePlan;
+
+typedef struct Staging {
+    size_t cap;                // bytes of each slot
+    char* host[STAGE_SLOTS];   // pinned on the GPU target
+    float* wide[STAGE_SLOTS];  // GPU: a chunk widened to float (allocated on the first conversion)
+#ifndef LLMC_CPU
+    cudaStream_t down, up;
+    cudaEvent_t ready, down_done[STAGE_SLOTS], up_done[STAGE_SLOTS];
+#endif
+} Staging;
+
+// Elements per chunk and row: what fits a slot of `bytes` (the same on every rank of an operation, so
+// that the chunks of a send match those of its receive)
+static size_t stage_width(const StagePlan* p, size_t bytes) {
+    size_t w = bytes / ((size_t)p->widths * p->wire);
+    return w > 0 ? w : 1;
+}
+
+// columns [col0, col0 + w) of chunk k
+static size_t stage_chunk(const StagePlan* p, size_t S, size_t k, size_t* w) {
+    size_t col0 = k * S;
+    *w = p->n - col0 < S ? p->n - col0 : S;
+    return col0;
+}
+
+#ifdef LLMC_CPU
+// ----------------------------------------------------------------------------------------------------
+// CPU target: "device" buffers are host memory, copies are memcpy, nothing runs asynchronously
+
+static const size_t stage_default_bytes = 0;  // MPI works on the buffers themselves
+
+static void stage_rows(char* dst, size_t dpitch, const char* src, size_t spitch, size_t width, int rows) {
+    for (int r = 0; r < rows; r++) memcpy(dst + r * dpitch, src + r * spitch, width);
+}
+static void staging_create(Staging* st, size_t cap) {
+    st->cap = cap;
+    for (int s = 0; s < STAGE_SLOTS; s++) st->host[s] = (char*)malloc_check(cap);
+}
+static void staging_destroy(Staging* st) {
+    for (int s = 0; s < STAGE_SLOTS; s++) free(st->host[s]);
+}
+static void stage_begin(Staging* st) { (void)st; }
+static void stage_end(Staging* st) { (void)st; }
+static void stage_wait_download(Staging* st, int s) { (void)st, (void)s; }
+static void stage_wait_upload(Staging* st, int s) { (void)st, (void)s; }
+
+static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) {
+    size_t w, col0 = stage_chunk(p, S, k, &w);
+    const StageSide* d = &p->down;
+    stage_rows(st->host[k % STAGE_SLOTS] + d->host_row * w * p->wire, w * p->wire, d->dev + col0 * p->elem, d->pitch * p->elem,
+               w * p->elem, d->rows);
+}
+static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
+    size_t w, col0 = stage_chunk(p, S, k, &w);
+    const StageSide* u = &p->up;
+    stage_rows(u->dev + col0 * p->elem, u->pitch * p->elem, st->host[k % STAGE_SLOTS] + u->host_row * w * p->wire, w * p->wire,
+               w * p->elem, u->rows);
+}
+
+#else
+// ----------------------------------------------------------------------------------------------------
+// GPU target: pinned slots, two copy streams, events per slot
+
+static const size_t stage_default_bytes = STAGE_DEFAULT_BYTES;
+
+// rows x w floatX (rows `pitch` apart) <-> rows x w float (contiguous)
+__global__ void stage_widen_kernel(float* dst, const floatX* src, size_t w, size_t pitch, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) dst[i] = floatX_to_float(src[(i / w) * pitch + i % w]);
+}
+__global__ void stage_narrow_kernel(floatX* dst, const float* src, size_t w, size_t pitch, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) dst[(i / w) * pitch + i % w] = float_to_floatX(src[i]);
+}
+
+static void staging_create(Staging* st, size_t cap) {
+    st->cap = cap;
+    for (int s = 0; s < STAGE_SLOTS; s++) {
+        cudaCheck(cudaMallocHost((void**)&st->host[s], cap));
+        cudaCheck(cudaEventCreateWithFlags(&st->down_done[s], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&st->up_done[s], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithFlags(&st->down, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&st->up, cudaStreamNonBlocking));
+}
+static void staging_destroy(Staging* st) {
+    for (int s = 0; s < STAGE_SLOTS; s++) {
+        cudaCheck(cudaFreeHost(st->host[s]));
+        if (st->wide[s]) cudaCheck(cudaFree(st->wide[s]));  // (the engine's own, like NCCL's buffers: not in the plan)
+        cudaCheck(cudaEventDestroy(st->down_done[s]));
+        cudaCheck(cudaEventDestroy(st->up_done[s]));
+    }
+    cudaCheck(cudaEventDestroy(st->ready));
+    cudaCheck(cudaStreamDestroy(st->down));
+    cudaCheck(cudaStreamDestroy(st->up));
+}
+
+// both copy streams start after the work queued so far on the main stream (which writes what the
+// downloads read, and may still read what the uploads overwrite)
+static void stage_begin(Staging* st) {
+    cudaCheck(cudaEventRecord(st->ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(st->down, st->ready, 0));
+    cudaCheck(cudaStreamWaitEvent(st->up, st->ready, 0));
+}
+// the operation is complete when its call returns: the uploads are done
+static void stage_end(Staging* st) {
+    cudaCheck(cudaStreamSynchronize(st->down));
+    cudaCheck(cudaStreamSynchronize(st->up));
+}
+static void stage_wait_download(Staging* st, int s) { cudaCheck(cudaEventSynchronize(st->down_done[s])); }
+static void stage_wait_upload(Staging* st, int s) { cudaCheck(cudaEventSynchronize(st->up_done[s])); }
+
+static float* stage_wide(Staging* st, int s) {
+    if (st->wide[s] == NULL) cudaCheck(cudaMalloc((void**)&st->wide[s], st->cap));
+    return st->wide[s];
+}
+
+static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) {
+    int s = (int)(k % STAGE_SLOTS);
+    size_t w, col0 = stage_chunk(p, S, k, &w);
+    const StageSide* d = &p->down;
+    char* host = st->host[s] + d->host_row * w * p->wire;
+    const char* src = d->dev + col0 * p->elem;
+    if (k >= STAGE_SLOTS && p->up.dev) cudaCheck(cudaStreamWaitEvent(st->down, st->up_done[s], 0));  // chunk k-SLOTS left the slot
+    if (p->convert) {
+        size_t total = (size_t)d->rows * w;
+        stage_widen_kernel<<<grid_for(total, 256), 256, 0, st->down>>>(stage_wide(st, s), (const floatX*)src, w, d->pitch, total);
+        launchCheck();
+        cudaCheck(cudaMemcpyAsync(host, st->wide[s], total * sizeof(float), cudaMemcpyDeviceToHost, st->down));
+    } else if (d->rows == 1) {
+        cudaCheck(cudaMemcpyAsync(host, src, w * p->elem, cudaMemcpyDeviceToHost, st->down));
+    } else {
+        cudaCheck(cudaMemcpy2DAsync(host, w * p->wire, src, d->pitch * p->elem, w * p->elem, d->rows, cudaMemcpyDeviceToHost, st->down));
+    }
+    cudaCheck(cudaEventRecord(st->down_done[s], st->down));
+}
+
+static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
+    int s = (int)(k % STAGE_SLOTS);
+    size_t w, col0 = stage_chunk(p, S, k, &w);
+    const StageSide* u = &p->up;
+    const char* host = st->host[s] + u->host_row * w * p->wire;
+    char* dst = u->dev + col0 * p->elem;
+    if (p->convert) {
+        size_t total = (size_t)u->rows * w;
+        cudaCheck(cudaMemcpyAsync(stage_wide(st, s), host, total * sizeof(float), cudaMemcpyHostToDevice, st->up));
+        stage_narrow_kernel<<<grid_for(total, 256), 256, 0, st->up>>>((floatX*)dst, st->wide[s], w, u->pitch, total);
+        launchCheck();
+    } else if (u->rows == 1) {
+        cudaCheck(cudaMemcpyAsync(dst, host, w * p->elem, cudaMemcpyHostToDevice, st->up));
+    } else {
+        cudaCheck(cudaMemcpy2DAsync(dst, u->pitch * p->elem, host, w * p->wire, w * p->elem, u->rows, cudaMemcpyHostToDevice, st->up));
+    }
+    cudaCheck(cudaEventRecord(st->up_done[s], st->up));
+}
+#endif
+
+// The MPI engine's chunk size: LLMC_MPI_STAGE_BYTES (bytes per slot; the same on every rank) or the
+// target's default (0 on the CPU target: no staging)
+static size_t stage_bytes_setting(void) {
+    const char* v = getenv("LLMC_MPI_STAGE_BYTES");
+    if (v == NULL) return stage_default_bytes;
+    char* end;
+    long long bytes = strtoll(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || bytes < 1 || bytes > (1ll << 30))
+        fatal("LLMC_MPI_STAGE_BYTES must be a number of bytes from 1 to 2^30, not '%s'", v);
+    return (size_t)bytes;
+}
+
+// The slots, grown to hold `bytes` each (an operation whose single column of every row needs more than
+// the configured chunk); created on the first staged operation, freed by comm_finalize.
+static Staging* staging_reserve(Staging* st, size_t bytes) {
+    if (st != NULL && st->cap >= bytes) return st;
+    if (st != NULL) {
+        staging_destroy(st);
+        free(st);
+    }
+    st = (Staging*)calloc_check(sizeof(Staging));
+    staging_create(st, bytes);
+    return st;
+}
+
+static void staging_free(Staging* st) {
+    if (st == NULL) return;
+    staging_destroy(st);
+    free(st);
+}
