@@ -486,6 +486,7 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
 #endif
         if (z->stage > 0) comm_all_gather(comm, &comm->dp_group, mine + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
     }
+    comm_join_group(comm, &comm->dp_group);  // the TP all-gather sends what the DP all-gathers wrote
     comm_all_gather(comm, &comm->tp_group, whole, n, DT_FLOAT);
     comm_join(comm);
     float* host = (float*)malloc_check(n * model->tp * sizeof(float));

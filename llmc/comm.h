@@ -10,9 +10,11 @@
  * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, broadcast, send, recv,
  * barrier, over buffers in device memory (host memory on the CPU target), of type floatX or float.
  * Every operation is described by one CommOp and handed to the engine of the run:
- *   NCCL  (comm_nccl.h) GPU buffers, one GPU per rank, the production path. Collectives are queued on a
- *         communication stream after the work already queued on the main stream, so they overlap what
- *         the main stream does next; comm_join() waits for them.
+ *   NCCL  (comm_nccl.h) GPU buffers, one GPU per rank, the production path. Every group has its own
+ *         communication stream; an operation is queued on its group's stream after the work already
+ *         queued on the main stream, so it overlaps what the main stream does next. comm_join() waits
+ *         for every group's operations, comm_join_group() for one group's only: a tensor-parallel
+ *         all-reduce is joined without waiting for the data-parallel buckets queued before it.
  *   MPI   (comm_mpi.h) the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that):
  *         on the GPU, data goes through pinned host memory in chunks (comm_staging.h), sums in float,
  *         everything else as bytes. Calls complete before they return.
@@ -25,15 +27,17 @@
  *
  * Strict mode (LLMC_COMM_STRICT=1, for tests): the MPI engine honours NCCL's buffer contract to the
  * letter. A send or collective is only queued when it is called; comm_join() (or a blocking host
- * collective) runs the queue in order. So a send reads its buffer at the join, not when it was posted,
- * and a receiver sees its data only after the join: a buffer written while it still belongs to the
- * communication (fine under blocking MPI, a silent race under NCCL) gives wrong results in the tests.
+ * collective) runs the queue in order, comm_join_group() the group's operations in it (the others stay
+ * queued, as they stay in flight on NCCL's other streams). So a send reads its buffer at the join, not
+ * when it was posted, and a receiver sees its data only after the join: a buffer written while it still
+ * belongs to the communication (fine under blocking MPI, a silent race under NCCL) gives wrong results
+ * in the tests.
  *
  * Failure: any error on any rank goes through fatal(), which under MPI calls MPI_Abort so mpirun ends
  * every rank; a rank that dies is noticed by mpirun, which ends the others. A rank that neither dies nor
  * answers (stopped, hung) makes no error anywhere, so every wait on other ranks has a deadline
  * (--comm-timeout; waits around file I/O --io-timeout): the MPI engine polls non-blocking MPI calls, the
- * NCCL engine polls the stream and every communicator's asynchronous error state (creation and
+ * NCCL engine polls the streams and every communicator's asynchronous error state (creation and
  * splitting are non-blocking too), and a wait past its deadline ends the run with one line naming it.
  */
 #pragma once
@@ -55,9 +59,11 @@ typedef int MpiHandle;
 #define NCCL_BUILT 1
 #include <nccl.h>
 typedef ncclComm_t NcclHandle;
+typedef cudaStream_t NcclStream;
 #else
 #define NCCL_BUILT 0
 typedef void* NcclHandle;
+typedef void* NcclStream;
 #endif
 
 typedef enum { REDUCE_SUM, REDUCE_AVG, REDUCE_MAX } ReduceOp;
@@ -69,6 +75,7 @@ typedef struct {
     const char* name;  // for messages: "world", "DP", "TP", "PP", "embedding"
     MpiHandle mpi;     // the group's communicator in each engine
     NcclHandle nccl;
+    NcclStream stream;  // NCCL: where the group's operations run, in order
 } Group;
 
 // One operation of the API, as an engine receives it (and as strict mode queues it until the join)
@@ -111,8 +118,7 @@ typedef struct {
     struct Staging* staging;   // its pinned slots and copy streams (comm_staging.h)
     CommStats stats;
 #ifdef HAVE_NCCL
-    cudaStream_t stream;  // NCCL work runs here
-    cudaEvent_t event;    // orders it after the main stream's work
+    cudaEvent_t event;    // orders an operation after the main stream's work
     cudaEvent_t* timing;  // while counting: a start and an end event around each operation since the last join
     int timed, timing_cap;
 #endif
@@ -156,6 +162,13 @@ static void comm_post(Comm* c, CommOp op) {
 static void comm_join(Comm* c) {
     if (c->engine == ENGINE_NCCL) nccl_wait(c);
     mpi_flush(c);
+}
+
+// The same for the operations of one group: what the next operation needs (a tensor-parallel sum),
+// while the other groups' operations (data-parallel buckets, pipeline sends) stay in flight.
+static void comm_join_group(Comm* c, Group* g) {
+    if (c->engine == ENGINE_NCCL) nccl_wait_group(c, g);
+    mpi_flush_group(c, g);
 }
 
 static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, ReduceOp op) {

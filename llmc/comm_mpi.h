@@ -170,10 +170,20 @@ static void mpi_post(Comm* c, CommOp q) {
     c->queue[c->queued++] = q;
 }
 
-// strict mode: run what was posted since the last join, in order (as the NCCL stream would)
+// strict mode: run what was posted since the last join, in order (as the NCCL streams would)
 static void mpi_flush(Comm* c) {
     for (int i = 0; i < c->queued; i++) mpi_run(c, &c->queue[i]);
     c->queued = 0;
+}
+
+// strict mode: run group g's operations of the queue, in order; the others keep their order in it
+static void mpi_flush_group(Comm* c, const Group* g) {
+    int kept = 0;
+    for (int i = 0; i < c->queued; i++) {
+        if (c->queue[i].g == g) mpi_run(c, &c->queue[i]);
+        else c->queue[kept++] = c->queue[i];
+    }
+    c->queued = kept;
 }
 
 // host scalars, after everything posted before them
@@ -266,6 +276,7 @@ static void mpi_finish(Comm* c) {
 
 static void mpi_post(Comm* c, CommOp q) { (void)c, (void)q; }
 static void mpi_flush(Comm* c) { c->queued = 0; }
+static void mpi_flush_group(Comm* c, const Group* g) { (void)g, c->queued = 0; }
 static void mpi_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) { (void)c, (void)g, (void)values, (void)n, (void)op; }
 static void mpi_start(Comm* c, int* argc, char*** argv) {
     (void)c, (void)argc, (void)argv;

@@ -1,11 +1,13 @@
 /*
  * comm_nccl.h: the NCCL engine of llmc/comm.h (GPU target, one GPU per rank), and its start-up.
  *
- * Every operation is queued on the communication stream (Comm.stream) after the work the main stream
- * has queued so far (an event orders them), so it overlaps whatever the main stream does next; the join
- * (nccl_wait) polls that stream. The communicators are non-blocking: creation, splitting and every
- * enqueue may return ncclInProgress and are polled, with each communicator's asynchronous error state,
- * against the deadline, so a peer that died or stopped ends the run with one line instead of a hang.
+ * Every operation is queued on its group's communication stream (Group.stream: world, DP, TP, PP and
+ * embedding each have one) after the work the main stream has queued so far (an event orders them), so
+ * it overlaps whatever the main stream does next, and the groups' operations overlap one another; the
+ * join polls every stream (nccl_wait) or one group's (nccl_wait_group). The communicators are
+ * non-blocking: creation, splitting and every enqueue may return ncclInProgress and are polled, with
+ * each communicator's asynchronous error state, against the deadline, so a peer that died or stopped
+ * ends the run with one line instead of a hang.
  *
  * Start-up: the ranks share NCCL's unique id (rank 0 draws it) through MPI when launched by mpirun, else
  * through a file in a shared folder (--nccl-id-dir) or, without one, over TCP at MASTER_ADDR:MASTER_PORT
@@ -88,7 +90,7 @@ static void nccl_call(Comm* c, ncclResult_t r, const char* what, const char* fil
 #define ncclCall(c, call, what) nccl_call((c), (call), (what), __FILE__, __LINE__)
 
 // While counting (CommStats): an event on the communication stream before and after each operation
-static void nccl_time_mark(Comm* c) {
+static void nccl_time_mark(Comm* c, cudaStream_t stream) {
     if (c->timed == c->timing_cap) {
         int cap = c->timing_cap ? 2 * c->timing_cap : 64;
         c->timing = (cudaEvent_t*)realloc(c->timing, cap * sizeof(cudaEvent_t));
@@ -96,10 +98,10 @@ static void nccl_time_mark(Comm* c) {
         for (int i = c->timing_cap; i < cap; i++) cudaCheck(cudaEventCreate(&c->timing[i]));
         c->timing_cap = cap;
     }
-    cudaCheck(cudaEventRecord(c->timing[c->timed++], c->stream));
+    cudaCheck(cudaEventRecord(c->timing[c->timed++], stream));
 }
 
-// the stream is idle: add up the time between each pair of marks
+// every stream is idle: add up the time between each pair of marks
 static void nccl_collect_times(Comm* c) {
     for (int i = 0; i + 1 < c->timed; i += 2) {
         float ms = 0.0f;
@@ -109,77 +111,95 @@ static void nccl_collect_times(Comm* c) {
     c->timed = 0;
 }
 
-// Waits for the communication stream, watching every communicator for errors and the deadline: a
-// collective that never completes must end the run, not hang it.
-static void nccl_wait(Comm* c) {
+// every group of this rank, for the streams (children first, as nccl_comms)
+static int nccl_groups(Comm* c, Group** out) {
+    Group* groups[5] = {&c->dp_group, &c->tp_group, &c->pp_group, &c->emb_group, &c->world};
+    for (int i = 0; i < 5; i++) out[i] = groups[i];
+    return 5;
+}
+
+// Waits for the communication streams of `groups`, watching every communicator for errors and the
+// deadline: a collective that never completes must end the run, not hang it.
+static void nccl_wait_streams(Comm* c, Group** groups, int n) {
     double start = wall_seconds();
-    for (;;) {
+    for (int i = 0; i < n;) {
         int busy = nccl_watch(c, "communication (a collective, send or receive)", start);
-        cudaError_t q = cudaStreamQuery(c->stream);
-        if (q == cudaSuccess && !busy) break;
+        cudaError_t q = cudaStreamQuery(groups[i]->stream);
+        if (q == cudaSuccess && !busy) {
+            i++;  // this stream is done: on to the next
+            continue;
+        }
         if (q != cudaSuccess && q != cudaErrorNotReady) cudaCheck(q);
         usleep(100);
     }
-    nccl_collect_times(c);
 }
+
+static void nccl_wait(Comm* c) {
+    Group* groups[5];
+    nccl_wait_streams(c, groups, nccl_groups(c, groups));
+    nccl_collect_times(c);  // (only when every stream is idle)
+}
+
+static void nccl_wait_group(Comm* c, Group* g) { nccl_wait_streams(c, &g, 1); }
 
 // ----------------------------------------------------------------------------------------------------
 // operations
 
-// queue NCCL work after what the main stream has queued so far
-static void comm_stream_follow_main(Comm* c) {
+// queue NCCL work of group g after what the main stream has queued so far
+static void comm_stream_follow_main(Comm* c, Group* g) {
     cudaCheck(cudaEventRecord(c->event, main_stream));
-    cudaCheck(cudaStreamWaitEvent(c->stream, c->event, 0));
+    cudaCheck(cudaStreamWaitEvent(g->stream, c->event, 0));
 }
 
 static void nccl_enqueue(Comm* c, const CommOp* q) {
     ncclComm_t g = q->g->nccl;
+    cudaStream_t stream = q->g->stream;
     ncclDataType_t t = nccl_type(q->t);
     const char* what = "queueing communication";
     switch (q->kind) {
         case OP_ALL_REDUCE:
-            ncclCall(c, ncclAllReduce(q->recv, q->recv, q->n, t, nccl_op(q->op), g, c->stream), what);
+            ncclCall(c, ncclAllReduce(q->recv, q->recv, q->n, t, nccl_op(q->op), g, stream), what);
             break;
         case OP_REDUCE_SCATTER:
-            ncclCall(c, ncclReduceScatter(q->send, q->recv, q->n, t, ncclSum, g, c->stream), what);
+            ncclCall(c, ncclReduceScatter(q->send, q->recv, q->n, t, ncclSum, g, stream), what);
             break;
         case OP_ALL_GATHER:  // this rank's part is already in place
-            ncclCall(c, ncclAllGather((char*)q->recv + q->g->rank * q->n * dtype_size(q->t), q->recv, q->n, t, g, c->stream), what);
+            ncclCall(c, ncclAllGather((char*)q->recv + q->g->rank * q->n * dtype_size(q->t), q->recv, q->n, t, g, stream), what);
             break;
         case OP_BROADCAST:
-            ncclCall(c, ncclBroadcast(q->recv, q->recv, q->n, t, q->peer, g, c->stream), what);
+            ncclCall(c, ncclBroadcast(q->recv, q->recv, q->n, t, q->peer, g, stream), what);
             break;
         case OP_SEND:
-            ncclCall(c, ncclSend(q->send, q->n, t, q->peer, g, c->stream), what);
+            ncclCall(c, ncclSend(q->send, q->n, t, q->peer, g, stream), what);
             break;
         case OP_RECV:
-            ncclCall(c, ncclRecv(q->recv, q->n, t, q->recv_peer, g, c->stream), what);
+            ncclCall(c, ncclRecv(q->recv, q->n, t, q->recv_peer, g, stream), what);
             break;
         case OP_SENDRECV:  // one group, so neither side blocks in its send
             ncclCheck(ncclGroupStart());
-            ncclCheck(ncclSend(q->send, q->n, t, q->peer, g, c->stream));
-            ncclCheck(ncclRecv(q->recv, q->n, t, q->recv_peer, g, c->stream));
+            ncclCheck(ncclSend(q->send, q->n, t, q->peer, g, stream));
+            ncclCheck(ncclRecv(q->recv, q->n, t, q->recv_peer, g, stream));
             ncclCall(c, ncclGroupEnd(), what);
             break;
     }
 }
 
 static void nccl_run(Comm* c, const CommOp* q) {
-    comm_stream_follow_main(c);
+    comm_stream_follow_main(c, q->g);
     int timed = c->stats.on;
-    if (timed) nccl_time_mark(c);
+    if (timed) nccl_time_mark(c, q->g->stream);
     nccl_enqueue(c, q);
-    if (timed) nccl_time_mark(c), c->stats.bytes += comm_op_bytes(q), c->stats.ops++;
+    if (timed) nccl_time_mark(c, q->g->stream), c->stats.bytes += comm_op_bytes(q), c->stats.ops++;
 }
 
-// host scalars through a small device buffer, waited for
+// host scalars through a small device buffer, after everything posted before (every stream is waited for)
 static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
     static double* dev = NULL;
     if (dev == NULL) dev = (double*)device_malloc(64 * sizeof(double));
     check_internal(n <= 64, "too many host scalars");
     copy_to_device(dev, values, n * sizeof(double));
-    comm_stream_follow_main(c);
-    ncclCall(c, ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, c->stream), "queueing communication");
+    comm_stream_follow_main(c, g);
+    ncclCall(c, ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, g->stream), "queueing communication");
     nccl_wait(c);
     copy_to_host(values, dev, n * sizeof(double));
 }
@@ -266,7 +286,7 @@ static void gpu_uuid(char out[16]) {
     memcpy(out, prop.uuid.bytes, 16);
 }
 
-// The world's communicator, the groups split from it, the stream and its event. Non-blocking
+// The world's communicator, the groups split from it, their streams and the event. Non-blocking
 // communicators: creation and splitting return at once, and are polled against the deadline (a peer that
 // never joins would otherwise block here forever).
 static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
@@ -285,7 +305,8 @@ static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
     ncclCall(c, ncclCommSplit(c->world.nccl, in_emb ? c->tp_rank + c->tp * c->dp_rank : NCCL_SPLIT_NOCOLOR, c->pp_rank,
                               &c->emb_group.nccl, &config), "splitting the embedding group");
     nccl_settle(c, "splitting the embedding group");
-    cudaCheck(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    Group* groups[5];
+    for (int i = 0, n = nccl_groups(c, groups); i < n; i++) cudaCheck(cudaStreamCreateWithFlags(&groups[i]->stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
 }
 
@@ -313,6 +334,10 @@ static void nccl_run(Comm* c, const CommOp* q) {
 }
 static void nccl_wait(Comm* c) {
     (void)c;
+    NCCL_MISSING();
+}
+static void nccl_wait_group(Comm* c, Group* g) {
+    (void)c, (void)g;
     NCCL_MISSING();
 }
 static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {

@@ -52,7 +52,7 @@
 static void tp_sum(Comm* comm, floatX* x, size_t n) {
     if (comm->tp_group.size == 1) return;
     comm_all_reduce(comm, &comm->tp_group, x, n, DT_FLOATX, REDUCE_SUM);
-    comm_join(comm);
+    comm_join_group(comm, &comm->tp_group);
 }
 
 // f's backward: dinp (n) of a column-parallel layer, this rank's part -> the sum over the group
@@ -247,7 +247,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
     launchCheck();
 #endif
     comm_all_reduce(comm, &comm->tp_group, m, N, DT_FLOAT, REDUCE_MAX);
-    comm_join(comm);
+    comm_join_group(comm, &comm->tp_group);
 #ifdef LLMC_CPU
     vocab_ce_sum_cpu(st, logits, m, targets, N, Vl, start, V);
 #else
@@ -255,7 +255,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
     launchCheck();
 #endif
     comm_all_reduce(comm, &comm->tp_group, st, 2 * (size_t)N, DT_FLOAT, REDUCE_SUM);
-    comm_join(comm);
+    comm_join_group(comm, &comm->tp_group);
 #ifdef LLMC_CPU
     vocab_ce_finish_cpu(logits, losses, m, st, targets, dloss, N, Vl, start, V);
 #else

@@ -209,8 +209,8 @@ static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
         // NCCL: the main stream waits for the communication that reads this slot
         if (c->engine == ENGINE_NCCL) cudaCheck(cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
 #endif
-        // MPI: done already, except in strict mode (llmc/comm.h), where the join runs it
-        if (c->engine != ENGINE_NCCL) comm_join(c);
+        // MPI: done already, except in strict mode (llmc/comm.h), where the DP group's join runs it
+        if (c->engine != ENGINE_NCCL) comm_join_group(c, &c->dp_group);
         w->slot_pending[slot] = 0;
     }
     device_memset_zero(w->layer_slot[slot], w->slot_size * sizeof(floatX));
@@ -223,7 +223,7 @@ static void zero2_layer_done(Comm* c, Zero2Grads* w, int l) {
 #ifdef HAVE_NCCL
     if (c->engine == ENGINE_NCCL) {
         if (w->slot_free[slot] == NULL) cudaCheck(cudaEventCreateWithFlags(&w->slot_free[slot], cudaEventDisableTiming));
-        cudaCheck(cudaEventRecord(w->slot_free[slot], c->stream));
+        cudaCheck(cudaEventRecord(w->slot_free[slot], c->dp_group.stream));  // (the DP group's stream)
     }
 #endif
     (void)c;
