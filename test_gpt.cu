@@ -101,12 +101,18 @@ static void read_reference(Reference* r, const char* path) {
     fclose(f);
 }
 
+// The one-rank world of every single-process check, made once (the models built here keep a pointer to it)
+static Comm* single_rank(void) {
+    static Comm single = comm_single();
+    return &single;
+}
+
 static void load_model(GPT2* model, const char* path) {
     GPT2Config c;
     float* p = NULL;
     model_file_read(path, &c, &p);
     Placement place = placement_single(&c);
-    gpt2_build(model, &c, comm_single(), &place);
+    gpt2_build(model, &c, single_rank(), &place);
     gpt2_set_parameters(model, p);
     free(p);
 }
@@ -262,17 +268,17 @@ static void test_resume(const char* dir) {
     memset(resumed, 0xff, sizeof(resumed));
 
     tc.save_model = model_a;
-    train(&tc, comm_single(), straight, 20);  // one run of 20 steps
+    train(&tc, single_rank(), straight, 20);  // one run of 20 steps
 
     tc.save_model = NULL;
     tc.stop_after = 10;
     tc.save_every = 5;
-    train(&tc, comm_single(), resumed, 20);  // 10 steps, checkpoints at 5 and 10, stop
+    train(&tc, single_rank(), resumed, 20);  // 10 steps, checkpoints at 5 and 10, stop
     tc.stop_after = 0;
     tc.model_file = NULL;
     tc.resume = ckpt;
     tc.save_model = model_b;
-    train(&tc, comm_single(), resumed, 20);  // resumes at 10 (the newest checkpoint), runs 10 more
+    train(&tc, single_rank(), resumed, 20);  // resumes at 10 (the newest checkpoint), runs 10 more
 
     int same = memcmp(straight, resumed, sizeof(straight)) == 0;
     for (int i = 0; i < 20; i++) printf("    step %2d: %.9g %.9g%s\n", i + 1, straight[i], resumed[i], straight[i] == resumed[i] ? "" : "  <- differs");
@@ -308,9 +314,9 @@ static void test_grad_accumulation(const char* dir) {
     tc.T = 32, tc.steps = 8, tc.warmup = 2;
     float whole[8], accumulated[8];
     tc.B = 4, tc.grad_accum = 1;
-    train(&tc, comm_single(), whole, 8);
+    train(&tc, single_rank(), whole, 8);
     tc.B = 2, tc.grad_accum = 2;
-    train(&tc, comm_single(), accumulated, 8);
+    train(&tc, single_rank(), accumulated, 8);
     for (int i = 0; i < 8; i++) {
         char what[64];
         snprintf(what, sizeof(what), "loss at step %d", i + 1);
@@ -371,13 +377,13 @@ static void test_zero_memory(const char* dir) {
     snprintf(path, sizeof(path), "%s/ref_odd_model.bin", dir);
     GPT2Config c;
     model_file_read(path, &c, NULL);
-    size_t fx = sizeof(floatX), k = master_is_params() ? 2 : 3;
+    size_t fx = sizeof(floatX), k = fx == sizeof(float) ? 2 : 3;  // fp32: the parameters are the master weights
     for (int D = 1; D <= 4; D++) {
         for (int stage = 0; stage <= 2; stage++) {
             for (int d = 0; d < D; d++) {
                 GPT2 model;
                 Placement place = {.zero = stage, .dp = D, .dp_rank = d, .tp = 1, .pp = 1, .l1 = c.L};
-                gpt2_build(&model, &c, comm_single(), &place);
+                gpt2_build(&model, &c, single_rank(), &place);
                 size_t psi = model.layout.total;
                 size_t largest_layer = 0;
                 for (int b = 1; b <= c.L; b++) largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size : largest_layer;
@@ -411,7 +417,7 @@ static void test_tp_memory(void) {
     for (int tp = 1; tp <= 4; tp++) {
         GPT2 model;
         Placement place = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
-        gpt2_build(&model, &c, comm_single(), &place);
+        gpt2_build(&model, &c, single_rank(), &place);
         gpt2_allocate_activations(&model, B, T, 1, 0);
         size_t split_local = 0, split_whole = 0, replicated = 0;
         int ok = 1;
@@ -469,14 +475,14 @@ static void test_pipeline_memory(void) {
                 for (int k = 0; k < 2; k++) {  // allocated with `slots` slots and with one
                     GPT2 model;
                     Placement place = {.dp = 1, .tp = 1, .pp = P, .pp_rank = st, .l0 = first[st], .l1 = first[st + 1]};
-                    gpt2_build(&model, &c, comm_single(), &place);
+                    gpt2_build(&model, &c, single_rank(), &place);
                     gpt2_allocate_activations(&model, 2, 16, k == 0 ? slots : 1, 0);
                     bytes[k] = model.bytes_activations;
                     gpt2_free(&model);
                 }
                 GPT2 two;
                 Placement place = {.dp = 1, .tp = 1, .pp = P, .pp_rank = st, .l0 = first[st], .l1 = first[st + 1]};
-                gpt2_build(&two, &c, comm_single(), &place);
+                gpt2_build(&two, &c, single_rank(), &place);
                 gpt2_allocate_activations(&two, 2, 16, 2, 0);
                 size_t per_slot = two.bytes_activations - bytes[1];
                 gpt2_free(&two);
@@ -508,7 +514,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
         tc.B = B, tc.T = T, tc.steps = 10, tc.recompute = R;
         snprintf(out[R], sizeof(out[R]), "%s/model_R%d.bin", tmp, R);
         tc.save_model = out[R];
-        train(&tc, comm_single(), losses[R], 10);
+        train(&tc, single_rank(), losses[R], 10);
     }
     GPT2Config c;
     float* p0 = NULL;
@@ -521,7 +527,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
         int same = memcmp(losses[R], losses[0], sizeof(losses[0])) == 0 && memcmp(pr, p0, n * sizeof(float)) == 0;
         GPT2 model;
         Placement place = placement_single(&c);
-        gpt2_build(&model, &c, comm_single(), &place);
+        gpt2_build(&model, &c, single_rank(), &place);
         model.recompute = R;
         gpt2_allocate_activations(&model, B, T, 1, 0);
         bytes[R] = model.bytes_activations;
@@ -570,10 +576,10 @@ static void test_memory_plan(void) {
                                 Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st,
                                                 .l0 = first[st], .l1 = first[st + 1]};
                                 int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
-                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1);
+                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1, sizeof(floatX));
                                 size_t before = device_allocated_bytes;
                                 GPT2 model;
-                                gpt2_build(&model, &c, comm_single(), &pl);
+                                gpt2_build(&model, &c, single_rank(), &pl);
                                 model.recompute = R;
                                 gpt2_allocate_activations(&model, B, 16, slots, remat);
                                 size_t measured = device_allocated_bytes - before;
@@ -606,16 +612,16 @@ static void test_memory_plan_flash(void) {
             for (int B = 1; B <= 3; B += 2) {
                 Placement pl = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
                 attention_flash = 0;
-                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1);
+                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX));
                 attention_flash = 1;
-                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, -1);
+                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX));
                 size_t before = device_allocated_bytes;
                 GPT2 model;
-                gpt2_build(&model, &c, comm_single(), &pl);
+                gpt2_build(&model, &c, single_rank(), &pl);
                 model.recompute = R;
                 gpt2_allocate_activations(&model, B, T, 1, 0);
                 size_t measured = device_allocated_bytes - before;
-                size_t Lall = R < 3 ? c.L : 1, NHl = c.NH / tp, fx = elem_bytes;
+                size_t Lall = R < 3 ? c.L : 1, NHl = c.NH / tp, fx = sizeof(floatX);
                 size_t drop = round_up(Lall * B * NHl * T * T * fx, 256) - round_up(Lall * B * NHl * T * sizeof(float), 256);
                 int ok = measured == plan_total(&flash) - flash.kernel_scratch && flash.activations == model.bytes_activations &&
                          classic.activations - flash.activations == drop;

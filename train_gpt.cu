@@ -275,12 +275,16 @@ typedef struct {
     size_t bytes;
 } BufferSpec;
 
-// Lays out `n` buffers in one allocation (256-byte aligned each); returns the base pointer.
-static void* allocate_buffers(BufferSpec* specs, int n, size_t* total_bytes) {
+// Lays out `n` buffers in one allocation (256-byte aligned each); returns the base pointer (NULL when
+// built dry, with the buffers' pointers as offsets from it).
+static void* allocate_buffers(const BuildMode* mode, BufferSpec* specs, int n, size_t* total_bytes) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += round_up(specs[i].bytes, 256);
-    char* base = (char*)device_malloc(total);
-    device_memset_zero(base, total);
+    char* base = NULL;
+    if (!mode->dry) {
+        base = (char*)device_malloc(total);
+        device_memset_zero(base, total);
+    }
     size_t offset = 0;
     for (int i = 0; i < n; i++) {
         *specs[i].ptr = base + offset;
@@ -297,6 +301,7 @@ typedef struct {
     GPT2Config config;
     ParamLayout layout;
     size_t num_parameters;  // real parameters (padding of Vp included, alignment gaps not)
+    BuildMode mode;         // real, or dry for the planner (and the element size it plans for)
     Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
     Placement place;        // this rank's grid position, its layers and its slices
     int tp, tp_rank;        // = place.tp, place.tp_rank (used everywhere)
@@ -327,18 +332,16 @@ typedef struct {
     int step_losses_cap;
 } GPT2;
 
-// Bytes of one parameter, gradient or activation element: sizeof(floatX), or what the planner sets to
-// plan for another precision (it builds dry, see device.h).
-static size_t elem_bytes = sizeof(floatX);
-static int master_is_params(void) { return elem_bytes == sizeof(float); }
+// In fp32 the parameters are their own master weights; in bf16 and fp16 an fp32 copy is kept.
+static int master_is_params(const GPT2* model) { return model->mode.elem_bytes == sizeof(float); }
 
-// A one-rank world, for single-process runs and tests.
-static Comm* comm_single(void) {
-    static Comm single;
+// A one-rank world, for single-process runs, the planner and tests (the caller keeps it).
+static Comm comm_single(void) {
+    Comm single;
     memset(&single, 0, sizeof(single));
     single.world_size = single.dp = single.tp = single.pp = 1;
     single.world.size = single.dp_group.size = single.tp_group.size = single.pp_group.size = single.emb_group.size = 1;
-    return &single;
+    return single;
 }
 
 // Checks that the model splits over tp ranks (whole heads, whole hidden units, whole vocabulary rows).
@@ -352,8 +355,10 @@ static void gpt2_init_norm_parts(GPT2* model);
 
 // Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
 // slices of the split tensors), DP rank dp_rank of dp, sharded per ZeRO stage `zero_stage` (llmc/zero.h).
-static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place) {
+// `mode`: for real, or dry for the planner (gpt2_build builds for a run).
+static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const BuildMode* mode) {
     memset(model, 0, sizeof(*model));
+    model->mode = *mode;
     validate_config(c, "model");
     validate_tp(c, place->tp);
     model->config = *c;
@@ -368,25 +373,30 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
     model->num_parameters = gpt2_num_parameters(c);
     ParamLayout* lay = &model->layout;
     zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
-    size_t n = lay->total, shard = model->zero.shard_total, fx = elem_bytes;
+    size_t n = lay->total, shard = model->zero.shard_total, fx = mode->elem_bytes;
 
-    model->params_memory = (floatX*)zeroed_device_buffer(n * fx, &model->bytes_params);
+    model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
     model->params = point_weights_flat(c, lay, model->params_memory);
     if (zero_stage < 2) {
-        model->grads_memory = (floatX*)zeroed_device_buffer(n * fx, &model->bytes_grads);
+        model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
         model->grads = point_weights_flat(c, lay, model->grads_memory);
     } else {  // ZeRO-2: backward writes into the workspace, whose buckets point the gradient tensors
         check_internal(place->pp == 1, "ZeRO-2 with pipeline parallelism");
-        zero2_init(&model->zero2, &model->zero, fx, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
+        zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
         floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
         zero2_bucket_bases(&model->zero2, &model->zero, bases);
         model->grads = point_weights(c, lay, bases);
         free(bases);
     }
-    if (!master_is_params()) model->master = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
-    model->m = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
-    model->v = (float*)zeroed_device_buffer(shard * sizeof(float), &model->bytes_optimizer);
+    if (!master_is_params(model)) model->master = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
+    model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
+    model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     gpt2_init_norm_parts(model);
+}
+
+// For real runs and tests: builds for this build's precision, allocating everything.
+static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place) {
+    gpt2_build_as(model, c, comm, place, &BUILD_FOR_RUN);
 }
 
 static void gpt2_free(GPT2* model) {
@@ -411,7 +421,7 @@ static void gpt2_free(GPT2* model) {
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
 // themselves in FP32 builds.
 static float* master_of_bucket(GPT2* model, int b) {
-    if (master_is_params()) return (float*)model->params_memory + owned_start(&model->zero, b);
+    if (master_is_params(model)) return (float*)model->params_memory + owned_start(&model->zero, b);
     return model->master + model->zero.owned_offset[b];
 }
 
@@ -432,7 +442,7 @@ static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
     file_order_to_layout(&model->layout, file_order, mem);
     upload_floats(model->params_memory, mem, model->layout.total);
-    if (!master_is_params()) {
+    if (!master_is_params(model)) {
         float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
         shard_from_layout(&model->zero, mem, shard);
         copy_to_device(model->master, shard, model->zero.shard_total * sizeof(float));
@@ -541,7 +551,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     // with tensor parallelism the split activations hold this rank's heads, hidden units and vocabulary
     size_t L = model->place.l1 - model->place.l0, C = c->C, tp = model->tp, BT = (size_t)B * T;
     size_t Cl = C / tp, NHl = c->NH / tp, Vpl = model->last ? c->Vp / tp : 0, lf = model->last ? 1 : 0;
-    size_t fx = elem_bytes, f = sizeof(float);
+    size_t fx = model->mode.elem_bytes, f = sizeof(float);
     int n_full = rematerialize ? 1 : n_slots;
     int n_sets = n_full + (rematerialize ? n_slots : 0);
     model->slots = (Activations*)calloc_check(n_slots * sizeof(Activations));
@@ -575,7 +585,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         };
         for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j];
     }
-    model->acts_memory = allocate_buffers(specs, n, &model->bytes_activations);
+    model->acts_memory = allocate_buffers(&model->mode, specs, n, &model->bytes_activations);
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
         sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
@@ -892,7 +902,7 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
         size_t in_bucket = lo - owned_start(z, s->bucket);
         args.weight_decay = s->decay ? o->weight_decay : 0.0f;
         args.index_base = lo;
-        adamw_update(master_of_bucket(model, s->bucket) + in_bucket, master_is_params() ? NULL : model->params_memory + lo,
+        adamw_update(master_of_bucket(model, s->bucket) + in_bucket, master_is_params(model) ? NULL : model->params_memory + lo,
                      grads_of_bucket(model, s->bucket) + in_bucket, model->m + k, model->v + k, hi - lo, args);
     }
 }
@@ -926,7 +936,7 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
 // way that update rounded it (stochastic rounding depends on the step), then all-gathered. Resume uses
 // it, so a BF16 run with stochastic rounding continues bit for bit.
 static void gpt2_round_params(GPT2* model, int t) {
-    if (master_is_params()) return;
+    if (master_is_params(model)) return;
     size_t lo, hi, k;
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
@@ -1447,7 +1457,7 @@ static size_t plan_total(const MemoryPlan* p) {
 
 // On the CPU target "device" memory is host memory: the plan is the process's, and counts what the CPU
 // build allocates besides the model's buffers. (A CPU build planning bf16 or fp16 plans for a GPU.)
-static int plan_is_cpu(void) {
+static int plan_is_cpu(size_t elem_bytes) {
 #ifdef LLMC_CPU
     return elem_bytes == sizeof(float);
 #else
@@ -1473,7 +1483,7 @@ enum { PLAN_RESUMES = 1, PLAN_SAVES_MODEL = 2, PLAN_CHECKPOINTS = 4 };
 // the activations and kernel scratch exist, saving after.
 static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratch) {
     size_t n = m->num_parameters, total = m->layout.total, shard = m->zero.shard_total, tp = m->tp;
-    size_t master = master_is_params() ? 0 : shard;
+    size_t master = master_is_params(m) ? 0 : shard;
     size_t load = n + total + master;  // the parameters in file order, and in the memory layout
     if (phases & PLAN_RESUMES) {       // m and v in file order too, and first one shard file's m, v
         size_t resume = 3 * n + total + shard;
@@ -1490,7 +1500,7 @@ static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratc
 }
 
 // the scratch the GPU kernels allocate on first use (llmc/*.h Scratch buffers, cuBLASLt's workspace)
-static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T) {
+static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes) {
     size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
     size_t attention = attention_flash ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
                                        : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
@@ -1500,28 +1510,28 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     return (32 << 20) + attention + reductions + embedding;
 }
 
-// Builds one rank dry (llmc/device.h) and reads off its allocation by category. `phases` (PLAN_*):
-// what the run does besides training, for the CPU target's host copies (0: not counted).
+// Builds one rank dry, with elements of `elem_bytes`, and reads off its allocation by category.
+// `phases` (PLAN_*): what the run does besides training, for the CPU target's host copies (<0: not counted).
 static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize,
-                            int phases) {
-    device_dry_run = 1;
+                            int phases, size_t elem_bytes) {
     GPT2 model;
-    gpt2_build(&model, c, comm_single(), pl);
+    Comm single = comm_single();
+    BuildMode dry = {elem_bytes, 1};
+    gpt2_build_as(&model, c, &single, pl, &dry);
     model.recompute = recompute;
     gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
-    int cpu = plan_is_cpu();
+    int cpu = plan_is_cpu(elem_bytes);
     MemoryPlan p = {model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_activations,
                     model.bytes_workspace, model.bytes_comm,
-                    cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T), 0};
+                    cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes), 0};
     if (cpu && phases >= 0) p.host = plan_host_copies(&model, phases, p.activations + p.kernel_scratch);
     gpt2_free(&model);
-    device_dry_run = 0;
     return p;
 }
 
 // The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
-// micro-batch of B sequences; returns the largest total.
-static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, int B, int print) {
+// micro-batch of B sequences with elements of `elem_bytes`; returns the largest total.
+static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, int B, size_t elem_bytes, int print) {
     int* first = (int*)malloc_check((tc->pp + 1) * sizeof(int));
     pipeline_split(c->L, tc->pp, tc->pp_split, first);
     PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
@@ -1531,7 +1541,7 @@ static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, in
         int slots = pipeline_schedule(tc->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule, tc->pp, s, tc->grad_accum, plan);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases, elem_bytes);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;
         if (print) {
@@ -1540,7 +1550,7 @@ static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, in
                    "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
                    s, first[s], first[s + 1] - 1, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slots,
                    slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G);
-            if (plan_is_cpu()) printf(" | load/save copies %6.3f", p.host / G);
+            if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
             printf(" | total %7.3f GiB\n", total / G);
         }
     }
@@ -1557,21 +1567,21 @@ static void print_plan(const TrainConfig* tc, const char* precision, double devi
     validate_config(&c, "plan");
     validate_tp(&c, tc->tp);
     if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
-    elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;
+    size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
     if (attention_flash) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
     int dp = tc->dp > 0 ? tc->dp : 1;
     printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
-           plan_is_cpu() ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
+           plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
     printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
            dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, tc->B, tc->T, tc->grad_accum,
            tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
-    plan_stages(&c, tc, dp, tc->B, 1);
+    plan_stages(&c, tc, dp, tc->B, elem_bytes, 1);
     if (device_memory > 0) {
         int lo = 0, hi = 1;  // largest B whose worst stage fits: grow, then bisect
-        while (hi <= (1 << 16) && plan_stages(&c, tc, dp, hi, 0) <= device_memory) lo = hi, hi *= 2;
+        while (hi <= (1 << 16) && plan_stages(&c, tc, dp, hi, elem_bytes, 0) <= device_memory) lo = hi, hi *= 2;
         while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
-            if (plan_stages(&c, tc, dp, mid, 0) <= device_memory) lo = mid;
+            if (plan_stages(&c, tc, dp, mid, elem_bytes, 0) <= device_memory) lo = mid;
             else hi = mid;
         }
         if (lo == 0) printf("  with %.1f GiB per device: even a micro-batch of 1 does not fit\n", device_memory / 1073741824.0);
@@ -1942,7 +1952,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
     Placement place = {.zero = tc->zero, .dp = D, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
                        .pp = comm->pp, .pp_rank = comm->pp_rank, .l0 = stage_first[comm->pp_rank], .l1 = stage_first[comm->pp_rank + 1]};
     free(stage_first);
-    if (attention_flash) attention_flash_validate(config.C, config.NH, elem_bytes, 0);
+    if (attention_flash) attention_flash_validate(config.C, config.NH, sizeof(floatX), 0);
     gpt2_build(&model, &config, comm, &place);
     model.recompute = tc->recompute;
     if (params) gpt2_set_parameters(&model, params);
@@ -2126,7 +2136,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         if (main_rank && step == start_step && !tc->quiet) {  // the plan against what the device reports
             size_t free_b, total_b;
             cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-            MemoryPlan p = plan_rank(c, &place, tc->B, tc->T, n_slots, tc->recompute, tc->rematerialize, -1);
+            MemoryPlan p = plan_rank(c, &place, tc->B, tc->T, n_slots, tc->recompute, tc->rematerialize, -1, sizeof(floatX));
             printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
                    (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
         }

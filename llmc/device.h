@@ -137,9 +137,7 @@ static inline void device_require_gpu(void) {
 // ----------------------------------------------------------------------------------------------------
 // allocate, copy, clear (the same names on both targets)
 
-// The memory planner (--plan) builds the model "dry": allocations are only counted, nothing is
-// allocated, cleared or copied. device_allocated_bytes counts every allocation either way.
-static int device_dry_run = 0;
+// Every byte device_malloc has allocated (the memory planner's test compares it with the plan).
 static size_t device_allocated_bytes = 0;
 
 #ifndef LLMC_CPU
@@ -161,7 +159,6 @@ static size_t device_allocated_bytes = 0;
 
 static inline void* device_malloc(size_t bytes) {
     device_allocated_bytes += bytes;
-    if (device_dry_run) return NULL;
 #ifdef LLMC_CPU
     void* p = NULL;
     if (posix_memalign(&p, 64, bytes > 0 ? bytes : 64) != 0) fatal("out of memory allocating %zu bytes", bytes);
@@ -174,8 +171,8 @@ static inline void* device_malloc(size_t bytes) {
 #endif
 }
 
-static inline void device_free(void* p) {
-    if (device_dry_run) return;
+static inline void device_free(void* p) {  // NULL: nothing (as free), so a dry-built model frees nothing
+    if (p == NULL) return;
 #ifdef LLMC_CPU
     free(p);
 #else
@@ -184,7 +181,6 @@ static inline void device_free(void* p) {
 }
 
 static inline void device_memset_zero(void* p, size_t bytes) {
-    if (device_dry_run) return;
 #ifdef LLMC_CPU
     memset(p, 0, bytes);
 #else
@@ -192,11 +188,22 @@ static inline void device_memset_zero(void* p, size_t bytes) {
 #endif
 }
 
-// a cleared allocation, its bytes added to *account (the memory plan's categories)
-static inline void* zeroed_device_buffer(size_t bytes, size_t* account) {
+// How a model's buffers are allocated. A training run allocates them for real, in this build's precision;
+// the memory planner (--plan) builds the model dry, for any precision (a CPU build plans a GPU's bf16
+// run), and reads off the bytes.
+typedef struct {
+    size_t elem_bytes;  // bytes of one parameter, gradient or activation element
+    int dry;            // count every allocation; allocate, clear and free nothing
+} BuildMode;
+static const BuildMode BUILD_FOR_RUN = {sizeof(floatX), 0};
+
+// a cleared allocation, its bytes added to *account (the memory plan's categories); built dry, only
+// counted (NULL)
+static inline void* zeroed_device_buffer(const BuildMode* mode, size_t bytes, size_t* account) {
+    *account += bytes;
+    if (mode->dry) return NULL;
     void* p = device_malloc(bytes);
     device_memset_zero(p, bytes);
-    *account += bytes;
     return p;
 }
 

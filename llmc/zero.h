@@ -152,17 +152,17 @@ static void add_into(floatX* out, const floatX* x, size_t n) {
 // Allocates the buffers at stage 2 (below it nothing: the full gradient buffer serves). elem: bytes of a
 // floatX element (the planner builds for other precisions); the bytes are counted into the three
 // accounts: the gradient shard, the communication buffer (incoming), the workspace.
-static void zero2_init(Zero2Grads* w, const ZeroPlan* z, size_t elem, size_t* bytes_grads, size_t* bytes_comm,
+static void zero2_init(Zero2Grads* w, const ZeroPlan* z, const BuildMode* mode, size_t* bytes_grads, size_t* bytes_comm,
                        size_t* bytes_workspace) {
     memset(w, 0, sizeof(*w));
     if (z->stage != 2) return;
     int last = z->num_buckets - 1;
     w->shard_total = z->shard_total;
-    w->shard = (floatX*)zeroed_device_buffer(z->shard_total * elem, bytes_grads);
-    w->incoming = (floatX*)zeroed_device_buffer(z->shard_total * elem, bytes_comm);
+    w->shard = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_grads);
+    w->incoming = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_comm);
     for (int b = 1; b < last; b++) w->slot_size = z->buckets[b].size > w->slot_size ? z->buckets[b].size : w->slot_size;
     w->ends = z->buckets[0].size + z->buckets[last].size;
-    w->workspace = (floatX*)zeroed_device_buffer((w->ends + 2 * w->slot_size) * elem, bytes_workspace);
+    w->workspace = (floatX*)zeroed_device_buffer(mode, (w->ends + 2 * w->slot_size) * mode->elem_bytes, bytes_workspace);
     w->layer_slot[0] = w->workspace + w->ends;
     w->layer_slot[1] = w->layer_slot[0] + w->slot_size;
 }
