@@ -275,6 +275,23 @@ typedef struct {
     size_t bytes;
 } BufferSpec;
 
+// The layer launchers' scratch (llmc/device.h): buffers a launcher needs only while it runs, grown on first
+// use and kept, one per purpose, owned by the model and freed with it. The planner counts them as kernel
+// scratch (gpu_kernel_scratch, cpu_kernel_scratch).
+typedef struct {
+    Scratch matmul;     // CPU: the transposed operand; GPU: the bias gradient's partial sums
+    Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
+    Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
+    Scratch encoder;    // GPU: encoder_backward's positions grouped by token
+    Scratch norm;       // GPU: the gradient norm's per-block partial sums
+    Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
+} KernelScratch;
+
+static void kernel_scratch_free(KernelScratch* k) {
+    Scratch* all[] = {&k->matmul, &k->layernorm, &k->attention, &k->encoder, &k->norm, &k->vocab_ce};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) scratch_free(all[i]);
+}
+
 // Lays out `n` buffers in one allocation (256-byte aligned each); returns the base pointer (NULL when
 // built dry, with the buffers' pointers as offsets from it).
 static void* allocate_buffers(const BuildMode* mode, BufferSpec* specs, int n, size_t* total_bytes) {
@@ -321,6 +338,7 @@ typedef struct {
     int recompute;           // --recompute level: which layer activations backward recomputes (see LayerActs)
     int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
     void* acts_memory;
+    KernelScratch kernel_scratch;  // the layer launchers' buffers (allocated by the launchers, on first use)
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
     Tracer* tracer;  // spans for --trace (NULL: off)
@@ -407,6 +425,7 @@ static void gpt2_free(GPT2* model) {
     device_free(model->m);
     device_free(model->v);
     if (model->acts_memory) device_free(model->acts_memory);
+    kernel_scratch_free(&model->kernel_scratch);
     for (int i = 0; i < model->n_slots; i++) free(model->slots[i].host_inputs), free(model->slots[i].host_targets);
     free(model->work.host_inputs), free(model->work.host_targets);
     free(model->slots);
@@ -615,11 +634,11 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
                                  const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
     if (model->tp == 1) {
-        matmul_forward(scratch, inp, weight, bias, N, IC, C);
+        matmul_forward(scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul);
         residual_forward(out, residual, scratch, (size_t)N * C);
         return;
     }
-    matmul_forward(scratch, inp, weight, NULL, N, IC, C);
+    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul);
     tp_g_forward(model->comm, scratch, (size_t)N * C);  // TP: g
     residual_bias_forward(out, residual, scratch, bias, N, C);
 }
@@ -678,13 +697,14 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
 static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
     int C = model->config.C, Cl = C / model->tp, NHl = model->config.NH / model->tp;
     size_t BT = (size_t)B * T;
+    KernelScratch* ks = &model->kernel_scratch;
     // attention block: residual2 = input + attproj(attention(ln1(input)))
     layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
-    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl);  // TP: column-parallel, our heads
+    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul);  // TP: column-parallel, our heads
     if (attention_flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
-    else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl);
+    else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention);
     if (fused_kernels && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
-        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C);
+        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul);
         residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, la->scratch, w->ln2w,
                                    w->ln2b, BT, C);
     } else {
@@ -692,7 +712,7 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
         layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
     }
     // MLP block: output = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl);  // TP: column-parallel, our hidden units
+    matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul);  // TP: column-parallel, our hidden units
     gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
     row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
 }
@@ -741,13 +761,14 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     if (!model->last) return 0.0f;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (Ls - 1) * BT * C, model->params.lnfw,
                       model->params.lnfb, BT, C);
-    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl);  // tied: logits = lnf . wte^T (TP: our rows)
+    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
     if (fused_kernels) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
     else copy_to_device(a->targets, targets, BT * sizeof(int));
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
-    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl);
+    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl,
+                                      &model->kernel_scratch.vocab_ce);
     if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
         loss_mean(model->loss_dest, a->losses, (int)BT);
         return 0.0f;
@@ -794,16 +815,17 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     size_t BT = (size_t)B * T;
     Weights* p = &model->params;
     Weights* g = &model->grads;
+    KernelScratch* ks = &model->kernel_scratch;
     communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2: in every micro-step
     zero2_begin_micro_step(&model->zero2);
     if (model->last) {
         // classifier: the fused kernel already turned logits into dlogits
-        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl);  // dlnf (=), dwte (+=)
+        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul);  // dlnf (=), dwte (+=)
         tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
         layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (Ls - 1) * BT * C, p->lnfw, a->lnf_mean,
-                           a->lnf_rstd, BT, C);
+                           a->lnf_rstd, BT, C, &ks->layernorm);
         gradients_ready(model, L + 1, communicate);
     }  // other stages: the pipeline has put the next stage's input gradient in dresidual
 
@@ -817,26 +839,27 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
-        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C);  // dfch_gelu =
+        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C, &ks->matmul);  // dfch_gelu =
         gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
-        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl);                     // dln2 =
+        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul);        // dln2 =
         tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
-                           BT, C);                                                                                   // dresidual2 +=
+                           BT, C, &ks->layernorm);                                                                   // dresidual2 +=
         // attention block
-        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C);    // datty =
-        if (attention_flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl);  // dqkv =
-        else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl);                               // dqkv =
-        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl);                  // dln1 =
+        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul);  // datty =
+        if (attention_flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
+        else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention);                // dqkv =
+        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul);     // dln1 =
         tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
-                           BT, C);                                                                                   // dresidual +=
+                           BT, C, &ks->layernorm);                                                                   // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         zero2_layer_done(model->comm, &model->zero2, l);
     }
     if (model->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
-        vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp);
+        vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp,
+                                          &ks->encoder);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
     // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);
@@ -881,7 +904,7 @@ static void gpt2_init_norm_parts(GPT2* model) {
 static double gpt2_grad_sumsq(GPT2* model) {
     Comm* comm = model->comm;
     double sums[2];  // [replicated, split by TP]
-    norm_parts_sum(&model->norm_parts, sums);
+    norm_parts_sum(&model->norm_parts, sums, &model->kernel_scratch.norm);
     if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
     double sumsq = sums[1] + sums[0];
     comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
@@ -1499,7 +1522,7 @@ static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratc
     return save * sizeof(float) > load_extra ? save * sizeof(float) : load_extra;
 }
 
-// the scratch the GPU kernels allocate on first use (llmc/*.h Scratch buffers, cuBLASLt's workspace)
+// the scratch the GPU kernels allocate on first use (the model's KernelScratch, cuBLASLt's workspace)
 static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes) {
     size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
     size_t attention = attention_flash ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D

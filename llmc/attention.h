@@ -197,23 +197,21 @@ static void batched_matmul(floatX* c, const floatX* a, const floatX* b, int m, i
                                            m, n, k, &alpha, a, CUDA_FLOATX, lda, stride_a, b, CUDA_FLOATX, ldb, stride_b,
                                            &beta, c, CUDA_FLOATX, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
-
-// q, k, v, y (and their gradients) as (B,NH,T,hs), plus one (B,NH,T,T) matrix
-static Scratch attention_scratch = {NULL, 0};
-// flash backward: D = rowsum(dout * out), (B,NH,T) floats
-static Scratch attention_flash_scratch = {NULL, 0};
 #endif
 
 // ----------------------------------------------------------------------------------------------------
 // launchers
 
-static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH) {
+// `scratch`, GPU: q, k, v, y (and in backward their gradients) as (B,NH,T,hs), plus one (B,NH,T,T)
+// matrix (the CPU loops need none)
+static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH, Scratch* scratch) {
 #ifdef LLMC_CPU
+    (void)scratch;
     attention_forward_cpu(out, att, qkv, B, T, C, NH);
 #else
     int hs = C / NH;
     size_t btc = (size_t)B * T * C;
-    floatX* q = (floatX*)scratch_get(&attention_scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
+    floatX* q = (floatX*)scratch_get(scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
     floatX *k = q + btc, *v = k + btc, *y = v + btc, *preatt = q + 8 * btc;
     const int block = 256;
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(q, qkv, B, T, NH, hs, 3 * C, 0);
@@ -233,13 +231,14 @@ static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B
 }
 
 static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* att, int B, int T,
-                               int C, int NH) {
+                               int C, int NH, Scratch* scratch) {
 #ifdef LLMC_CPU
+    (void)scratch;
     attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH);
 #else
     int hs = C / NH;
     size_t btc = (size_t)B * T * C;
-    floatX* q = (floatX*)scratch_get(&attention_scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
+    floatX* q = (floatX*)scratch_get(scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
     floatX *k = q + btc, *v = k + btc, *dy = v + 2 * btc, *dq = dy + btc, *dk = dq + btc, *dv = dk + btc;
     floatX* datt = q + 8 * btc;
     const int block = 256;
@@ -276,14 +275,15 @@ static void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, 
 #endif
 }
 
-// --attention flash: dqkv (B,T,3C) = (overwritten), from dout (B,T,C), qkv, the forward's out and lse
+// --attention flash: dqkv (B,T,3C) = (overwritten), from dout (B,T,C), qkv, the forward's out and lse;
+// `scratch` holds D = rowsum(dout * out), (B,NH,T) floats
 static void attention_backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                     int B, int T, int C, int NH) {
+                                     int B, int T, int C, int NH, Scratch* scratch) {
 #if defined(LLMC_CPU) || !(defined(ENABLE_BF16) || defined(ENABLE_FP16))
-    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
+    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scratch;
     attention_flash_validate(C, NH, sizeof(floatX), 0);  // always an error here
 #else
-    float* D = (float*)scratch_get(&attention_flash_scratch, (size_t)B * NH * T * sizeof(float));
+    float* D = (float*)scratch_get(scratch, (size_t)B * NH * T * sizeof(float));
     flash_tc_attention_backward(dqkv, D, dout, qkv, out, lse, B, T, C, NH, main_stream);
 #endif
 }

@@ -249,6 +249,36 @@ static inline void device_synchronize(void) {
 #endif
 }
 
+// A layer launcher's scratch: memory the launcher needs only while it runs, grown on demand and kept for
+// reuse. The caller owns it (the model keeps one per purpose, train_gpt.cu's KernelScratch) and frees it
+// with scratch_free. Device memory on the GPU; on the CPU target plain malloc'ed memory, as the CPU loops'
+// other temporaries (not counted in device_allocated_bytes).
+typedef struct {
+    void* ptr;
+    size_t bytes;
+} Scratch;
+static inline void scratch_free(Scratch* s) {
+#ifdef LLMC_CPU
+    free(s->ptr);
+#else
+    device_free(s->ptr);
+#endif
+    s->ptr = NULL;
+    s->bytes = 0;
+}
+static inline void* scratch_get(Scratch* s, size_t bytes) {
+    if (bytes > s->bytes) {
+        scratch_free(s);
+#ifdef LLMC_CPU
+        s->ptr = malloc_check(bytes);
+#else
+        s->ptr = device_malloc(bytes);
+#endif
+        s->bytes = bytes;
+    }
+    return s->ptr;
+}
+
 // host float[n] -> device floatX[n], converting in chunks so no large host temporary is needed
 static inline void upload_floats(floatX* dst, const float* src, size_t n) {
     if (sizeof(floatX) == sizeof(float)) { copy_to_device(dst, src, n * sizeof(float)); return; }
@@ -302,18 +332,4 @@ struct alignas(16) Pack128 {
 static inline bool aligned16(const void* p) { return p == NULL || ((uintptr_t)p % 16) == 0; }
 __device__ static inline Pack128 load128(const floatX* p) { return *(const Pack128*)p; }
 __device__ static inline void store128(floatX* p, Pack128 x) { *(Pack128*)p = x; }
-
-// A device scratch buffer owned by one layer header, grown on demand and kept for the whole run.
-typedef struct {
-    void* ptr;
-    size_t bytes;
-} Scratch;
-static inline void* scratch_get(Scratch* s, size_t bytes) {
-    if (bytes > s->bytes) {
-        if (s->ptr) cudaCheck(cudaFree(s->ptr));
-        s->ptr = device_malloc(bytes);
-        s->bytes = bytes;
-    }
-    return s->ptr;
-}
 #endif

@@ -111,8 +111,6 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, co
     }
 }
 
-static Scratch encoder_scratch = {NULL, 0};
-
 // one thread per (t, c): sum over the batch in order
 __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -137,18 +135,19 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 #endif
 }
 
-// inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there)
+// inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there, and
+// `scratch` takes the grouping to the device; the CPU loop needs neither)
 static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
-                             int T, int C, int vocab_start, int vocab_rows) {
+                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch) {
 #ifdef LLMC_CPU
-    (void)inp_host;
+    (void)inp_host, (void)scratch;
     encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = 256;
     int BT = B * T, n_kept = 0;
     int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
     int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);
-    int* dev = (int*)scratch_get(&encoder_scratch, (3 * (size_t)BT + 1) * sizeof(int));
+    int* dev = (int*)scratch_get(scratch, (3 * (size_t)BT + 1) * sizeof(int));
     size_t bytes = (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int);
     // --fused-kernels: no wait; the pageable `host` is staged before the call returns (llmc/device.h), and
     // the copy into `dev` is ordered after the previous micro-step's kernels that read it (one stream)

@@ -59,20 +59,19 @@ __global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
         partial[blockIdx.x] = total;
     }
 }
-static Scratch norm_scratch = {NULL, 0};
-
 static int norm_blocks(size_t n) {
     size_t b = (n + 255) / 256;
     return b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
 }
 
 // sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: one kernel per tensor
-// writes its blocks[i] partial sums and a single copy brings them all to host (total blocks floats), so
-// a step synchronizes once, not once per tensor
-static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums) {
+// writes its blocks[i] partial sums into `scratch` and a single copy brings them all to host (total
+// blocks floats), so a step synchronizes once, not once per tensor
+static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums,
+                            Scratch* scratch) {
     size_t total_blocks = 0;
     for (int i = 0; i < k; i++) total_blocks += blocks[i];
-    float* partial = (float*)scratch_get(&norm_scratch, total_blocks * sizeof(float));
+    float* partial = (float*)scratch_get(scratch, total_blocks * sizeof(float));
     size_t offset = 0;
     for (int i = 0; i < k; i++) {
         sum_squares_kernel<<<blocks[i], 256, 0, main_stream>>>(partial + offset, x[i], n[i]);
@@ -90,20 +89,21 @@ static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* 
 }
 #endif
 
-// sum of x^2, in double
-static double sum_squares(const floatX* x, size_t n) {
+// sum of x^2, in double (`scratch`: the GPU's partial sums)
+static double sum_squares(const floatX* x, size_t n, Scratch* scratch) {
 #ifdef LLMC_CPU
+    (void)scratch;
     return sum_squares_cpu(x, n);
 #else
     int blocks = norm_blocks(n);
     float host[NORM_BLOCKS];
     double s;
-    sum_squares_gpu(&x, &n, &blocks, 1, host, &s);
+    sum_squares_gpu(&x, &n, &blocks, 1, host, &s, scratch);
     return s;
 #endif
 }
 
-static float global_norm(const floatX* x, size_t n) { return (float)sqrt(sum_squares(x, n)); }
+static float global_norm(const floatX* x, size_t n, Scratch* scratch) { return (float)sqrt(sum_squares(x, n, scratch)); }
 
 // ----------------------------------------------------------------------------------------------------
 // a fixed list of ranges, summed every step without allocating
@@ -150,11 +150,13 @@ static void norm_parts_finish(NormParts* p) {
 }
 
 // group_sums[g] = the sum of squares of the ranges of group g (g = 0, 1), the ranges added in order
-static void norm_parts_sum(NormParts* p, double group_sums[2]) {
+// (`scratch`: the GPU's partial sums, grown on the first step)
+static void norm_parts_sum(NormParts* p, double group_sums[2], Scratch* scratch) {
 #ifdef LLMC_CPU
+    (void)scratch;
     for (int i = 0; i < p->n; i++) p->sums[i] = sum_squares_cpu_into(p->x[i], p->len[i], p->chunks);
 #else
-    sum_squares_gpu(p->x, p->len, p->blocks, p->n, p->host, p->sums);
+    sum_squares_gpu(p->x, p->len, p->blocks, p->n, p->host, p->sums, scratch);
 #endif
     group_sums[0] = group_sums[1] = 0.0;
     for (int i = 0; i < p->n; i++) group_sums[p->group[i]] += p->sums[i];

@@ -179,7 +179,6 @@ __global__ void layernorm_backward_finish_kernel(floatX* dweight, floatX* dbias,
     dweight[c] = float_to_floatX(floatX_to_float(dweight[c]) + dw);
     dbias[c] = float_to_floatX(floatX_to_float(dbias[c]) + db);
 }
-static Scratch layernorm_scratch = {NULL, 0};
 
 // --fused-kernels: one warp per row, 16-byte loads. With b != NULL: res = a + b (rounded to floatX,
 // written), then out = layernorm(res); with b == NULL the row is a and res is not touched. The statistics
@@ -326,9 +325,11 @@ static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, fl
     layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
 }
 
+// `scratch`: on the GPU the per-block partial sums of dweight and dbias (the CPU loop needs none)
 static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                               const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+                               const floatX* weight, const float* mean, const float* rstd, int N, int C, Scratch* scratch) {
 #ifdef LLMC_CPU
+    (void)scratch;
     layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 #else
     if (fused_kernels && layernorm_fused_ok(dinp, dout, inp, weight, NULL, C)) {
@@ -342,7 +343,7 @@ static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
             if (smem > 48 * 1024)
                 cudaCheck(cudaFuncSetAttribute(layernorm_backward_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             int blocks = ceil_div(N, LNB_WARPS) < LNB_BLOCKS ? ceil_div(N, LNB_WARPS) : LNB_BLOCKS;
-            float* partial = (float*)scratch_get(&layernorm_scratch, (size_t)LNB_BLOCKS * 2 * C * sizeof(float));
+            float* partial = (float*)scratch_get(scratch, (size_t)LNB_BLOCKS * 2 * C * sizeof(float));
             layernorm_backward_fused_kernel<<<blocks, 32 * LNB_WARPS, smem, main_stream>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C);
             launchCheck();
             layernorm_backward_finish_kernel<<<ceil_div(C, 256), 256, 0, main_stream>>>(dweight, dbias, partial, blocks, C);
@@ -353,7 +354,7 @@ static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
     const int block = 256, rows_per_block = block / 32;
     layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     launchCheck();
-    float* partial = (float*)scratch_get(&layernorm_scratch, (size_t)LN_CHUNKS * 2 * C * sizeof(float));
+    float* partial = (float*)scratch_get(scratch, (size_t)LN_CHUNKS * 2 * C * sizeof(float));
     layernorm_backward_partial_kernel<<<dim3(ceil_div(C, 32), LN_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, inp, mean, rstd, N, C);
     launchCheck();
     layernorm_backward_finish_kernel<<<ceil_div(C, 256), 256, 0, main_stream>>>(dweight, dbias, partial, LN_CHUNKS, C);

@@ -78,11 +78,10 @@ static void transpose_cpu(float* dst, const float* src, int rows, int cols) {
         for (int r = 0; r < rows; r++) dst[(size_t)c * rows + r] = src[(size_t)r * cols + c];
 }
 
-// the transposed operand
-static HostScratch matmul_cpu_scratch = {NULL, 0};
-
-static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
-    float* wT = host_scratch(&matmul_cpu_scratch, (size_t)IC * OC);
+// `scratch` holds the transposed operand
+static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
+                               Scratch* scratch) {
+    float* wT = (float*)scratch_get(scratch, (size_t)IC * OC * sizeof(float));
     transpose_cpu(wT, weight, OC, IC);  // (IC, OC)
     gemm_cpu(out, inp, wT, N, OC, IC, 0);
     if (bias != NULL) {
@@ -93,9 +92,9 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* weight
 }
 
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                const float* weight, int N, int IC, int OC) {
+                                const float* weight, int N, int IC, int OC, Scratch* scratch) {
     gemm_cpu(dinp, dout, weight, N, IC, OC, 0);  // (N,OC) . (OC,IC)
-    float* doutT = host_scratch(&matmul_cpu_scratch, (size_t)N * OC);
+    float* doutT = (float*)scratch_get(scratch, (size_t)N * OC * sizeof(float));
     transpose_cpu(doutT, dout, N, OC);  // (OC, N)
     gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
     if (dbias != NULL) {
@@ -248,7 +247,6 @@ __global__ void bias_backward_finish_kernel(floatX* dbias, const float* partial,
     for (int i = 0; i < chunks; i++) sum += partial[(size_t)i * OC + o];
     dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + sum);
 }
-static Scratch bias_scratch = {NULL, 0};
 
 // --fused-kernels: the same sums with 16-byte loads. A block of 32 lanes x 8 row-lanes covers 32 packs
 // (32 * Pack128::size columns, 256 in bf16); BIAS_VEC_CHUNKS chunks of rows, each summed into one
@@ -280,33 +278,37 @@ __global__ void bias_backward_partial_vec_kernel(float* partial, const floatX* d
 // ----------------------------------------------------------------------------------------------------
 // launchers
 
-static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC) {
+// `scratch`: the CPU target's transposed operand (the GPU path needs none)
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC,
+                           Scratch* scratch) {
 #ifdef LLMC_CPU
-    matmul_forward_cpu(out, inp, weight, bias, N, IC, OC);
+    matmul_forward_cpu(out, inp, weight, bias, N, IC, OC, scratch);
 #else
+    (void)scratch;
     // column-major: out^T (OC,N) = weight (stored (IC,OC), transposed) . inp^T (IC,N)
     matmul_cublaslt(out, weight, inp, bias, OC, N, IC, true, false, false);
 #endif
 }
 
+// `scratch`: the CPU target's transposed operand; on the GPU the bias gradient's partial sums
 static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int N, int IC, int OC) {
+                            const floatX* weight, int N, int IC, int OC, Scratch* scratch) {
 #ifdef LLMC_CPU
-    matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
 #else
     // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
     matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, false, false, false);
     // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
     matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, false, true, true);
     if (dbias != NULL && fused_kernels && OC % Pack128::size == 0 && aligned16(dout)) {
-        float* partial = (float*)scratch_get(&bias_scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
+        float* partial = (float*)scratch_get(scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
         int packs = OC / Pack128::size;
         bias_backward_partial_vec_kernel<<<dim3(ceil_div(packs, 32), BIAS_VEC_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
         launchCheck();
         bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
         launchCheck();
     } else if (dbias != NULL) {
-        float* partial = (float*)scratch_get(&bias_scratch, (size_t)BIAS_CHUNKS * OC * sizeof(float));
+        float* partial = (float*)scratch_get(scratch, (size_t)BIAS_CHUNKS * OC * sizeof(float));
         bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), BIAS_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
         launchCheck();
         bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);

@@ -227,18 +227,13 @@ __global__ void vocab_ce_finish_kernel(floatX* logits, float* losses, const floa
         x[i] = float_to_floatX(g);
     }
 }
-static Scratch vocab_ce_scratch = {NULL, 0};
 #endif
 
-// the vocab-parallel classifier_forward_backward (see classifier.h); collective over the TP group
+// the vocab-parallel classifier_forward_backward (see classifier.h); collective over the TP group.
+// `scratch` holds each row's max (N), then its sum of exponentials and target logit (N, 2)
 static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* losses, const int* targets, float dloss, int N,
-                                         int V, int Vl, int start) {
-#ifdef LLMC_CPU
-    static HostScratch scratch = {NULL, 0};
-    float* m = host_scratch(&scratch, 3 * (size_t)N);
-#else
-    float* m = (float*)scratch_get(&vocab_ce_scratch, 3 * (size_t)N * sizeof(float));
-#endif
+                                         int V, int Vl, int start, Scratch* scratch) {
+    float* m = (float*)scratch_get(scratch, 3 * (size_t)N * sizeof(float));
     float* st = m + N;
 #ifdef LLMC_CPU
     vocab_ce_max_cpu(m, logits, N, Vl, start, V);
@@ -277,11 +272,11 @@ static void vocab_parallel_embedding_forward(Comm* comm, floatX* out, const int*
 }
 
 // dwte (+=) for the ids in our rows only, dwpe (+=) the same on every rank: g's backward needs no
-// communication, dout is replicated (inp_host: the same ids on the host)
+// communication, dout is replicated (inp_host: the same ids on the host; scratch: encoder_backward's)
 static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
-                                              const int* inp_host, int B, int T, int C, int Vp) {
+                                              const int* inp_host, int B, int T, int C, int Vp, Scratch* scratch) {
     int r = comm->tp_group.rank, Vl = Vp / comm->tp_group.size;
-    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, r * Vl, Vl);
+    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, r * Vl, Vl, scratch);
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -378,14 +378,16 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
         cudaCheck(cudaMemset(d_dqkv, 0xff, n_qkv * sizeof(float)));  // NaN: unwritten outputs fail the check
         if (v == 1) {
             float* d_att = dev_upload(att, n_att);
-            attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
+            Scratch scratch = {NULL, 0};  // the launcher's q, k, v, ... (the trainer's model owns one)
+            attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH, &scratch);
             cudaCheck(cudaGetLastError());
             check_close("dqkv", d_dqkv, dqkv_ref, n_qkv, 1e-4, 1e-3);
             if (bench) {
-                float ms = benchmark_ms([&] { attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH); }, 20, 2);
+                float ms = benchmark_ms([&] { attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH, &scratch); }, 20, 2);
                 print_flops("attention_backward", ms, flops);
             }
             cudaCheck(cudaFree(d_att));
+            scratch_free(&scratch);
         } else if (v >= 3) {
             float* d_out_f = dev_upload(out, n_out);
             if (v == 3) check_tc_version<__nv_bfloat16>(v, d_dqkv, d_qkv, d_dout, d_out_f, dqkv_ref, lse, B, T, C, NH, bench);

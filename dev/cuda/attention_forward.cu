@@ -285,12 +285,13 @@ static const char* version_names[NV + 1] = {"", "cuBLAS (llmc)", "flash, thread 
 // 16-bit copies of qkv and out for versions 4 and 5 (bf16 or fp16 bits, 2 bytes each)
 static void* d_qkv16 = NULL;
 static void* d_out16 = NULL;
+static Scratch trainer_scratch = {NULL, 0};  // version 1's q, k, v, ... (the trainer's model owns one)
 
 static void run_version(int v, float* out, float* att, float* lse, const float* qkv, int B, int T, int C, int NH) {
     float scale = 1.0f / sqrtf((float)(C / NH));
     dim3 grid(ceil_div(T, FA_BR), B * NH);
     switch (v) {
-        case 1: attention_forward(out, att, qkv, B, T, C, NH); break;
+        case 1: attention_forward(out, att, qkv, B, T, C, NH, &trainer_scratch); break;
         case 2: {
             size_t smem = 3 * 64 * 64 * sizeof(float);
             flash_forward_simple_kernel<<<grid, FA_BR, smem, main_stream>>>(out, lse, qkv, B, T, C, NH, scale);
@@ -355,6 +356,7 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
     cudaCheck(cudaFree(d_att));
     cudaCheck(cudaFree(d_lse));
     cudaCheck(cudaFree(d_qkv16));
+    scratch_free(&trainer_scratch);
     cudaCheck(cudaFree(d_out16));
     free(qkv), free(out_ref), free(att_ref), free(lse_ref);
 }

@@ -68,11 +68,13 @@ int main(int argc, char** argv) {
         printf("version %d\n", v);
         if (v == 1) {
             double got = 0.0;
-            auto run = [&] { got = sum_squares(d_x, n); };
+            Scratch scratch = {NULL, 0};  // the launcher's partial sums (the trainer's model owns one)
+            auto run = [&] { got = sum_squares(d_x, n, &scratch); };
             run();
             check_scalar("sum_sq", got, ref, 1e-5);
             float ms = benchmark_ms(run);
             print_bandwidth("global_norm", ms, bytes);
+            scratch_free(&scratch);
         } else {
             auto run = [&] {
                 sum_squares_float4_kernel<<<GN2_BLOCKS, GN2_THREADS, 0, main_stream>>>(d_partial, d_x, n);

@@ -123,14 +123,16 @@ static void launch_fused(float* dinp, float* partial, const float* dout, const f
         dinp, partial, dout, inp, w, mean, rstd, N, C);
 }
 
+static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's partial sums (its model owns one)
+
 static void run_version(int v, float* dinp, float* dw, float* db, float* partial, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
     switch (v) {
-        case 1: layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); break;
+        case 1: layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch); break;
         case 3:  // the trainer's kernels under --fused-kernels 1
             if (!layernorm_fused_ok(dinp, dout, inp, w, NULL, C)) fatal("version 3 needs C %% 4 == 0 and aligned buffers");
             fused_kernels = 1;
-            layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+            layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch);
             fused_kernels = 0;
             break;
         case 2: {
@@ -194,6 +196,7 @@ static void run_shape(int selected, int NV, int N, int C, bool timed) {
     cudaCheck(cudaFree(d_inp)), cudaCheck(cudaFree(d_w)), cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_mean)), cudaCheck(cudaFree(d_rstd)), cudaCheck(cudaFree(d_dinp));
     cudaCheck(cudaFree(d_dw)), cudaCheck(cudaFree(d_db)), cudaCheck(cudaFree(d_partial));
+    scratch_free(&trainer_scratch);
     free(inp), free(w), free(b), free(dout), free(dinp0), free(dw0), free(db0), free(out), free(mean), free(rstd);
     free(dinp_ref), free(dw_ref), free(db_ref);
 }
