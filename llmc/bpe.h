@@ -47,11 +47,25 @@ static int bytes_compare(const unsigned char* a, int na, const unsigned char* b,
     return c != 0 ? c : na - nb;
 }
 
-static const BpeEncoder* bpe_sort_context;  // qsort has no context argument
-static int bpe_compare_ids(const void* x, const void* y) {
-    const BpeEncoder* e = bpe_sort_context;
-    int a = *(const int*)x, b = *(const int*)y;
-    return bytes_compare(e->bytes[a], e->len[a], e->bytes[b], e->len[b]);
+// A token as the by_bytes sort sees it (qsort has no context argument, so each key carries its bytes)
+typedef struct {
+    const unsigned char* bytes;
+    int len, id;
+} BpeSortKey;
+static int bpe_compare_keys(const void* x, const void* y) {
+    const BpeSortKey *a = (const BpeSortKey*)x, *b = (const BpeSortKey*)y;
+    int c = bytes_compare(a->bytes, a->len, b->bytes, b->len);
+    return c != 0 ? c : a->id - b->id;  // the same bytes under two ids (a key repeated in the JSON): by id
+}
+
+// e->by_bytes: the ids sorted by their bytes
+static void bpe_sort_by_bytes(BpeEncoder* e) {
+    BpeSortKey* keys = (BpeSortKey*)malloc_check(e->V * sizeof(BpeSortKey));
+    for (int id = 0; id < e->V; id++) keys[id] = (BpeSortKey){e->bytes[id], e->len[id], id};
+    qsort(keys, e->V, sizeof(BpeSortKey), bpe_compare_keys);
+    e->by_bytes = (int*)malloc_check(e->V * sizeof(int));
+    for (int i = 0; i < e->V; i++) e->by_bytes[i] = keys[i].id;
+    free(keys);
 }
 
 // The id of a byte string, or -1
@@ -213,10 +227,7 @@ static void bpe_load_vocabulary(BpeEncoder* e, const char* path, const int byte_
     for (int id = 0; id < e->V; id++)
         if (e->bytes[id] == NULL) fatal("'%s': the token ids are not 0..%d (id %d is missing)", path, e->V - 1, id);
     free(text);
-    e->by_bytes = (int*)malloc_check(e->V * sizeof(int));
-    for (int id = 0; id < e->V; id++) e->by_bytes[id] = id;
-    bpe_sort_context = e;
-    qsort(e->by_bytes, e->V, sizeof(int), bpe_compare_ids);
+    bpe_sort_by_bytes(e);
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         e->byte_id[b] = bpe_lookup(e, &c, 1);
