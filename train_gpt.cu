@@ -1928,269 +1928,411 @@ static void print_step_line(const TrainConfig* tc, long long step, long long sta
     printf(" | %s elapsed, ETA %s\n", el, eta);
 }
 
-// Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
-// (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
-// Returns the last validation loss (or NAN).
-static float train(const TrainConfig* tc, Comm* comm, float* losses, long long max_losses) {
-    int main_rank = comm->world_rank == 0;  // prints, logs, samples
-    int D = comm->dp;
-    // every output path fails now if it cannot be written, not at its first write after hours of training
+// What a training run holds besides its configuration: the model, its data, what it evaluates and
+// samples, its log and trace, and the state a checkpoint saves and a resume restores.
+typedef struct {
+    const TrainConfig* tc;
+    Comm* comm;
+    int main_rank;             // world rank 0: prints, logs, samples
+    GPT2 model;
+    Schedule schedule;         // without pipelining 1F1B: forward and backward of each micro-batch in turn
+    int n_slots;               // activation slots: the micro-batches the schedule keeps in flight
+    DataLoader train_loader, val_loader;
+    int have_train, have_val;  // --steps 0 reads no train data; validation needs --val-data and --val-every
+    EvalSet choices;           // --eval-data
+    FILE* dump;                // --eval-dump
+    int have_tok;              // samples on: the ranks of the first DP group sample, world rank 0 prints
+    Tokenizer tok;
+    SampleConfig sample;
+    int* prompt;               // (sample.n_prompt) --prompt's tokens, or NULL
+    Rng sample_rng;
+    LossScaler scaler;
+    Logger logger;
+    Tracer tracer;
+    RunState state;            // what the checkpoint resumed from holds; filled anew at each save
+    uint64_t run_id;
+    long long start_step;
+    long long updates;         // AdamW's step count: skipped steps do not count
+    size_t tokens_per_step;    // of the global batch
+    double flops_per_token, peak_flops, loop_start;
+    float val_loss;            // the last validation loss (NAN: none yet)
+} Training;
+
+// Every output path fails now if it cannot be written, not at its first write after hours of training.
+static void check_output_paths(const TrainConfig* tc, int main_rank) {
     if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
     if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model");
     if (tc->trace) check_writable_file(tc->trace, "--trace");  // every rank writes its part next to it
-    GPT2 model;
-    GPT2Config config = tc->arch;
-    float *params = NULL, *resume_m = NULL, *resume_v = NULL;
-    RunState state;
-    memset(&state, 0, sizeof(state));
+}
+
+// What the run starts from: the newest checkpoint in --resume (the model, the AdamW moments into *m, *v
+// and the run state), a --model file, or nothing (*params stays NULL: random initialization). The model
+// sizes go to *config.
+static void read_start_point(Training* run, GPT2Config* config, float** params, float** m, float** v) {
+    const TrainConfig* tc = run->tc;
+    RunState* state = &run->state;
+    int D = run->comm->dp;
     if (tc->resume) {
-        load_checkpoint(tc->resume, &state, &config, &params, &resume_m, &resume_v);
-        if (state.B != D * tc->B || state.T != tc->T || state.grad_accum != tc->grad_accum || state.shuffle != tc->shuffle)
+        load_checkpoint(tc->resume, state, config, params, m, v);
+        if (state->B != D * tc->B || state->T != tc->T || state->grad_accum != tc->grad_accum || state->shuffle != tc->shuffle)
             fatal("the checkpoint in '%s' was saved with %d sequences per micro-step (dp x B), T=%d, grad_accum=%d, shuffle=%d; "
                   "resume needs the same (got dp=%d x B=%d, T=%d, grad_accum=%d, shuffle=%d)",
-                  tc->resume, state.B, state.T, state.grad_accum, state.shuffle, D, tc->B, tc->T, tc->grad_accum, tc->shuffle);
-        if (tc->shuffle && state.data_seed != tc->seed)
+                  tc->resume, state->B, state->T, state->grad_accum, state->shuffle, D, tc->B, tc->T, tc->grad_accum, tc->shuffle);
+        if (tc->shuffle && state->data_seed != tc->seed)
             fatal("the checkpoint in '%s' shuffled the data with --seed %llu; resume needs the same (got %llu)", tc->resume,
-                  (unsigned long long)state.data_seed, (unsigned long long)tc->seed);
-        if (main_rank) printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state.step, tc->resume, state.dp, state.zero_stage);
+                  (unsigned long long)state->data_seed, (unsigned long long)tc->seed);
+        if (run->main_rank)
+            printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state->step, tc->resume, state->dp, state->zero_stage);
     } else if (tc->model_file) {
-        model_file_read(tc->model_file, &config, &params);
+        model_file_read(tc->model_file, config, params);
     }
-    if (tc->resume && tc->steps < state.step)
-        fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state.step, tc->resume);
-    if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state.step)
-        fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state.step, tc->resume);
-    if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
-    check_ranks_agree(tc, comm, &config, &state);  // the first collective after it: every rank runs the same job
-    uint64_t run_id = tc->resume ? state.run_id : new_run_id(comm);
-    if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
+    if (tc->resume && tc->steps < state->step)
+        fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state->step, tc->resume);
+    if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state->step)
+        fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state->step, tc->resume);
+}
+
+// Model sizes given on the command line must be those of the model file or checkpoint.
+static void check_sizes_given(const TrainConfig* tc, const GPT2Config* config) {
     const GPT2Config* a = &tc->arch;
-    if (((tc->arch_given & 1) && a->L != config.L) || ((tc->arch_given & 2) && a->C != config.C) ||
-        ((tc->arch_given & 4) && a->NH != config.NH) || ((tc->arch_given & 8) && a->V != config.V) ||
-        ((tc->arch_given & 16) && a->maxT != config.maxT))
-        fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config.L,
-              config.C, config.NH, config.V, config.maxT);
+    if (((tc->arch_given & 1) && a->L != config->L) || ((tc->arch_given & 2) && a->C != config->C) ||
+        ((tc->arch_given & 4) && a->NH != config->NH) || ((tc->arch_given & 8) && a->V != config->V) ||
+        ((tc->arch_given & 16) && a->maxT != config->maxT))
+        fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config->L,
+              config->C, config->NH, config->V, config->maxT);
+}
+
+// This rank's model: its place in the grid (DP rank, TP slice, pipeline stage and the stage's layers),
+// its parameters (params, or initialized from --seed when NULL) and, on resume, the AdamW moments m, v.
+static void build_rank_model(Training* run, const GPT2Config* config, const float* params, const float* m, const float* v) {
+    const TrainConfig* tc = run->tc;
+    Comm* comm = run->comm;
+    GPT2* model = &run->model;
     int* stage_first = (int*)malloc_check((comm->pp + 1) * sizeof(int));  // first layer of each pipeline stage
-    pipeline_split(config.L, comm->pp, tc->pp_split, stage_first);
-    Placement place = {.zero = tc->zero, .dp = D, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
+    pipeline_split(config->L, comm->pp, tc->pp_split, stage_first);
+    Placement place = {.zero = tc->zero, .dp = comm->dp, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
                        .pp = comm->pp, .pp_rank = comm->pp_rank, .l0 = stage_first[comm->pp_rank], .l1 = stage_first[comm->pp_rank + 1]};
     free(stage_first);
-    if (attention_flash) attention_flash_validate(config.C, config.NH, sizeof(floatX), 0);
-    gpt2_build(&model, &config, comm, &place);
-    model.recompute = tc->recompute;
-    if (params) gpt2_set_parameters(&model, params);
-    else gpt2_init_random(&model, tc->seed);
-    model.stochastic_rounding = tc->stochastic_rounding;
-    if (resume_m) gpt2_set_optimizer_state(&model, resume_m, resume_v);
-    if (tc->resume && model.stochastic_rounding && state.updates > 0) gpt2_round_params(&model, (int)state.updates);
-    free(params), free(resume_m), free(resume_v);
-    const GPT2Config* c = &model.config;
-    if (tc->T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, c->maxT);
+    if (attention_flash) attention_flash_validate(config->C, config->NH, sizeof(floatX), 0);
+    gpt2_build(model, config, comm, &place);
+    model->recompute = tc->recompute;
+    if (params) gpt2_set_parameters(model, params);
+    else gpt2_init_random(model, tc->seed);
+    model->stochastic_rounding = tc->stochastic_rounding;
+    if (m) gpt2_set_optimizer_state(model, m, v);
+    if (tc->resume && model->stochastic_rounding && run->state.updates > 0) gpt2_round_params(model, (int)run->state.updates);
+}
 
-    DataLoader train_loader, val_loader;
-    int have_train = tc->steps > 0;  // --steps 0 only validates and samples: the train data is not read
-    if (have_train) dataloader_init(&train_loader, tc->train_data, tc->B, tc->T, D, c->V, tc->shuffle, tc->seed);
-    int have_val = tc->val_data != NULL && tc->val_data[0] != '\0' && tc->val_every > 0;
-    if (have_val) {
-        dataloader_init(&val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
-    }
-    EvalSet choices;
-    FILE* dump = NULL;
+// The inputs: train and validation loaders, the multiple-choice set, and the tokenizer and prompt of the
+// samples (on the ranks that sample).
+static void open_inputs(Training* run) {
+    const TrainConfig* tc = run->tc;
+    const GPT2Config* c = &run->model.config;
+    Comm* comm = run->comm;
+    int D = comm->dp;
+    run->have_train = tc->steps > 0;  // --steps 0 only validates and samples: the train data is not read
+    if (run->have_train) dataloader_init(&run->train_loader, tc->train_data, tc->B, tc->T, D, c->V, tc->shuffle, tc->seed);
+    run->have_val = tc->val_data != NULL && tc->val_data[0] != '\0' && tc->val_every > 0;
+    if (run->have_val) dataloader_init(&run->val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
     if (tc->eval_data) {
-        eval_load(&choices, tc->eval_data, c->V);
+        eval_load(&run->choices, tc->eval_data, c->V);
         if (tc->eval_dump && comm->world_size > 1) fatal("--eval-dump is for one rank");
-        if (tc->eval_dump) dump = fopen_check(tc->eval_dump, "w");
+        if (tc->eval_dump) run->dump = fopen_check(tc->eval_dump, "w");
     }
-    Tokenizer tok = {0, 0, NULL};
     // the ranks of the first DP group sample (together, with TP); world rank 0 prints
-    int have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
-    if (have_tok) {
-        tokenizer_init(&tok, tc->tokenizer);
+    run->have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
+    if (run->have_tok) {
+        Tokenizer* tok = &run->tok;
+        tokenizer_init(tok, tc->tokenizer);
         // samples are ids of the model's vocabulary, started by the end-of-text id: the table must be the model's
-        if (tok.V != c->V)
+        if (tok->V != c->V)
             fatal("the tokenizer '%s' has %d tokens, the model's vocabulary %d: it cannot decode this model's samples "
-                  "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok.V, c->V);
-        if (tok.eot < 0 || tok.eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok.eot, c->V);
+                  "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok->V, c->V);
+        if (tok->eot < 0 || tok->eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok->eot, c->V);
     }
-    SampleConfig sample = {NULL, 0, tc->sample_len, tc->temperature, tc->top_k};
-    int* prompt = have_tok && tc->prompt ? encode_prompt(tc, c, &sample.n_prompt) : NULL;
-    sample.prompt = prompt;
-    // without pipelining, 1F1B is forward and backward of each micro-batch in turn (one activation slot)
-    Schedule schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
+    run->sample = (SampleConfig){NULL, 0, tc->sample_len, tc->temperature, tc->top_k};
+    run->prompt = run->have_tok && tc->prompt ? encode_prompt(tc, c, &run->sample.n_prompt) : NULL;
+    run->sample.prompt = run->prompt;
+}
+
+// The activations: one slot per micro-batch the schedule keeps in flight (llmc/pipeline.h).
+static void allocate_for_schedule(Training* run) {
+    const TrainConfig* tc = run->tc;
+    Comm* comm = run->comm;
+    run->schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
     PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
-    int n_slots = pipeline_schedule(schedule, comm->pp, comm->pp_rank, tc->grad_accum, plan);
+    run->n_slots = pipeline_schedule(run->schedule, comm->pp, comm->pp_rank, tc->grad_accum, plan);
     free(plan);
-    gpt2_allocate_activations(&model, tc->B, tc->T, n_slots, tc->rematerialize);
-    Tracer tracer;
-    memset(&tracer, 0, sizeof(tracer));
-    tracer.origin = wall_seconds();
-    if (tc->trace) model.tracer = &tracer;
+    gpt2_allocate_activations(&run->model, tc->B, tc->T, run->n_slots, tc->rematerialize);
+}
 
-    Rng sample_rng = {tc->resume ? state.sample_rng : tc->seed + 1};
-    long long start_step = tc->resume ? state.step : 0;
-    long long updates = tc->resume ? state.updates : 0;  // AdamW's step count: skipped steps do not count
-    LossScaler scaler = tc->scaler;
-    if (tc->resume && scaler.mode != SCALE_OFF) {
-        scaler.scale = state.loss_scale;
-        scaler.good_steps = state.scale_good_steps;
-        scaler.hysteresis_left = state.scale_hysteresis_left;
+// Where the loop starts, and with what: from scratch, or as the checkpoint left it (its step, update
+// count, sampling generator and loss scale); then the log, continued on resume.
+static void restore_run_state(Training* run) {
+    const TrainConfig* tc = run->tc;
+    const RunState* state = &run->state;
+    run->sample_rng.state = tc->resume ? state->sample_rng : tc->seed + 1;
+    run->start_step = tc->resume ? state->step : 0;
+    run->updates = tc->resume ? state->updates : 0;
+    run->scaler = tc->scaler;
+    if (tc->resume && run->scaler.mode != SCALE_OFF) {
+        run->scaler.scale = state->loss_scale;
+        run->scaler.good_steps = state->scale_good_steps;
+        run->scaler.hysteresis_left = state->scale_hysteresis_left;
     }
-    Logger logger = {NULL};
-    if (main_rank && tc->resume) logger_open_resumed(&logger, tc->log_file, start_step);
-    else if (main_rank) logger_open(&logger, tc->log_file, 0);
-    log_run_config(&logger, tc, comm, &model, tc->resume ? start_step : -1);
+    if (run->main_rank && tc->resume) logger_open_resumed(&run->logger, tc->log_file, run->start_step);
+    else if (run->main_rank) logger_open(&run->logger, tc->log_file, 0);
+    log_run_config(&run->logger, tc, run->comm, &run->model, tc->resume ? run->start_step : -1);
+}
 
-    size_t tokens_per_step = (size_t)D * tc->B * tc->T * tc->grad_accum;
-    double flops_per_token = 6.0 * model.num_parameters + 6.0 * c->L * c->C * tc->T;
-    double peak = gpu_peak_flops();
-    if (main_rank && !tc->quiet) {
+// The start-up lines: the target, the grid, the model, the batch, the data and the pipeline (main rank),
+// and each pipeline stage's memory.
+static void print_run_summary(const Training* run) {
+    const TrainConfig* tc = run->tc;
+    Comm* comm = run->comm;
+    const GPT2* model = &run->model;
+    const GPT2Config* c = &model->config;
+    if (run->main_rank && !tc->quiet) {
         printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
-               comm->world_size, D, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
+               comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
 #if defined(LLMC_CPU) && defined(_OPENMP)
         printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s)\n", omp_get_max_threads(),
                getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks");
 #endif
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
-               c->maxT, model.num_parameters);
+               c->maxT, model->num_parameters);
         printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
-               tokens_per_step, tc->steps);
-        if (have_train)
-            printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train_loader.total_tokens,
-                   train_loader.n_batches, tc->shuffle ? "on" : "off");
+               run->tokens_per_step, tc->steps);
+        if (run->have_train)
+            printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", run->train_loader.total_tokens,
+                   run->train_loader.n_batches, tc->shuffle ? "on" : "off");
         if (comm->pp > 1)
-            printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
+            printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, run->schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
                    tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
     }
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
         printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
                "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f\n",
-               comm->pp_rank, place.l0, place.l1 - 1, model.bytes_params / 1048576.0, model.bytes_grads / 1048576.0,
-               model.bytes_optimizer / 1048576.0, model.bytes_activations / 1048576.0, n_slots, n_slots > 1 ? "s" : "",
-               model.bytes_workspace / 1048576.0, model.bytes_comm / 1048576.0);
+               comm->pp_rank, model->place.l0, model->place.l1 - 1, model->bytes_params / 1048576.0, model->bytes_grads / 1048576.0,
+               model->bytes_optimizer / 1048576.0, model->bytes_activations / 1048576.0, run->n_slots, run->n_slots > 1 ? "s" : "",
+               model->bytes_workspace / 1048576.0, model->bytes_comm / 1048576.0);
     }
+}
 
-    float val_loss = NAN;
-    int stop_sig = 0;  // a stop signal every rank knows of (agreed after each step)
-    double loop_start = wall_seconds();
-    stop_signal_install();
-    for (long long step = start_step; step <= tc->steps; step++) {
-        int last = step == tc->steps;
-        // the run that saved the checkpoint we resumed from has evaluated and sampled at this step, just
-        // before saving (the sampling generator in the checkpoint is past that sample): not again
-        int resumed_here = tc->resume && step == start_step;
-        if (have_val && !resumed_here && (step % tc->val_every == 0 || last)) {
-            val_loss = evaluate(&model, &val_loader, tc->val_batches);
-            if (main_rank) printf("step %lld: val loss %.4f\n", step, val_loss);
-            logger_eval(&logger, step, val_loss);
-        }
-        if (tc->eval_data && !resumed_here && (step % tc->eval_every == 0 || last)) {
-            float accuracy = evaluate_choices(&model, &choices, tc->eval_data, dump);
-            if (main_rank) printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy, choices.n_examples);
-            logger_eval_accuracy(&logger, step, accuracy);
-        }
-        // --steps 0 samples once, from the model as given
-        if (have_tok && (step > 0 || tc->steps == 0) && !resumed_here && (step % tc->sample_every == 0 || last))
-            gpt2_sample(&model, &tok, &sample_rng, &sample, main_rank);
-        int stopping = (tc->stop_after > 0 && step == tc->stop_after) || (stop_sig && !last);  // (a finished run is done)
-        if (stop_sig && !last) prepare_signal_checkpoint(tc, run_id);
-        int periodic = tc->save_every > 0 && step > start_step && (step % tc->save_every == 0 || last);
-        if (periodic || (stopping && step > start_step)) {
-            state.config = *c;
-            state.B = D * tc->B;
-            state.T = tc->T;
-            state.grad_accum = tc->grad_accum;
-            state.shuffle = tc->shuffle;
-            state.step = step;
-            state.sample_rng = sample_rng.state;
-            state.data_seed = tc->seed;
-            state.zero_stage = tc->zero;
-            state.dp = D;
-            state.updates = updates;
-            state.loss_scale = scaler.scale;
-            state.scale_good_steps = scaler.good_steps;
-            state.scale_hysteresis_left = scaler.hysteresis_left;
-            state.run_id = run_id;
-            if (main_rank && tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
-            save_checkpoint(&model, tc->checkpoint_dir, &state, tc->keep_last);
-        }
-        if (stop_sig && !last) report_signal_stop(tc, comm, stop_sig, step);
-        if (last || stopping) break;
-        if (comm->world_rank == tc->fault_rank && step == tc->fault_step) {
-            fprintf(stderr, "rank %d: --fault-rank: killing myself at step %lld\n", comm->world_rank, step);
-            raise(SIGKILL);
-        }
+// Everything the loop needs, in this order: outputs checked, the start point read, the ranks agreed on
+// the job, this rank's model built, the inputs opened, the activations allocated, the run state restored.
+static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
+    memset(run, 0, sizeof(*run));
+    run->tc = tc;
+    run->comm = comm;
+    run->main_rank = comm->world_rank == 0;
+    run->val_loss = NAN;
+    check_output_paths(tc, run->main_rank);
+    GPT2Config config = tc->arch;
+    float *params = NULL, *m = NULL, *v = NULL;
+    read_start_point(run, &config, &params, &m, &v);
+    if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
+    check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
+    run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
+    if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run->run_id);
+    check_sizes_given(tc, &config);
+    build_rank_model(run, &config, params, m, v);
+    free(params), free(m), free(v);
+    if (tc->T > config.maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, config.maxT);
+    open_inputs(run);
+    allocate_for_schedule(run);
+    run->tracer.origin = wall_seconds();
+    if (tc->trace) run->model.tracer = &run->tracer;
+    restore_run_state(run);
+    run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
+    run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;
+    run->peak_flops = gpu_peak_flops();
+    print_run_summary(run);
+}
 
-        double t0 = wall_seconds();
-        tracer.enabled = tc->trace && step > start_step && step <= start_step + tc->trace_steps;  // skip the first step
-        comm->stats.on = tracer.enabled;  // the engine's bytes and time over the same steps (comm_print_stats)
-        gpt2_zero_grad(&model);
-        // each position's weight in the mean loss of the global batch, times the loss scale
-        float dloss = loss_scale(&scaler) / (float)tokens_per_step;
-        double loss = pipeline_step(&model, &train_loader, schedule, tc->grad_accum, step, dloss);
-        if (losses && step < max_losses) losses[step] = (float)loss;
-        char why[64];
-        snprintf(why, sizeof(why), "the loss is %g", loss);
-        if (!isfinite(loss)) end_diverged(comm, step + 1, why, 0);  // the mean over all ranks: every rank sees it
-        if (comm->world_rank == tc->fault_inf_rank && step + 1 == tc->fault_inf_step) inject_inf_gradient(&model);
-        float lr = learning_rate(tc, step);
-        double t_opt = trace_now_us(&tracer);
-        float scale_before = loss_scale(&scaler);
-        int skipped = 0;
-        float norm = gpt2_update(&model, &tc->opt, lr, (int)(updates + 1), &scaler, &skipped);
-        trace_add(&tracer, "optimizer", "AdamW", -1, t_opt);
-        if (skipped) {
-            if (main_rank)
-                printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n", step + 1,
-                       scale_before, loss_scale(&scaler));
-            logger_skip(&logger, step + 1, loss_scale(&scaler));
-        } else if (!isfinite(norm)) {  // no loss scaling: gpt2_update changed nothing
-            snprintf(why, sizeof(why), "the gradient norm is %g", norm);
-            end_diverged(comm, step + 1, why, 0);
-        } else {
-            updates++;
-        }
-        device_synchronize();
-        double ms = 1000.0 * (wall_seconds() - t0);
-        double tokens_per_s = tokens_per_step / (ms / 1000.0);
-        stop_sig = stop_signal_agreed(comm);
-        if (skipped) continue;
+// Validation loss, multiple-choice accuracy and a sample, each every so many steps and at the last.
+static void evaluate_and_sample(Training* run, long long step, int last) {
+    const TrainConfig* tc = run->tc;
+    if (run->have_val && (step % tc->val_every == 0 || last)) {
+        run->val_loss = evaluate(&run->model, &run->val_loader, tc->val_batches);
+        if (run->main_rank) printf("step %lld: val loss %.4f\n", step, run->val_loss);
+        logger_eval(&run->logger, step, run->val_loss);
+    }
+    if (tc->eval_data && (step % tc->eval_every == 0 || last)) {
+        float accuracy = evaluate_choices(&run->model, &run->choices, tc->eval_data, run->dump);
+        if (run->main_rank) printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy, run->choices.n_examples);
+        logger_eval_accuracy(&run->logger, step, accuracy);
+    }
+    // --steps 0 samples once, from the model as given
+    if (run->have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last))
+        gpt2_sample(&run->model, &run->tok, &run->sample_rng, &run->sample, run->main_rank);
+}
+
+// The run state a checkpoint saved after `step` holds, for a resume to continue exactly from it.
+static void fill_run_state(Training* run, long long step) {
+    const TrainConfig* tc = run->tc;
+    RunState* state = &run->state;
+    state->config = run->model.config;
+    state->B = run->comm->dp * tc->B;
+    state->T = tc->T;
+    state->grad_accum = tc->grad_accum;
+    state->shuffle = tc->shuffle;
+    state->step = step;
+    state->sample_rng = run->sample_rng.state;
+    state->data_seed = tc->seed;
+    state->zero_stage = tc->zero;
+    state->dp = run->comm->dp;
+    state->updates = run->updates;
+    state->loss_scale = run->scaler.scale;
+    state->scale_good_steps = run->scaler.good_steps;
+    state->scale_hysteresis_left = run->scaler.hysteresis_left;
+    state->run_id = run->run_id;
+}
+
+// Saves a checkpoint after `step` when one is due (every --save-every steps and at the last) or when the
+// run stops here: at --stop-after, or after a stop signal every rank has agreed on (stop_sig). Returns
+// whether the run stops here (a finished run is done, not stopped).
+static int checkpoint_if_due(Training* run, long long step, int last, int stop_sig) {
+    const TrainConfig* tc = run->tc;
+    int stopping = (tc->stop_after > 0 && step == tc->stop_after) || (stop_sig && !last);
+    if (stop_sig && !last) prepare_signal_checkpoint(tc, run->run_id);
+    int periodic = tc->save_every > 0 && step > run->start_step && (step % tc->save_every == 0 || last);
+    if (periodic || (stopping && step > run->start_step)) {
+        fill_run_state(run, step);
+        if (run->main_rank && tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
+        save_checkpoint(&run->model, tc->checkpoint_dir, &run->state, tc->keep_last);
+    }
+    if (stop_sig && !last) report_signal_stop(tc, run->comm, stop_sig, step);
+    return stopping;
+}
+
+// --fault-rank R --fault-step S (testing): rank R dies at step S, as a crashed node would.
+static void fault_kill_if_due(const TrainConfig* tc, const Comm* comm, long long step) {
+    if (comm->world_rank != tc->fault_rank || step != tc->fault_step) return;
+    fprintf(stderr, "rank %d: --fault-rank: killing myself at step %lld\n", comm->world_rank, step);
+    raise(SIGKILL);
+}
+
+typedef struct {
+    double loss;     // the mean loss of the global batch
+    float norm, lr;  // the gradient norm before clipping, the learning rate
+    double ms;       // the step's time
+    int skipped;     // the gradients overflowed under loss scaling: nothing was updated
+} StepResult;
+
+// One optimizer step after `step`: forward and backward over its micro-batches (pipeline_step), then the
+// update. A non-finite loss, or a non-finite norm without loss scaling, ends the run (end_diverged); an
+// overflow under loss scaling skips the step on every rank. The loss goes to losses[step] if given.
+static StepResult train_step(Training* run, long long step, float* losses, long long max_losses) {
+    const TrainConfig* tc = run->tc;
+    Comm* comm = run->comm;
+    GPT2* model = &run->model;
+    StepResult r = {.loss = 0.0, .norm = 0.0f, .lr = 0.0f, .ms = 0.0, .skipped = 0};
+    double t0 = wall_seconds();
+    run->tracer.enabled = tc->trace && step > run->start_step && step <= run->start_step + tc->trace_steps;  // skip the first step
+    comm->stats.on = run->tracer.enabled;  // the engine's bytes and time over the same steps (comm_print_stats)
+    gpt2_zero_grad(model);
+    // each position's weight in the mean loss of the global batch, times the loss scale
+    float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
+    r.loss = pipeline_step(model, &run->train_loader, run->schedule, tc->grad_accum, step, dloss);
+    if (losses && step < max_losses) losses[step] = (float)r.loss;
+    char why[64];
+    snprintf(why, sizeof(why), "the loss is %g", r.loss);
+    if (!isfinite(r.loss)) end_diverged(comm, step + 1, why, 0);  // the mean over all ranks: every rank sees it
+    if (comm->world_rank == tc->fault_inf_rank && step + 1 == tc->fault_inf_step) inject_inf_gradient(model);
+    r.lr = learning_rate(tc, step);
+    double t_opt = trace_now_us(&run->tracer);
+    float scale_before = loss_scale(&run->scaler);
+    r.norm = gpt2_update(model, &tc->opt, r.lr, (int)(run->updates + 1), &run->scaler, &r.skipped);
+    trace_add(&run->tracer, "optimizer", "AdamW", -1, t_opt);
+    if (r.skipped) {
+        if (run->main_rank)
+            printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n", step + 1,
+                   scale_before, loss_scale(&run->scaler));
+        logger_skip(&run->logger, step + 1, loss_scale(&run->scaler));
+    } else if (!isfinite(r.norm)) {  // no loss scaling: gpt2_update changed nothing
+        snprintf(why, sizeof(why), "the gradient norm is %g", r.norm);
+        end_diverged(comm, step + 1, why, 0);
+    } else {
+        run->updates++;
+    }
+    device_synchronize();
+    r.ms = 1000.0 * (wall_seconds() - t0);
+    return r;
+}
+
+// After an applied step: its line (main rank) and its log record; after the first step the GPU build
+// also compares the memory plan with what the device reports.
+static void report_step(Training* run, long long step, const StepResult* r) {
+    const TrainConfig* tc = run->tc;
+    double tokens_per_s = run->tokens_per_step / (r->ms / 1000.0);
 #ifndef LLMC_CPU
-        if (main_rank && step == start_step && !tc->quiet) {  // the plan against what the device reports
-            size_t free_b, total_b;
-            cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-            MemoryPlan p = plan_rank(c, &place, tc->B, tc->T, n_slots, tc->recompute, tc->rematerialize, -1, sizeof(floatX));
-            printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
-                   (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
-        }
-#endif
-        if (main_rank && !tc->quiet)
-            print_step_line(tc, step + 1, start_step, loop_start, loss, norm, lr, ms, tokens_per_s,
-                            peak > 0 ? 100.0 * flops_per_token * tokens_per_s / (peak * comm->world_size) : 0.0);
-        logger_step(&logger, step + 1, (float)loss, lr, norm, tokens_per_s, ms);
+    if (run->main_rank && step == run->start_step && !tc->quiet) {  // the plan against what the device reports
+        size_t free_b, total_b;
+        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->n_slots, tc->recompute, tc->rematerialize, -1,
+                                 sizeof(floatX));
+        printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
+               (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
     }
+#endif
+    double peak = run->peak_flops;
+    if (run->main_rank && !tc->quiet)
+        print_step_line(tc, step + 1, run->start_step, run->loop_start, r->loss, r->norm, r->lr, r->ms, tokens_per_s,
+                        peak > 0 ? 100.0 * run->flops_per_token * tokens_per_s / (peak * run->comm->world_size) : 0.0);
+    logger_step(&run->logger, step + 1, (float)r->loss, r->lr, r->norm, tokens_per_s, r->ms);
+}
 
-    if (tc->save_model && !stop_signal_ended_run) {  // (a run stopped by a signal is not finished)
-        float* buf = (float*)malloc_check(model.num_parameters * sizeof(float));
-        gpt2_export_master(&model, buf);
-        check_finite_before_save(comm, c, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
-        if (main_rank) {
-            model_file_write_version(tc->save_model, c, buf, tc->save_model_version);
+// The end of a run: the final model (not after a stop signal: that run is not finished), the trace, and
+// everything freed.
+static void training_finish(Training* run) {
+    const TrainConfig* tc = run->tc;
+    GPT2* model = &run->model;
+    if (tc->save_model && !stop_signal_ended_run) {
+        float* buf = (float*)malloc_check(model->num_parameters * sizeof(float));
+        gpt2_export_master(model, buf);
+        check_finite_before_save(run->comm, &model->config, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
+        if (run->main_rank) {
+            model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
         }
         free(buf);
     }
-    if (tc->trace) write_trace(&tracer, tc, comm);
-    free(tracer.events);
-    logger_close(&logger);
-    if (have_tok) tokenizer_free(&tok);
-    free(prompt);
-    if (tc->eval_data) eval_free(&choices);
-    if (dump && fclose(dump) != 0) fatal("cannot write '%s': %s", tc->eval_dump, strerror(errno));
-    if (have_val) dataloader_free(&val_loader);
-    if (have_train) dataloader_free(&train_loader);
-    gpt2_free(&model);
-    return val_loss;
+    if (tc->trace) write_trace(&run->tracer, tc, run->comm);
+    free(run->tracer.events);
+    logger_close(&run->logger);
+    if (run->have_tok) tokenizer_free(&run->tok);
+    free(run->prompt);
+    if (tc->eval_data) eval_free(&run->choices);
+    if (run->dump && fclose(run->dump) != 0) fatal("cannot write '%s': %s", tc->eval_dump, strerror(errno));
+    if (run->have_val) dataloader_free(&run->val_loader);
+    if (run->have_train) dataloader_free(&run->train_loader);
+    gpt2_free(model);
+}
+
+// Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
+// (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
+// Returns the last validation loss (or NAN).
+static float train(const TrainConfig* tc, Comm* comm, float* losses, long long max_losses) {
+    Training run;
+    training_setup(&run, tc, comm);
+    int stop_sig = 0;  // a stop signal every rank knows of (agreed after each step)
+    run.loop_start = wall_seconds();
+    stop_signal_install();
+    for (long long step = run.start_step; step <= tc->steps; step++) {
+        int last = step == tc->steps;
+        // the run that saved the checkpoint we resumed from has evaluated and sampled at this step, just
+        // before saving (the sampling generator in the checkpoint is past that sample): not again
+        if (!(tc->resume && step == run.start_step)) evaluate_and_sample(&run, step, last);
+        if (checkpoint_if_due(&run, step, last, stop_sig) || last) break;
+        fault_kill_if_due(tc, comm, step);
+        StepResult r = train_step(&run, step, losses, max_losses);
+        stop_sig = stop_signal_agreed(comm);
+        if (!r.skipped) report_step(&run, step, &r);
+    }
+    training_finish(&run);
+    return run.val_loss;
 }
 
 // "80GiB", "80GB", "512MiB", or bytes
@@ -2370,12 +2512,171 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
     return (float)v;
 }
 
+// Flags whose meaning depends on others, remembered until all are read (check_flag_combinations).
+typedef struct {
+    int micro_batches;                 // --micro-batches M (0: not given)
+    const char* checkpoint_dir_given;  // --checkpoint-dir (NULL: not given, the default or --resume's folder)
+} FlagsSeen;
+
+// The flags that take a value, one function per part of --help. Each returns 0 for a flag not its own.
+static int parse_data_model_flag(TrainConfig* tc, const char* f, const char* v) {  // data, model, batch
+    const long long BIG = 1LL << 40;
+    if (!strcmp(f, "--train-data")) tc->train_data = v;
+    else if (!strcmp(f, "--val-data")) tc->val_data = v;
+    else if (!strcmp(f, "--tokenizer")) tc->tokenizer = v;
+    else if (!strcmp(f, "--shuffle")) tc->shuffle = (int)parse_int(f, v, 0, 1);
+    else if (!strcmp(f, "--model")) tc->model_file = v;
+    else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= 1; }
+    else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 2; }
+    else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 4; }
+    else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 8; }
+    else if (!strcmp(f, "--max-seq-len")) { tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20); tc->arch_given |= 16; }
+    else if (!strcmp(f, "--seed")) tc->seed = (uint64_t)parse_int(f, v, 0, BIG);
+    else if (!strcmp(f, "--batch-size")) tc->B = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--seq-len")) tc->T = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--grad-accum")) tc->grad_accum = (int)parse_int(f, v, 1, 1 << 20);
+    else return 0;
+    return 1;
+}
+
+static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {
+    if (!strcmp(f, "--dp")) tc->dp = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--tp")) tc->tp = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
+    else if (!strcmp(f, "--schedule")) {
+        if (strcmp(v, "gpipe") && strcmp(v, "1f1b")) fatal("--schedule must be gpipe or 1f1b, got '%s'", v);
+        tc->pipe_schedule = strcmp(v, "gpipe") == 0 ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
+    } else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
+    else if (!strcmp(f, "--trace")) tc->trace = v;
+    else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
+    else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
+    else if (!strcmp(f, "--comm")) {
+        if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
+        tc->engine = v;
+    } else if (!strcmp(f, "--nccl-id-dir")) tc->nccl_id_dir = v;
+    else if (!strcmp(f, "--comm-timeout")) tc->comm_timeout = parse_float(f, v, 0.0f, 1e9f);
+    else if (!strcmp(f, "--io-timeout")) tc->io_timeout = parse_float(f, v, 0.0f, 1e9f);
+    else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
+    else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
+    else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
+    else return 0;
+    return 1;
+}
+
+static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const char* v) {  // mixed precision, memory, GPU speed
+    if (!strcmp(f, "--loss-scale")) {
+        if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
+        else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;
+        else {
+            tc->scaler.mode = SCALE_STATIC;
+            tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
+        }
+    } else if (!strcmp(f, "--loss-scale-init")) tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
+    else if (!strcmp(f, "--loss-scale-growth")) tc->scaler.growth = parse_float(f, v, 1.0, 1e6);
+    else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
+    else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
+    else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
+    else if (!strcmp(f, "--fault-inf-rank")) tc->fault_inf_rank = (int)parse_int(f, v, 0, 1 << 20);
+    else if (!strcmp(f, "--fault-inf-step")) tc->fault_inf_step = (int)parse_int(f, v, 1, 1 << 30);
+    else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
+    else if (!strcmp(f, "--attention")) {
+        if (strcmp(v, "classic") && strcmp(v, "flash")) fatal("--attention must be classic or flash, got '%s'", v);
+        attention_flash = strcmp(v, "flash") == 0;
+    } else if (!strcmp(f, "--device-memory")) tc->device_memory = parse_size(f, v);
+    else if (!strcmp(f, "--precision")) {
+        if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
+        tc->plan_precision = v;
+    } else if (!strcmp(f, "--fused-kernels")) fused_kernels = (int)parse_int(f, v, 0, 1);  // llmc/device.h
+    else return 0;
+    return 1;
+}
+
+static int parse_optimization_flag(TrainConfig* tc, const char* f, const char* v) {
+    const long long BIG = 1LL << 40;
+    if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, BIG);
+    else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, BIG);
+    else if (!strcmp(f, "--lr")) tc->opt.lr = parse_float(f, v, 0.0, 10.0);
+    else if (!strcmp(f, "--warmup")) tc->warmup = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--lr-schedule")) {
+        if (strcmp(v, "cosine") && strcmp(v, "linear") && strcmp(v, "constant"))
+            fatal("--lr-schedule must be cosine, linear or constant, got '%s'", v);
+        tc->schedule = v;
+    } else if (!strcmp(f, "--lr-min-frac")) tc->lr_min_frac = parse_float(f, v, 0.0, 1.0);
+    else if (!strcmp(f, "--beta1")) tc->opt.beta1 = parse_float(f, v, 0.0, 0.999999);
+    else if (!strcmp(f, "--beta2")) tc->opt.beta2 = parse_float(f, v, 0.0, 0.999999);
+    else if (!strcmp(f, "--eps")) {
+        tc->opt.eps = parse_float(f, v, 0.0, 1.0);
+        // AdamW divides m by sqrt(v) + eps, and m = v = 0 where a gradient is always 0 (the padded
+        // vocabulary rows): eps = 0 would write 0/0 = NaN into the model
+        if (!(tc->opt.eps > 0.0f)) fatal("--eps must be positive as a float32 (with 0, AdamW computes 0/0 for parameters whose gradient is 0), got '%s'", v);
+    } else if (!strcmp(f, "--weight-decay")) tc->opt.weight_decay = parse_float(f, v, 0.0, 10.0);
+    else if (!strcmp(f, "--grad-clip")) tc->opt.grad_clip = parse_float(f, v, 0.0, 1e9);
+    else return 0;
+    return 1;
+}
+
+static int parse_output_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {  // evaluation, sampling, checkpoints, logs
+    if (!strcmp(f, "--val-every")) tc->val_every = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--val-batches")) tc->val_batches = (int)parse_int(f, v, 1, 1 << 30);
+    else if (!strcmp(f, "--eval-data")) tc->eval_data = v;
+    else if (!strcmp(f, "--eval-every")) tc->eval_every = (int)parse_int(f, v, 1, 1 << 30);
+    else if (!strcmp(f, "--eval-dump")) tc->eval_dump = v;
+    else if (!strcmp(f, "--sample-every")) tc->sample_every = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--sample-len")) tc->sample_len = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--prompt")) tc->prompt = v;
+    else if (!strcmp(f, "--temperature")) tc->temperature = parse_float(f, v, 0.0, 1e6);
+    else if (!strcmp(f, "--top-k")) tc->top_k = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--bpe-dir")) tc->bpe_dir = v;
+    else if (!strcmp(f, "--encode")) tc->encode_file = v;
+    else if (!strcmp(f, "--save-every")) tc->save_every = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = seen->checkpoint_dir_given = v;
+    else if (!strcmp(f, "--resume")) tc->resume = v;
+    else if (!strcmp(f, "--resume-if-present")) tc->resume_if_present = v;
+    else if (!strcmp(f, "--keep-last")) tc->keep_last = (int)parse_int(f, v, 1, 1 << 30);
+    else if (!strcmp(f, "--save-model")) tc->save_model = v;
+    else if (!strcmp(f, "--save-model-dtype")) {
+        if (strcmp(v, "fp32") && strcmp(v, "bf16")) fatal("--save-model-dtype must be fp32 or bf16, got '%s'", v);
+        tc->save_model_version = strcmp(v, "bf16") == 0 ? 5 : 3;
+    } else if (!strcmp(f, "--log")) tc->log_file = v;
+    else return 0;
+    return 1;
+}
+
+// What one flag means depends on another: conflicts, --micro-batches turned into B and grad_accum, the
+// checkpoint folder of a resumed run, and a model from the command line's sizes.
+static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
+    if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
+    if (tc->resume && tc->resume_if_present) fatal("give --resume or --resume-if-present, not both");
+    // a resumed run saves where it resumed from, so that the next resume finds its newest checkpoint
+    if (!seen->checkpoint_dir_given && (tc->resume || tc->resume_if_present)) tc->checkpoint_dir = tc->resume ? tc->resume : tc->resume_if_present;
+    if (seen->micro_batches > 0) {  // B sequences per step, in M micro-batches of B/M: gradient accumulation over M
+        if (tc->grad_accum != 1) fatal("give --micro-batches or --grad-accum, not both");
+        if (tc->B % seen->micro_batches != 0)
+            fatal("--batch-size %d does not split into %d micro-batches (it must be a multiple)", tc->B, seen->micro_batches);
+        tc->B /= seen->micro_batches;
+        tc->grad_accum = seen->micro_batches;
+    }
+    if (tc->pp > 1 && tc->zero == 2)
+        fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its micro-batches "
+              "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
+              "per micro-batch; use --zero 1, which shards the optimizer state");
+    if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    if (tc->prompt && (tc->tokenizer == NULL || tc->tokenizer[0] == '\0' || tc->sample_every == 0))
+        fatal("--prompt needs sampling on: a --tokenizer and --sample-every above 0");
+    tc->arch.Vp = padded_vocab(tc->arch.V);
+    if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
+    if (!tc->model_file && !tc->resume && tc->T > tc->arch.maxT)
+        fatal("sequence length T=%d is longer than maxT=%d", tc->T, tc->arch.maxT);
+}
+
 static void parse_args(TrainConfig* tc, int argc, char** argv) {
     default_train_config(tc);
     tc->argc = argc;
     tc->argv = argv;
-    int micro_batches = 0;
-    const char* checkpoint_dir_given = NULL;
+    FlagsSeen seen = {.micro_batches = 0, .checkpoint_dir_given = NULL};
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
@@ -2393,133 +2694,11 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         }
         if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);
         const char* v = argv[++i];
-        const long long BIG = 1LL << 40;
-        if (!strcmp(f, "--train-data")) tc->train_data = v;
-        else if (!strcmp(f, "--val-data")) tc->val_data = v;
-        else if (!strcmp(f, "--tokenizer")) tc->tokenizer = v;
-        else if (!strcmp(f, "--shuffle")) tc->shuffle = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--model")) tc->model_file = v;
-        else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= 1; }
-        else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 2; }
-        else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 4; }
-        else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 8; }
-        else if (!strcmp(f, "--max-seq-len")) { tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20); tc->arch_given |= 16; }
-        else if (!strcmp(f, "--seed")) tc->seed = (uint64_t)parse_int(f, v, 0, BIG);
-        else if (!strcmp(f, "--batch-size")) tc->B = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--seq-len")) tc->T = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--grad-accum")) tc->grad_accum = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--dp")) tc->dp = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--tp")) tc->tp = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
-        else if (!strcmp(f, "--schedule")) {
-            if (strcmp(v, "gpipe") && strcmp(v, "1f1b")) fatal("--schedule must be gpipe or 1f1b, got '%s'", v);
-            tc->pipe_schedule = strcmp(v, "gpipe") == 0 ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
-        } else if (!strcmp(f, "--micro-batches")) micro_batches = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--trace")) tc->trace = v;
-        else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
-        else if (!strcmp(f, "--fused-kernels")) fused_kernels = (int)parse_int(f, v, 0, 1);  // llmc/device.h
-        else if (!strcmp(f, "--attention")) {
-            if (strcmp(v, "classic") && strcmp(v, "flash")) fatal("--attention must be classic or flash, got '%s'", v);
-            attention_flash = strcmp(v, "flash") == 0;
-        }
-        else if (!strcmp(f, "--loss-scale")) {
-            if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
-            else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;
-            else {
-                tc->scaler.mode = SCALE_STATIC;
-                tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
-            }
-        } else if (!strcmp(f, "--loss-scale-init")) tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
-        else if (!strcmp(f, "--loss-scale-growth")) tc->scaler.growth = parse_float(f, v, 1.0, 1e6);
-        else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
-        else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
-        else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--device-memory")) tc->device_memory = parse_size(f, v);
-        else if (!strcmp(f, "--precision")) {
-            if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
-            tc->plan_precision = v;
-        } else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
-        else if (!strcmp(f, "--fault-inf-rank")) tc->fault_inf_rank = (int)parse_int(f, v, 0, 1 << 20);
-        else if (!strcmp(f, "--fault-inf-step")) tc->fault_inf_step = (int)parse_int(f, v, 1, 1 << 30);
-        else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
-        else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
-        else if (!strcmp(f, "--comm")) {
-            if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
-            tc->engine = v;
-        } else if (!strcmp(f, "--nccl-id-dir")) tc->nccl_id_dir = v;
-        else if (!strcmp(f, "--comm-timeout")) tc->comm_timeout = parse_float(f, v, 0.0f, 1e9f);
-        else if (!strcmp(f, "--io-timeout")) tc->io_timeout = parse_float(f, v, 0.0f, 1e9f);
-        else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
-        else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
-        else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, BIG);
-        else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, BIG);
-        else if (!strcmp(f, "--lr")) tc->opt.lr = parse_float(f, v, 0.0, 10.0);
-        else if (!strcmp(f, "--warmup")) tc->warmup = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--lr-schedule")) {
-            if (strcmp(v, "cosine") && strcmp(v, "linear") && strcmp(v, "constant"))
-                fatal("--lr-schedule must be cosine, linear or constant, got '%s'", v);
-            tc->schedule = v;
-        } else if (!strcmp(f, "--lr-min-frac")) tc->lr_min_frac = parse_float(f, v, 0.0, 1.0);
-        else if (!strcmp(f, "--beta1")) tc->opt.beta1 = parse_float(f, v, 0.0, 0.999999);
-        else if (!strcmp(f, "--beta2")) tc->opt.beta2 = parse_float(f, v, 0.0, 0.999999);
-        else if (!strcmp(f, "--eps")) {
-            tc->opt.eps = parse_float(f, v, 0.0, 1.0);
-            // AdamW divides m by sqrt(v) + eps, and m = v = 0 where a gradient is always 0 (the padded
-            // vocabulary rows): eps = 0 would write 0/0 = NaN into the model
-            if (!(tc->opt.eps > 0.0f)) fatal("--eps must be positive as a float32 (with 0, AdamW computes 0/0 for parameters whose gradient is 0), got '%s'", v);
-        }
-        else if (!strcmp(f, "--weight-decay")) tc->opt.weight_decay = parse_float(f, v, 0.0, 10.0);
-        else if (!strcmp(f, "--grad-clip")) tc->opt.grad_clip = parse_float(f, v, 0.0, 1e9);
-        else if (!strcmp(f, "--val-every")) tc->val_every = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--val-batches")) tc->val_batches = (int)parse_int(f, v, 1, 1 << 30);
-        else if (!strcmp(f, "--sample-every")) tc->sample_every = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--sample-len")) tc->sample_len = (int)parse_int(f, v, 1, 1 << 20);
-        else if (!strcmp(f, "--prompt")) tc->prompt = v;
-        else if (!strcmp(f, "--temperature")) tc->temperature = parse_float(f, v, 0.0, 1e6);
-        else if (!strcmp(f, "--top-k")) tc->top_k = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--bpe-dir")) tc->bpe_dir = v;
-        else if (!strcmp(f, "--encode")) tc->encode_file = v;
-        else if (!strcmp(f, "--eval-data")) tc->eval_data = v;
-        else if (!strcmp(f, "--eval-every")) tc->eval_every = (int)parse_int(f, v, 1, 1 << 30);
-        else if (!strcmp(f, "--eval-dump")) tc->eval_dump = v;
-        else if (!strcmp(f, "--save-every")) tc->save_every = (int)parse_int(f, v, 0, 1 << 30);
-        else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = checkpoint_dir_given = v;
-        else if (!strcmp(f, "--resume")) tc->resume = v;
-        else if (!strcmp(f, "--resume-if-present")) tc->resume_if_present = v;
-        else if (!strcmp(f, "--keep-last")) tc->keep_last = (int)parse_int(f, v, 1, 1 << 30);
-        else if (!strcmp(f, "--save-model")) tc->save_model = v;
-        else if (!strcmp(f, "--save-model-dtype")) {
-            if (strcmp(v, "fp32") && strcmp(v, "bf16")) fatal("--save-model-dtype must be fp32 or bf16, got '%s'", v);
-            tc->save_model_version = strcmp(v, "bf16") == 0 ? 5 : 3;
-        }
-        else if (!strcmp(f, "--log")) tc->log_file = v;
-        else fatal("unknown flag %s (see --help)", f);
+        if (!parse_data_model_flag(tc, f, v) && !parse_parallel_flag(tc, &seen, f, v) && !parse_precision_memory_flag(tc, f, v) &&
+            !parse_optimization_flag(tc, f, v) && !parse_output_flag(tc, &seen, f, v))
+            fatal("unknown flag %s (see --help)", f);
     }
-    if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
-    if (tc->resume && tc->resume_if_present) fatal("give --resume or --resume-if-present, not both");
-    // a resumed run saves where it resumed from, so that the next resume finds its newest checkpoint
-    if (!checkpoint_dir_given && (tc->resume || tc->resume_if_present)) tc->checkpoint_dir = tc->resume ? tc->resume : tc->resume_if_present;
-    if (micro_batches > 0) {  // B sequences per step, in M micro-batches of B/M: gradient accumulation over M
-        if (tc->grad_accum != 1) fatal("give --micro-batches or --grad-accum, not both");
-        if (tc->B % micro_batches != 0)
-            fatal("--batch-size %d does not split into %d micro-batches (it must be a multiple)", tc->B, micro_batches);
-        tc->B /= micro_batches;
-        tc->grad_accum = micro_batches;
-    }
-    if (tc->pp > 1 && tc->zero == 2)
-        fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its micro-batches "
-              "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
-              "per micro-batch; use --zero 1, which shards the optimizer state");
-    if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
-    if (tc->prompt && (tc->tokenizer == NULL || tc->tokenizer[0] == '\0' || tc->sample_every == 0))
-        fatal("--prompt needs sampling on: a --tokenizer and --sample-every above 0");
-    tc->arch.Vp = padded_vocab(tc->arch.V);
-    if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
-    if (!tc->model_file && !tc->resume && tc->T > tc->arch.maxT)
-        fatal("sequence length T=%d is longer than maxT=%d", tc->T, tc->arch.maxT);
+    check_flag_combinations(tc, &seen);
 }
 
 // --resume-if-present DIR: a requeued job's fixed command line. If DIR holds a complete checkpoint, the
