@@ -136,17 +136,19 @@ static void pipeline_print_schedule(Schedule sched, int P, int M) {
     printf("pipeline schedule %s: %d stage%s, %d micro-batch%s per step\n", sched == SCHEDULE_GPIPE ? "GPipe" : "1F1B", P,
            P > 1 ? "s" : "", M, M > 1 ? "es" : "");
     printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
+    int digits = 2;  // every slot is 2 + digits characters wide (4 up to 100 micro-batches), so columns align
+    for (int m = 100; m < M; m *= 10) digits++;
     for (int s = 0; s < P; s++) {
         printf("  stage %2d |", s);
         int t = 0;
         for (int i = 0; i < 2 * M; i++) {
             PipeAction a = acts[(size_t)s * 2 * M + i];
-            for (; t < start[(size_t)s * 2 * M + i]; t++) printf(" .  ");
-            printf(" %c%-3d", a.backward ? 'B' : 'F', a.micro);  // every slot 4 characters wide
-            if (a.backward) printf(" == ");
+            for (; t < start[(size_t)s * 2 * M + i]; t++) printf(" %-*s", digits + 1, ".");
+            printf(" %c%-*d", a.backward ? 'B' : 'F', digits, a.micro);
+            if (a.backward) printf(" %-*s", digits + 1, "==");
             t += a.backward ? 2 : 1;
         }
-        for (; t < width; t++) printf(" .  ");
+        for (; t < width; t++) printf(" %-*s", digits + 1, ".");
         printf("\n");
     }
     printf("actions and messages of each stage, in order (a3>1: micro-batch 3's activation sent to stage 1;\n"

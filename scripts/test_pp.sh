@@ -93,6 +93,25 @@ got=$(grep '^  stage  [01] |' "$TMP/sched.out" | sed 's/^  stage  \([01]\) |/sta
 want=$(sed -n 's/^ \*   \(stage [01]\)   \(.*\)/\1 \2/p' llmc/pipeline.h | sed 's/ *(GPipe.*//' | norm)
 if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "  ok    GPipe P=2 M=4 timeline equals the diagram in llmc/pipeline.h"
 else echo "  FAIL  GPipe P=2 M=4 timeline:"; echo "$got"; echo "  want:"; echo "$want"; fails=$((fails + 1)); fi
+# the timeline is a grid: slot t of every stage starts at the same column, so in GPipe micro-batch m's
+# forward on stage s sits in slot s + m (M=12 has two-digit ids, M=101 three-digit ones)
+for M in 12 101; do
+    "$BIN" --print-schedule --pp 4 --batch-size $M --micro-batches $M >"$TMP/sched.out" 2>&1
+    if "$PY" - "$TMP/sched.out" $M <<'PYEOF'
+import re, sys
+M, rows = int(sys.argv[2]), [l.rstrip("\n") for l in open(sys.argv[1]) if re.match(r"  stage +\d+ \|", l)]
+w = 4 if M <= 100 else 5
+ok = len(rows) == 4
+for s, row in enumerate(rows):
+    cells = row.split("|", 1)[1]
+    ok &= len(cells) % w == 0
+    slots = [cells[i:i + w].strip() for i in range(0, len(cells), w)]
+    ok &= all(slots[s + m] == f"F{m}" for m in range(M))
+sys.exit(0 if ok else 1)
+PYEOF
+    then echo "  ok    GPipe P=4 M=$M timeline: every slot in the same columns on every stage"
+    else echo "  FAIL  GPipe P=4 M=$M timeline columns:"; head -6 "$TMP/sched.out"; fails=$((fails + 1)); fi
+done
 # 1F1B, P=2, M=2: the messages as pipe_exchange sends them, worked out by hand from its rules
 "$BIN" --print-schedule --pp 2 --batch-size 2 --micro-batches 2 --schedule 1f1b >"$TMP/sched.out" 2>&1
 if grep -qF "stage  0 (2 activation slots) | F0 | send a0>1 | F1 | sendrecv a1>1 g0<1 | B0 | recv g1<1 | B1 |" "$TMP/sched.out" \
