@@ -767,8 +767,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     if (fused_kernels) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
     else copy_to_device(a->targets, targets, BT * sizeof(int));
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
-    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, Vpl, model->tp_rank * Vpl,
-                                      &model->kernel_scratch.vocab_ce);
+    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
     if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
         loss_mean(model->loss_dest, a->losses, (int)BT);
         return 0.0f;

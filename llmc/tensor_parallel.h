@@ -139,6 +139,18 @@ static size_t tensor_runs(TensorShape whole, int tp, int r, size_t file_base, si
 }
 
 // ----------------------------------------------------------------------------------------------------
+// this rank's rows of the padded vocabulary Vp: ids [start, start + rows), Vp/T each, in rank order of the
+// TP group. The vocab-parallel embedding and cross-entropy below both take their slice from here.
+typedef struct {
+    int start, rows;
+} VocabSlice;
+
+static VocabSlice vocab_slice(const Comm* comm, int Vp) {
+    int rows = Vp / comm->tp_group.size;
+    return (VocabSlice){.start = comm->tp_group.rank * rows, .rows = rows};
+}
+
+// ----------------------------------------------------------------------------------------------------
 // vocab-parallel cross-entropy, in three passes with two reductions across the TP group in between:
 //   1. m_local = max of the row's real logits (global id < V) on this rank      -> all-reduce max
 //   2. s_local = sum exp(x - m), t_local = the target's logit if this rank has it -> all-reduce sum
@@ -230,9 +242,12 @@ __global__ void vocab_ce_finish_kernel(floatX* logits, float* losses, const floa
 #endif
 
 // the vocab-parallel classifier_forward_backward (see classifier.h); collective over the TP group.
+// logits (N, Vp/T): this rank's rows of the padded vocabulary Vp (V real ids, the rest excluded).
 // `scratch` holds each row's max (N), then its sum of exponentials and target logit (N, 2)
 static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* losses, const int* targets, float dloss, int N,
-                                         int V, int Vl, int start, Scratch* scratch) {
+                                         int V, int Vp, Scratch* scratch) {
+    VocabSlice slice = vocab_slice(comm, Vp);
+    int Vl = slice.rows, start = slice.start;
     float* m = (float*)scratch_get(scratch, 3 * (size_t)N * sizeof(float));
     float* st = m + N;
 #ifdef LLMC_CPU
@@ -266,8 +281,8 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 // out (B,T,C) = wte[inp] + wpe[t]: a g over the ranks' lookups (inp: ids on the device)
 static void vocab_parallel_embedding_forward(Comm* comm, floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
                                              int B, int T, int C, int Vp) {
-    int r = comm->tp_group.rank, Vl = Vp / comm->tp_group.size;
-    encoder_forward(out, inp, wte, r == 0 ? wpe : NULL, B, T, C, r * Vl, Vl);  // wpe once, on rank 0
+    VocabSlice slice = vocab_slice(comm, Vp);
+    encoder_forward(out, inp, wte, slice.start == 0 ? wpe : NULL, B, T, C, slice.start, slice.rows);  // wpe once, on rank 0
     tp_g_forward(comm, out, (size_t)B * T * C);
 }
 
@@ -275,8 +290,8 @@ static void vocab_parallel_embedding_forward(Comm* comm, floatX* out, const int*
 // communication, dout is replicated (inp_host: the same ids on the host; scratch: encoder_backward's)
 static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
                                               const int* inp_host, int B, int T, int C, int Vp, Scratch* scratch) {
-    int r = comm->tp_group.rank, Vl = Vp / comm->tp_group.size;
-    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, r * Vl, Vl, scratch);
+    VocabSlice slice = vocab_slice(comm, Vp);
+    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, slice.start, slice.rows, scratch);
 }
 
 // ----------------------------------------------------------------------------------------------------
