@@ -107,12 +107,12 @@ static Comm* single_rank(void) {
     return &single;
 }
 
-static void load_model(GPT2* model, const char* path) {
+static void load_model(GPT2* model, const char* path, const KernelChoice* kernels) {
     GPT2Config c;
     float* p = NULL;
     model_file_read(path, &c, &p);
     Placement place = placement_single(&c);
-    gpt2_build(model, &c, single_rank(), &place);
+    gpt2_build(model, &c, single_rank(), &place, kernels);
     gpt2_set_parameters(model, p);
     free(p);
 }
@@ -158,14 +158,14 @@ static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const 
     free(ours_qv), free(ref_qv);
 }
 
-static void test_against_reference(const char* dir, const char* name) {
+static void test_against_reference(const KernelChoice* kernels, const char* dir, const char* name) {
     char model_path[4096], debug_path[4096];
     snprintf(model_path, sizeof(model_path), "%s/ref_%s_model.bin", dir, name);
     snprintf(debug_path, sizeof(debug_path), "%s/ref_%s_debug.bin", dir, name);
     Reference r;
     read_reference(&r, debug_path);
     GPT2 model;
-    load_model(&model, model_path);
+    load_model(&model, model_path, kernels);
     const GPT2Config* c = &model.config;
     printf("reference '%s': L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, B=%d T=%d\n", name, c->L, c->C, c->NH, c->V, c->Vp, c->maxT, r.B, r.T);
     if (c->V != r.V || c->Vp != r.Vp || c->L != r.L || c->C != r.C || model.num_parameters != r.num_params)
@@ -199,7 +199,7 @@ static void test_against_reference(const char* dir, const char* name) {
     gpt2_free(&model);
 
     // 10 AdamW steps on the same batch, from the same start
-    load_model(&model, model_path);
+    load_model(&model, model_path, kernels);
     gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
     a = &model.slots[0];
     OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.weight_decay,
@@ -238,7 +238,7 @@ static void write_random_tokens(const char* path, long long n, int V, uint64_t s
 }
 
 // 20 steps in one go == 10 steps, checkpoint, resume, 10 more: every loss bit, and the final model file.
-static void test_resume(const char* dir) {
+static void test_resume(const KernelChoice* kernels, const char* dir) {
     printf("resume determinism (cosine schedule with warmup, grad accumulation 2, shuffled data)\n");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
@@ -252,6 +252,7 @@ static void test_resume(const char* dir) {
 
     TrainConfig tc;
     default_train_config(&tc);
+    tc.kernels = *kernels;
     tc.train_data = data;
     tc.val_data = "";
     tc.tokenizer = "";
@@ -300,7 +301,7 @@ static void test_resume(const char* dir) {
 // Gradient accumulation: by the data-order contract, B=2 with 2 micro-steps reads exactly the tokens
 // of B=4 with 1, and the loss weights 1/(B*T*accum) make the gradients equal; so the two runs must
 // give the same losses to rounding (sums over 2 micro-batches instead of one batch: ~1e-7).
-static void test_grad_accumulation(const char* dir) {
+static void test_grad_accumulation(const KernelChoice* kernels, const char* dir) {
     printf("gradient accumulation: B=4 x 1 micro-step == B=2 x 2 micro-steps\n");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
@@ -310,6 +311,7 @@ static void test_grad_accumulation(const char* dir) {
     write_random_tokens(data, 5000, 512, 11);
     TrainConfig tc;
     default_train_config(&tc);
+    tc.kernels = *kernels;
     tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
     tc.T = 32, tc.steps = 8, tc.warmup = 2;
     float whole[8], accumulated[8];
@@ -328,7 +330,7 @@ static void test_grad_accumulation(const char* dir) {
 
 // A version 5 (bf16) model file loads as the bf16 values of its parameters: every element read back
 // equals the float32 -> bf16 -> float32 round trip of the reference parameter, exactly.
-static void test_bf16_model_file(const char* dir) {
+static void test_bf16_model_file(const KernelChoice* kernels, const char* dir) {
     printf("bf16 model file (version 5)\n");
     char path[4096], tmp_path[] = "/tmp/test_gpt_bf16_XXXXXX";
     snprintf(path, sizeof(path), "%s/ref_small_model.bin", dir);
@@ -351,7 +353,7 @@ static void test_bf16_model_file(const char* dir) {
     fwrite_check(bf, sizeof(uint16_t), n, f, tmp_path);
     fclose(f);
     GPT2 model;
-    load_model(&model, tmp_path);
+    load_model(&model, tmp_path, kernels);
     float* back = (float*)malloc_check(n * sizeof(float));
     gpt2_export_master(&model, back);
     size_t mismatches = 0;
@@ -371,7 +373,7 @@ static void test_bf16_model_file(const char* dir) {
 //   optimizer   k*Psi*4 at stage 0, k*Psi/D*4 at stages 1 and 2 (k = 2: m, v; k = 3 with the fp32
 //               master weights of a BF16 build)
 // The allocation is real (the model is built for rank d of D); no communication is needed to build it.
-static void test_zero_memory(const char* dir) {
+static void test_zero_memory(const KernelChoice* kernels, const char* dir) {
     printf("ZeRO memory per rank (odd config: its parameter count is divisible by nothing in particular)\n");
     char path[4096];
     snprintf(path, sizeof(path), "%s/ref_odd_model.bin", dir);
@@ -383,7 +385,7 @@ static void test_zero_memory(const char* dir) {
             for (int d = 0; d < D; d++) {
                 GPT2 model;
                 Placement place = {.zero = stage, .dp = D, .dp_rank = d, .tp = 1, .pp = 1, .l1 = c.L};
-                gpt2_build(&model, &c, single_rank(), &place);
+                gpt2_build(&model, &c, single_rank(), &place, kernels);
                 size_t psi = model.layout.total;
                 size_t largest_layer = 0;
                 for (int b = 1; b <= c.L; b++) largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size : largest_layer;
@@ -409,7 +411,7 @@ static void test_zero_memory(const char* dir) {
 // all of it, and the split activations (qkv, attention output and probabilities, MLP hidden, logits,
 // the wide backward buffer) are 1/T of the single-rank ones. Sizes are read off the real allocation:
 // a buffer's size is the distance to the next one (each rounded up to 256 bytes).
-static void test_tp_memory(void) {
+static void test_tp_memory(const KernelChoice* kernels) {
     printf("TP memory per rank (L=2 C=48 NH=12 V=700, B=4 T=16)\n");
     GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 2, .NH = 12, .C = 48};
     int B = 4, T = 16;
@@ -417,7 +419,7 @@ static void test_tp_memory(void) {
     for (int tp = 1; tp <= 4; tp++) {
         GPT2 model;
         Placement place = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
-        gpt2_build(&model, &c, single_rank(), &place);
+        gpt2_build(&model, &c, single_rank(), &place, kernels);
         gpt2_allocate_activations(&model, B, T, 1, 0);
         size_t split_local = 0, split_whole = 0, replicated = 0;
         int ok = 1;
@@ -454,7 +456,7 @@ static void test_tp_memory(void) {
 // Pipeline activation memory. A schedule's slot count must equal the most micro-batches it ever holds
 // (forwards done minus backwards done, simulated from its action list): M for GPipe, min(P - s, M) for
 // 1F1B; and each stage's activation bytes must grow by one slot's size per slot, read off the allocation.
-static void test_pipeline_memory(void) {
+static void test_pipeline_memory(const KernelChoice* kernels) {
     printf("pipeline activation memory per stage (L=5 C=32 NH=4 V=512, P=4, B=2 T=16)\n");
     GPT2Config c = {.maxT = 16, .V = 512, .Vp = 512, .L = 5, .NH = 4, .C = 32};
     int P = 4, first[5];
@@ -475,14 +477,14 @@ static void test_pipeline_memory(void) {
                 for (int k = 0; k < 2; k++) {  // allocated with `slots` slots and with one
                     GPT2 model;
                     Placement place = {.dp = 1, .tp = 1, .pp = P, .pp_rank = st, .l0 = first[st], .l1 = first[st + 1]};
-                    gpt2_build(&model, &c, single_rank(), &place);
+                    gpt2_build(&model, &c, single_rank(), &place, kernels);
                     gpt2_allocate_activations(&model, 2, 16, k == 0 ? slots : 1, 0);
                     bytes[k] = model.bytes_activations;
                     gpt2_free(&model);
                 }
                 GPT2 two;
                 Placement place = {.dp = 1, .tp = 1, .pp = P, .pp_rank = st, .l0 = first[st], .l1 = first[st + 1]};
-                gpt2_build(&two, &c, single_rank(), &place);
+                gpt2_build(&two, &c, single_rank(), &place, kernels);
                 gpt2_allocate_activations(&two, 2, 16, 2, 0);
                 size_t per_slot = two.bytes_activations - bytes[1];
                 gpt2_free(&two);
@@ -498,8 +500,8 @@ static void test_pipeline_memory(void) {
 // Recomputation: 10 training steps give bit-identical losses and final parameters at every --recompute
 // level (backward recomputes with the same operations on the same inputs), and the activation memory
 // falls at each level by exactly what that level stops keeping for the layers beyond the first.
-static void test_recompute(const char* dir, const char* name, int B, int T, int V) {
-    printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T, attention_flash ? ", flash attention" : "");
+static void test_recompute(const KernelChoice* kernels, const char* dir, const char* name, int B, int T, int V) {
+    printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T, kernels->flash_attention ? ", flash attention" : "");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
     char data[4200], model_path[4096], out[4][4300];
@@ -510,6 +512,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
     for (int R = 0; R <= 3; R++) {
         TrainConfig tc;
         default_train_config(&tc);
+        tc.kernels = *kernels;
         tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
         tc.B = B, tc.T = T, tc.steps = 10, tc.recompute = R;
         snprintf(out[R], sizeof(out[R]), "%s/model_R%d.bin", tmp, R);
@@ -527,7 +530,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
         int same = memcmp(losses[R], losses[0], sizeof(losses[0])) == 0 && memcmp(pr, p0, n * sizeof(float)) == 0;
         GPT2 model;
         Placement place = placement_single(&c);
-        gpt2_build(&model, &c, single_rank(), &place);
+        gpt2_build(&model, &c, single_rank(), &place, kernels);
         model.recompute = R;
         gpt2_allocate_activations(&model, B, T, 1, 0);
         bytes[R] = model.bytes_activations;
@@ -535,7 +538,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
         // what each level stops keeping for layers 1..L-1 (fx bytes): R1 GELU out, R2 two LN outs,
         // R3 ln stats, qkv, atty, att (flash: lse), residual2, fch; each buffer rounded to 256 bytes
         size_t fx = sizeof(floatX), BT = (size_t)B * T, L = c.L, C = c.C;
-        size_t att = attention_flash ? (size_t)c.NH * T * B * 4 : (size_t)c.NH * T * T * B * fx;
+        size_t att = kernels->flash_attention ? (size_t)c.NH * T * B * 4 : (size_t)c.NH * T * T * B * fx;
         size_t drop = 0;
         if (R >= 1) drop += round_up(L * BT * 4 * C * fx, 256) - round_up(BT * 4 * C * fx, 256);
         if (R >= 2) drop += 2 * (round_up(L * BT * C * fx, 256) - round_up(BT * C * fx, 256));
@@ -559,7 +562,7 @@ static void test_recompute(const char* dir, const char* name, int B, int T, int 
 // allocate exactly what the plan says, category by category, and nothing outside those categories
 // (the device allocation counter moves by the plan's total). A grid of dp, tp, pp, ZeRO stage,
 // recomputation, rematerialization and batch.
-static void test_memory_plan(void) {
+static void test_memory_plan(const KernelChoice* kernels) {
     printf("memory plan = measured allocation (L=4 C=48 NH=12 V=700), grid of configurations\n");
     GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
     int n = 0, bad = 0;
@@ -576,10 +579,10 @@ static void test_memory_plan(void) {
                                 Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st,
                                                 .l0 = first[st], .l1 = first[st + 1]};
                                 int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
-                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1, sizeof(floatX));
+                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1, sizeof(floatX), kernels);
                                 size_t before = device_allocated_bytes;
                                 GPT2 model;
-                                gpt2_build(&model, &c, single_rank(), &pl);
+                                gpt2_build(&model, &c, single_rank(), &pl, kernels);
                                 model.recompute = R;
                                 gpt2_allocate_activations(&model, B, 16, slots, remat);
                                 size_t measured = device_allocated_bytes - before;
@@ -603,21 +606,22 @@ static void test_memory_plan(void) {
 // --attention flash in the planner: built for real, a rank allocates what the plan says, and its
 // activations lose exactly the (B, NH/tp, T, T) probabilities per kept layer for the (B, NH/tp, T) fp32
 // logsumexp (the T x T term disappears). Planning needs no GPU, so every target checks it.
-static void test_memory_plan_flash(void) {
+static void test_memory_plan_flash(const KernelChoice* kernels) {
     printf("memory plan with --attention flash (L=4 C=48 NH=12 V=700, T=16)\n");
     GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
-    int saved = attention_flash, bad = 0, T = 16;
+    // this run's kernels, with classic and with flash attention (the model is built with flash)
+    KernelChoice classic_kernels = {.fused = kernels->fused, .flash_attention = 0};
+    KernelChoice flash_kernels = {.fused = kernels->fused, .flash_attention = 1};
+    int bad = 0, T = 16;
     for (int tp = 1; tp <= 2; tp++)
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {
                 Placement pl = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
-                attention_flash = 0;
-                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX));
-                attention_flash = 1;
-                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX));
+                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX), &classic_kernels);
+                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX), &flash_kernels);
                 size_t before = device_allocated_bytes;
                 GPT2 model;
-                gpt2_build(&model, &c, single_rank(), &pl);
+                gpt2_build(&model, &c, single_rank(), &pl, &flash_kernels);
                 model.recompute = R;
                 gpt2_allocate_activations(&model, B, T, 1, 0);
                 size_t measured = device_allocated_bytes - before;
@@ -632,7 +636,6 @@ static void test_memory_plan_flash(void) {
                 }
                 gpt2_free(&model);
             }
-    attention_flash = saved;
     printf("  8 configurations: %s\n", bad ? "FAIL" : "plan equals the allocation, the T x T term is gone  ok");
     failures += bad;
 }
@@ -670,41 +673,42 @@ static void test_token_grouping(void) {
 
 int main(int argc, char** argv) {
     const char* dir = "build/ref";
+    KernelChoice kernels = {.fused = 0, .flash_attention = 0};  // every check's models and runs use these kernels
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention") && i + 1 < argc) {
             if (strcmp(argv[i + 1], "classic") && strcmp(argv[i + 1], "flash")) fatal("--attention must be classic or flash");
-            attention_flash = !strcmp(argv[++i], "flash");
+            kernels.flash_attention = !strcmp(argv[++i], "flash");
         } else if (argv[i][0] == '-') fatal("usage: test_gpt [reference folder] [--attention classic|flash]");
         else dir = argv[i];
     }
     // LLMC_FUSED_KERNELS=1 runs every check with --fused-kernels 1 (llmc/device.h), same tolerances
     const char* fused = getenv("LLMC_FUSED_KERNELS");
     if (fused != NULL && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0) fatal("LLMC_FUSED_KERNELS must be 0 or 1, got '%s'", fused);
-    fused_kernels = fused != NULL && strcmp(fused, "1") == 0;
+    kernels.fused = fused != NULL && strcmp(fused, "1") == 0;
     printf("test_gpt: target %s, precision %s, fused kernels %s, attention %s, references in %s\n", TARGET_NAME, PRECISION_NAME,
-           fused_kernels ? "on" : "off", attention_flash ? "flash" : "classic", dir);
-    if (attention_flash) attention_flash_validate(64, 1, sizeof(floatX), 0);  // a clear error on CPU / FP32 builds
+           kernels.fused ? "on" : "off", kernels.flash_attention ? "flash" : "classic", dir);
+    if (kernels.flash_attention) attention_flash_validate(64, 1, sizeof(floatX), 0);  // a clear error on CPU / FP32 builds
     device_require_gpu();
-    if (attention_flash) {  // only head size 64 runs on the flash path
+    if (kernels.flash_attention) {  // only head size 64 runs on the flash path
         printf("--attention flash: checks with head size 64 only (small, odd, resume, accumulation, bf16 file, "
                "ZeRO, TP and pipeline memory are checked without it)\n");
-        test_against_reference(dir, "hs64");
-        test_recompute(dir, "hs64", 2, 100, 512);
-        test_memory_plan();
-        test_memory_plan_flash();
+        test_against_reference(&kernels, dir, "hs64");
+        test_recompute(&kernels, dir, "hs64", 2, 100, 512);
+        test_memory_plan(&kernels);
+        test_memory_plan_flash(&kernels);
     } else {
-        test_against_reference(dir, "small");
-        test_against_reference(dir, "odd");
-        test_against_reference(dir, "hs64");
-        test_resume(dir);
-        test_grad_accumulation(dir);
-        test_bf16_model_file(dir);
-        test_zero_memory(dir);
-        test_tp_memory();
-        test_pipeline_memory();
-        test_recompute(dir, "odd", 3, 37, 1000);
-        test_memory_plan();
-        test_memory_plan_flash();
+        test_against_reference(&kernels, dir, "small");
+        test_against_reference(&kernels, dir, "odd");
+        test_against_reference(&kernels, dir, "hs64");
+        test_resume(&kernels, dir);
+        test_grad_accumulation(&kernels, dir);
+        test_bf16_model_file(&kernels, dir);
+        test_zero_memory(&kernels, dir);
+        test_tp_memory(&kernels);
+        test_pipeline_memory(&kernels);
+        test_recompute(&kernels, dir, "odd", 3, 37, 1000);
+        test_memory_plan(&kernels);
+        test_memory_plan_flash(&kernels);
     }
     test_token_grouping();
     if (failures) {

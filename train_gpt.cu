@@ -319,6 +319,7 @@ typedef struct {
     ParamLayout layout;
     size_t num_parameters;  // real parameters (padding of Vp included, alignment gaps not)
     BuildMode mode;         // real, or dry for the planner (and the element size it plans for)
+    KernelChoice kernels;   // which kernel variants forward and backward launch (llmc/device.h)
     Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
     Placement place;        // this rank's grid position, its layers and its slices
     int tp, tp_rank;        // = place.tp, place.tp_rank (used everywhere)
@@ -373,10 +374,13 @@ static void gpt2_init_norm_parts(GPT2* model);
 
 // Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
 // slices of the split tensors), DP rank dp_rank of dp, sharded per ZeRO stage `zero_stage` (llmc/zero.h).
-// `mode`: for real, or dry for the planner (gpt2_build builds for a run).
-static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const BuildMode* mode) {
+// `mode`: for real, or dry for the planner (gpt2_build builds for a run); `kernels`: the run's choice of
+// kernel variants, which the activations' layout follows too.
+static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const BuildMode* mode,
+                          const KernelChoice* kernels) {
     memset(model, 0, sizeof(*model));
     model->mode = *mode;
+    model->kernels = *kernels;
     validate_config(c, "model");
     validate_tp(c, place->tp);
     model->config = *c;
@@ -413,8 +417,8 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
 }
 
 // For real runs and tests: builds for this build's precision, allocating everything.
-static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place) {
-    gpt2_build_as(model, c, comm, place, &BUILD_FOR_RUN);
+static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const KernelChoice* kernels) {
+    gpt2_build_as(model, c, comm, place, &BUILD_FOR_RUN, kernels);
 }
 
 static void gpt2_free(GPT2* model) {
@@ -586,6 +590,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         Activations* a = &sets[i];
         int full = i < n_full;
         size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
+        int flash = model->kernels.flash_attention;
         // per-layer buffers, or one layer's worth for what --recompute recomputes (see LayerActs)
         int R = model->recompute;
         size_t Lall = R < 3 ? L : 1, Lln = R < 2 ? L : 1, Lgelu = R < 1 ? L : 1;
@@ -593,8 +598,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
             {(void**)&a->encoded, BT * C * fx},                  {(void**)&a->ln1, k * Lln * BT * C * fx},
             {(void**)&a->ln1_mean, k * Lall * BT * f},           {(void**)&a->ln1_rstd, k * Lall * BT * f},
             {(void**)&a->qkv, k * Lall * BT * 3 * Cl * fx},      {(void**)&a->atty, k * Lall * BT * Cl * fx},
-            {(void**)&a->att, attention_flash ? 0 : k * Lall * B * NHl * T * T * fx},  // flash: no T x T term
-            {(void**)&a->lse, attention_flash ? k * Lall * B * NHl * T * f : 0},       {(void**)&a->residual2, k * Lall * BT * C * fx},
+            {(void**)&a->att, flash ? 0 : k * Lall * B * NHl * T * T * fx},  // flash: no T x T term
+            {(void**)&a->lse, flash ? k * Lall * B * NHl * T * f : 0},       {(void**)&a->residual2, k * Lall * BT * C * fx},
             {(void**)&a->ln2, k * Lln * BT * C * fx},            {(void**)&a->ln2_mean, k * Lall * BT * f},
             {(void**)&a->ln2_rstd, k * Lall * BT * f},           {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},
             {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * L * BT * C * fx},
@@ -634,11 +639,11 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
                                  const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
     if (model->tp == 1) {
-        matmul_forward(scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul);
+        matmul_forward(scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
         residual_forward(out, residual, scratch, (size_t)N * C);
         return;
     }
-    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul);
+    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
     tp_g_forward(model->comm, scratch, (size_t)N * C);  // TP: g
     residual_bias_forward(out, residual, scratch, bias, N, C);
 }
@@ -680,8 +685,8 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.ln1_rstd = a->ln1_rstd + all * BT;
     la.qkv = a->qkv + all * BT * 3 * Cl;
     la.atty = a->atty + all * BT * Cl;
-    la.att = attention_flash ? NULL : a->att + all * B * NHl * T * T;
-    la.lse = attention_flash ? a->lse + all * B * NHl * T : NULL;
+    la.att = model->kernels.flash_attention ? NULL : a->att + all * B * NHl * T * T;
+    la.lse = model->kernels.flash_attention ? a->lse + all * B * NHl * T : NULL;
     la.residual2 = a->residual2 + all * BT * C;
     la.ln2 = a->ln2 + ln * BT * C;
     la.ln2_mean = a->ln2_mean + all * BT;
@@ -698,38 +703,39 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     int C = model->config.C, Cl = C / model->tp, NHl = model->config.NH / model->tp;
     size_t BT = (size_t)B * T;
     KernelScratch* ks = &model->kernel_scratch;
+    int fused = model->kernels.fused, flash = model->kernels.flash_attention;
     // attention block: residual2 = input + attproj(attention(ln1(input)))
-    layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
-    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul);  // TP: column-parallel, our heads
-    if (attention_flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
+    layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C, fused);
+    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, fused);  // TP: column-parallel, our heads
+    if (flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
     else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention);
-    if (fused_kernels && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
-        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul);
+    if (fused && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
+        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul, fused);
         residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, la->scratch, w->ln2w,
-                                   w->ln2b, BT, C);
+                                   w->ln2b, BT, C, fused);
     } else {
         row_parallel_forward(model, la->residual2, la->input, la->atty, w->attprojw, w->attprojb, la->scratch, BT, Cl);
-        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
+        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C, fused);
     }
     // MLP block: output = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul);  // TP: column-parallel, our hidden units
-    gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
+    matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul, fused);  // TP: column-parallel, our hidden units
+    gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl, fused);
     row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
 }
 
 // before a layer's backward: recompute what --recompute did not keep
 static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
-    int R = model->recompute, C = model->config.C, Cl = C / model->tp;
+    int R = model->recompute, C = model->config.C, Cl = C / model->tp, fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     if (R == 3) {
         layer_forward(model, la, w, B, T);  // rewrites la->output with the same values
         return;
     }
     if (R >= 2) {
-        layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C);
-        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C);
+        layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C, fused);
+        layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C, fused);
     }
-    if (R >= 1) gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl);
+    if (R >= 1) gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl, fused);
 }
 
 // Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set a (a
@@ -745,10 +751,11 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
     int C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
+    int fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     Comm* comm = model->comm;
     if (model->first) {
-        if (fused_kernels) copy_to_device_nowait(a->inputs, inputs, BT * sizeof(int));  // llmc/device.h: pageable, staged
+        if (fused) copy_to_device_nowait(a->inputs, inputs, BT * sizeof(int));  // llmc/device.h: pageable, staged
         else copy_to_device(a->inputs, inputs, BT * sizeof(int));
         if (a->host_inputs != inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));  // the pipeline passes them in place
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
@@ -760,13 +767,13 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     }
     if (!model->last) return 0.0f;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (Ls - 1) * BT * C, model->params.lnfw,
-                      model->params.lnfb, BT, C);
-    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul);  // tied: logits = lnf . wte^T (TP: our rows)
+                      model->params.lnfb, BT, C, fused);
+    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, fused);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
-    if (fused_kernels) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
+    if (fused) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
     else copy_to_device(a->targets, targets, BT * sizeof(int));
-    if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp);
+    if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, fused);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
     if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
         loss_mean(model->loss_dest, a->losses, (int)BT);
@@ -815,16 +822,17 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     Weights* p = &model->params;
     Weights* g = &model->grads;
     KernelScratch* ks = &model->kernel_scratch;
+    int fused = model->kernels.fused, flash = model->kernels.flash_attention;
     communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2: in every micro-step
     zero2_begin_micro_step(&model->zero2);
     if (model->last) {
         // classifier: the fused kernel already turned logits into dlogits
-        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul);  // dlnf (=), dwte (+=)
+        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, fused);  // dlnf (=), dwte (+=)
         tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
         layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (Ls - 1) * BT * C, p->lnfw, a->lnf_mean,
-                           a->lnf_rstd, BT, C, &ks->layernorm);
+                           a->lnf_rstd, BT, C, &ks->layernorm, fused);
         gradients_ready(model, L + 1, communicate);
     }  // other stages: the pipeline has put the next stage's input gradient in dresidual
 
@@ -838,27 +846,27 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
-        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C, &ks->matmul);  // dfch_gelu =
-        gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl);                                                     // dfch = (in place)
-        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul);        // dln2 =
+        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, fused);  // dfch_gelu =
+        gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl, fused);                                              // dfch = (in place)
+        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, fused); // dln2 =
         tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
-                           BT, C, &ks->layernorm);                                                                   // dresidual2 +=
+                           BT, C, &ks->layernorm, fused);                                                            // dresidual2 +=
         // attention block
-        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul);  // datty =
-        if (attention_flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
+        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul, fused);  // datty =
+        if (flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
         else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention);                // dqkv =
-        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul);     // dln1 =
+        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul, fused);  // dln1 =
         tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
-                           BT, C, &ks->layernorm);                                                                   // dresidual +=
+                           BT, C, &ks->layernorm, fused);                                                            // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         zero2_layer_done(model->comm, &model->zero2, l);
     }
     if (model->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
         vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp,
-                                          &ks->encoder);
+                                          &ks->encoder, fused);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
     // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);
@@ -1132,7 +1140,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     pipeline_schedule(schedule, pl->pp, pl->pp_rank, M, actions);
     PendingSend pending = {NULL, -1, 0};
     double loss = 0.0, t_start = wall_seconds();
-    int defer_loss = fused_kernels && model->last;  // the micro-steps' mean losses stay on the device
+    int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
     if (defer_loss) reserve_step_losses(model, M);
     for (int i = 0; i < 2 * M; i++) {
         int m = actions[i].micro;
@@ -1422,6 +1430,7 @@ typedef struct {
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
     int recompute;         // --recompute 0..3 (see LayerActs)
     int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
+    KernelChoice kernels;     // --fused-kernels, --attention (llmc/device.h): the model's kernel variants
     int plan;                 // --plan: print the memory plan and exit
     int print_schedule;       // --print-schedule: print every stage's pipeline schedule and exit
     const char* plan_precision;
@@ -1522,30 +1531,32 @@ static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratc
 }
 
 // the scratch the GPU kernels allocate on first use (the model's KernelScratch, cuBLASLt's workspace)
-static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes) {
+static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes,
+                                 const KernelChoice* kernels) {
     size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
-    size_t attention = attention_flash ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
-                                       : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
+    size_t attention = kernels->flash_attention ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
+                                                : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
-    if (fused_kernels) reductions = 512 * 2 * c->C * 4 + 128 * widest * 4 + 1024 * 4;  // --fused-kernels: 512 LayerNorm (LNB_BLOCKS) and 128 bias partial rows
+    if (kernels->fused) reductions = 512 * 2 * c->C * 4 + 128 * widest * 4 + 1024 * 4;  // --fused-kernels: 512 LayerNorm (LNB_BLOCKS) and 128 bias partial rows
     size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
 
-// Builds one rank dry, with elements of `elem_bytes`, and reads off its allocation by category.
-// `phases` (PLAN_*): what the run does besides training, for the CPU target's host copies (<0: not counted).
+// Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
+// allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
+// copies (<0: not counted).
 static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize,
-                            int phases, size_t elem_bytes) {
+                            int phases, size_t elem_bytes, const KernelChoice* kernels) {
     GPT2 model;
     Comm single = comm_single();
-    BuildMode dry = {elem_bytes, 1};
-    gpt2_build_as(&model, c, &single, pl, &dry);
+    BuildMode dry = {.elem_bytes = elem_bytes, .dry = 1};
+    gpt2_build_as(&model, c, &single, pl, &dry, kernels);
     model.recompute = recompute;
     gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
     int cpu = plan_is_cpu(elem_bytes);
     MemoryPlan p = {model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_activations,
                     model.bytes_workspace, model.bytes_comm,
-                    cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes), 0};
+                    cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels), 0};
     if (cpu && phases >= 0) p.host = plan_host_copies(&model, phases, p.activations + p.kernel_scratch);
     gpt2_free(&model);
     return p;
@@ -1563,7 +1574,7 @@ static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, in
         int slots = pipeline_schedule(tc->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule, tc->pp, s, tc->grad_accum, plan);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases, elem_bytes);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases, elem_bytes, &tc->kernels);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;
         if (print) {
@@ -1590,7 +1601,7 @@ static void print_plan(const TrainConfig* tc, const char* precision, double devi
     validate_tp(&c, tc->tp);
     if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
     size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
-    if (attention_flash) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
+    if (tc->kernels.flash_attention) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
     int dp = tc->dp > 0 ? tc->dp : 1;
     printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
            plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
@@ -2012,8 +2023,8 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
     Placement place = {.zero = tc->zero, .dp = comm->dp, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
                        .pp = comm->pp, .pp_rank = comm->pp_rank, .l0 = stage_first[comm->pp_rank], .l1 = stage_first[comm->pp_rank + 1]};
     free(stage_first);
-    if (attention_flash) attention_flash_validate(config->C, config->NH, sizeof(floatX), 0);
-    gpt2_build(model, config, comm, &place);
+    if (tc->kernels.flash_attention) attention_flash_validate(config->C, config->NH, sizeof(floatX), 0);
+    gpt2_build(model, config, comm, &place, &tc->kernels);
     model->recompute = tc->recompute;
     if (params) gpt2_set_parameters(model, params);
     else gpt2_init_random(model, tc->seed);
@@ -2271,7 +2282,7 @@ static void report_step(Training* run, long long step, const StepResult* r) {
         size_t free_b, total_b;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
         MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->n_slots, tc->recompute, tc->rematerialize, -1,
-                                 sizeof(floatX));
+                                 sizeof(floatX), &run->model.kernels);
         printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
                (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
     }
@@ -2583,12 +2594,12 @@ static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const cha
     else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
     else if (!strcmp(f, "--attention")) {
         if (strcmp(v, "classic") && strcmp(v, "flash")) fatal("--attention must be classic or flash, got '%s'", v);
-        attention_flash = strcmp(v, "flash") == 0;
+        tc->kernels.flash_attention = strcmp(v, "flash") == 0;
     } else if (!strcmp(f, "--device-memory")) tc->device_memory = parse_size(f, v);
     else if (!strcmp(f, "--precision")) {
         if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
         tc->plan_precision = v;
-    } else if (!strcmp(f, "--fused-kernels")) fused_kernels = (int)parse_int(f, v, 0, 1);  // llmc/device.h
+    } else if (!strcmp(f, "--fused-kernels")) tc->kernels.fused = (int)parse_int(f, v, 0, 1);  // llmc/device.h
     else return 0;
     return 1;
 }

@@ -29,10 +29,6 @@
 #include "matmul.h"
 #include "attention_flash.h"
 
-// --attention flash (0: the classic path above). Set once from the command line, before anything is
-// allocated: the activations (att or lse) and the memory plan follow it.
-static int attention_flash = 0;
-
 // the errors for configurations the flash path cannot run: not a 16-bit GPU build (bytes = element size
 // the run or plan uses; for_plan: only planning, so the CPU target may plan a GPU run), or head size != 64
 static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) {

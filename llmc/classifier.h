@@ -185,11 +185,14 @@ static void loss_mean(float* out, const float* losses, int N) {
 #endif
 }
 
-static void classifier_forward_backward(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
+// `fused`: the run's --fused-kernels (KernelChoice.fused): the 16-byte kernel where the shapes allow it
+static void classifier_forward_backward(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
+                                        int fused) {
 #ifdef LLMC_CPU
+    (void)fused;
     classifier_forward_backward_cpu(logits, losses, targets, dloss, N, V, Vp);
 #else
-    if (fused_kernels && Vp % Pack128::size == 0 && aligned16(logits))
+    if (fused && Vp % Pack128::size == 0 && aligned16(logits))
         classifier_vec_kernel<<<N, CLASSIFIER_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
     else
         classifier_kernel<<<N, 512, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);

@@ -72,17 +72,26 @@ typedef float floatX;
 __host__ __device__ static inline float floatX_to_float(floatX x) { return (float)x; }
 __host__ __device__ static inline floatX float_to_floatX(float x) { return (floatX)x; }
 
-// Every kernel runs on this stream; later the data-parallel code adds a second one for communication.
+// Every kernel runs on this stream (communication has its own, llmc/comm.h). Process-wide on purpose: it
+// is the device's compute queue, which every model and launcher in the process shares, not run state.
 static cudaStream_t main_stream = 0;
 #endif
 
-// --fused-kernels 1 (README): the GPU target uses the fused and vectorized kernels of the layer headers
-// (LayerNorm backward in one pass, residual + LayerNorm forward, 16-byte GELU, bias-gradient and classifier
-// kernels), cached cuBLASLt plans, no host synchronization for the inputs of a micro-step, and a step's
-// losses summed on the device (one copy per step, llmc/classifier.h loss_mean). Off by
-// default until check_gpu.sh has passed with it. The CPU target accepts it and runs the same reference
-// loops (identical results).
-static int fused_kernels = 0;
+// Which kernel variants a run launches, chosen once from the command line and held by the model
+// (GPT2.kernels, set when it is built): forward, backward and the memory planner pass the choice to each
+// launcher that branches on it, as an argument, so no launcher reads a setting of the run from a global.
+typedef struct {
+    // --fused-kernels 1 (README): the GPU target uses the fused and vectorized kernels of the layer headers
+    // (LayerNorm backward in one pass, residual + LayerNorm forward, 16-byte GELU, bias-gradient and
+    // classifier kernels), cached cuBLASLt plans, no host synchronization for the inputs of a micro-step,
+    // and a step's losses summed on the device (one copy per step, llmc/classifier.h loss_mean). Off by
+    // default until check_gpu.sh has passed with it. The CPU target accepts it and runs the same reference
+    // loops (identical results).
+    int fused;
+    // --attention flash (llmc/attention.h; 0: classic attention). The activations follow it (the (B, NH, T)
+    // logsumexp instead of the (B, NH, T, T) probabilities), and so does the memory plan.
+    int flash_attention;
+} KernelChoice;
 
 // The name of the device this rank computes on (for the log): the GPU's, or the CPU's model name.
 static inline void device_name(char* buf, size_t cap) {
@@ -137,7 +146,8 @@ static inline void device_require_gpu(void) {
 // ----------------------------------------------------------------------------------------------------
 // allocate, copy, clear (the same names on both targets)
 
-// Every byte device_malloc has allocated (the memory planner's test compares it with the plan).
+// Every byte device_malloc has allocated (the memory planner's test compares it with the plan). A counter
+// of the process's device memory, whichever model allocates, so process-wide by nature.
 static size_t device_allocated_bytes = 0;
 
 #ifndef LLMC_CPU

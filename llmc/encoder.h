@@ -136,11 +136,12 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 }
 
 // inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there, and
-// `scratch` takes the grouping to the device; the CPU loop needs neither)
+// `scratch` takes the grouping to the device; the CPU loop needs neither); `fused`: the run's
+// --fused-kernels (KernelChoice.fused), which copies the grouping without waiting
 static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
-                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch) {
+                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch, int fused) {
 #ifdef LLMC_CPU
-    (void)inp_host, (void)scratch;
+    (void)inp_host, (void)scratch, (void)fused;
     encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = 256;
@@ -151,7 +152,7 @@ static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, con
     size_t bytes = (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int);
     // --fused-kernels: no wait; the pageable `host` is staged before the call returns (llmc/device.h), and
     // the copy into `dev` is ordered after the previous micro-step's kernels that read it (one stream)
-    if (fused_kernels) copy_to_device_nowait(dev, host, bytes);
+    if (fused) copy_to_device_nowait(dev, host, bytes);
     else copy_to_device(dev, host, bytes);
     free(host);
     if (n_unique > 0)

@@ -72,19 +72,21 @@ __global__ void gelu_backward_vec_kernel(floatX* dinp, const floatX* inp, const 
         dx.v[k] = float_to_floatX(floatX_to_float(d.v[k]) * gelu_derivative(floatX_to_float(x.v[k])));
     store128(dinp + i, dx);
 }
-static bool gelu_vec_ok(const void* a, const void* b, const void* c, size_t n) {
-    return fused_kernels && n % Pack128::size == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+// the 16-byte kernels run with --fused-kernels (`fused`) where the buffers allow them
+static bool gelu_vec_ok(int fused, const void* a, const void* b, const void* c, size_t n) {
+    return fused && n % Pack128::size == 0 && aligned16(a) && aligned16(b) && aligned16(c);
 }
 #endif
 
 // ----------------------------------------------------------------------------------------------------
-// launchers
+// launchers; `fused`: the run's --fused-kernels (KernelChoice.fused), which the CPU loops do not need
 
-static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
+static void gelu_forward(floatX* out, const floatX* inp, size_t n, int fused) {
 #ifdef LLMC_CPU
+    (void)fused;
     gelu_forward_cpu(out, inp, n);
 #else
-    if (gelu_vec_ok(out, inp, NULL, n))
+    if (gelu_vec_ok(fused, out, inp, NULL, n))
         gelu_forward_vec_kernel<<<grid_for(n / Pack128::size, 256), 256, 0, main_stream>>>(out, inp, n);
     else
         gelu_forward_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(out, inp, n);
@@ -92,11 +94,12 @@ static void gelu_forward(floatX* out, const floatX* inp, size_t n) {
 #endif
 }
 
-static void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+static void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t n, int fused) {
 #ifdef LLMC_CPU
+    (void)fused;
     gelu_backward_cpu(dinp, inp, dout, n);
 #else
-    if (gelu_vec_ok(dinp, inp, dout, n))
+    if (gelu_vec_ok(fused, dinp, inp, dout, n))
         gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, 256), 256, 0, main_stream>>>(dinp, inp, dout, n);
     else
         gelu_backward_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(dinp, inp, dout, n);

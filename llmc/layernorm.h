@@ -283,7 +283,8 @@ __global__ void __launch_bounds__(32 * LNB_WARPS) layernorm_backward_fused_kerne
     }
 }
 
-// the largest dynamic shared memory one block may have on this GPU (0 until asked)
+// the largest dynamic shared memory one block may have on this GPU (0 until asked): a property of the
+// device, asked once per process and shared by every model in it (not a setting of the run)
 static int layernorm_smem_optin = 0;
 static bool layernorm_fused_ok(const void* p0, const void* p1, const void* p2, const void* p3, const void* p4, int C) {
     return C % Pack128::size == 0 && aligned16(p0) && aligned16(p1) && aligned16(p2) && aligned16(p3) && aligned16(p4);
@@ -291,15 +292,16 @@ static bool layernorm_fused_ok(const void* p0, const void* p1, const void* p2, c
 #endif
 
 // ----------------------------------------------------------------------------------------------------
-// launchers
+// launchers; `fused`: the run's --fused-kernels (KernelChoice.fused), which the CPU loops do not need
 
 static void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
-                              const floatX* bias, int N, int C) {
+                              const floatX* bias, int N, int C, int fused) {
 #ifdef LLMC_CPU
+    (void)fused;
     layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, C);
 #else
     const int block = 256, rows_per_block = block / 32;
-    if (fused_kernels && layernorm_fused_ok(out, inp, weight, bias, NULL, C))
+    if (fused && layernorm_fused_ok(out, inp, weight, bias, NULL, C))
         residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(NULL, out, mean, rstd, inp, NULL,
                                                                                                    weight, bias, N, C);
     else
@@ -311,9 +313,9 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
 // res (N,C) = a + b, then out = layernorm(res) (with mean, rstd): the residual add of a block and the
 // LayerNorm that follows it. One kernel with --fused-kernels on the GPU, else the two separate launchers.
 static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, float* rstd, const floatX* a, const floatX* b,
-                                       const floatX* weight, const floatX* bias, int N, int C) {
+                                       const floatX* weight, const floatX* bias, int N, int C, int fused) {
 #ifndef LLMC_CPU
-    if (fused_kernels && layernorm_fused_ok(res, out, a, b, weight, C) && aligned16(bias)) {
+    if (fused && layernorm_fused_ok(res, out, a, b, weight, C) && aligned16(bias)) {
         const int block = 256, rows_per_block = block / 32;
         residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(res, out, mean, rstd, a, b,
                                                                                                    weight, bias, N, C);
@@ -322,17 +324,18 @@ static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, fl
     }
 #endif
     residual_forward(res, a, b, (size_t)N * C);
-    layernorm_forward(out, mean, rstd, res, weight, bias, N, C);
+    layernorm_forward(out, mean, rstd, res, weight, bias, N, C, fused);
 }
 
 // `scratch`: on the GPU the per-block partial sums of dweight and dbias (the CPU loop needs none)
 static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                               const floatX* weight, const float* mean, const float* rstd, int N, int C, Scratch* scratch) {
+                               const floatX* weight, const float* mean, const float* rstd, int N, int C, Scratch* scratch,
+                               int fused) {
 #ifdef LLMC_CPU
-    (void)scratch;
+    (void)scratch, (void)fused;
     layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 #else
-    if (fused_kernels && layernorm_fused_ok(dinp, dout, inp, weight, NULL, C)) {
+    if (fused && layernorm_fused_ok(dinp, dout, inp, weight, NULL, C)) {
         size_t smem = (size_t)LNB_WARPS * 2 * C * sizeof(float);
         if (layernorm_smem_optin == 0) {
             int dev = 0;

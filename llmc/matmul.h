@@ -111,6 +111,8 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
 // GPU: cuBLASLt
 
 #ifndef LLMC_CPU
+// The library handles and their workspace are made once per process on first use and shared by every
+// model in it: they belong to the device and the library, not to a run's settings.
 static cublasLtHandle_t cublaslt_handle = NULL;
 static cublasHandle_t cublas_handle = NULL;  // for the strided-batched products of attention
 static void* cublaslt_workspace = NULL;
@@ -186,7 +188,8 @@ static void matmul_plan_destroy(MatmulPlan* p) {
 }
 
 // --fused-kernels: plans are made once per shape and kept (a training step has about ten shapes; the
-// table is generous, and a shape beyond it simply gets a plan made for the call as before)
+// table is generous, and a shape beyond it simply gets a plan made for the call as before). A cache of
+// what cuBLASLt chose for a shape on this device, process-wide: any caller with the same shape may reuse it.
 #define MATMUL_PLAN_CACHE 64
 static MatmulPlan matmul_plan_cache[MATMUL_PLAN_CACHE];
 static int matmul_plan_cached = 0;
@@ -206,12 +209,14 @@ static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const floatX* bias)
 
 // Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ bias (m) broadcast over n].
 // A row-major matrix seen column-major is its transpose, which is how the row-major products above map
-// onto this call (see matmul_forward / matmul_backward).
+// onto this call (see matmul_forward / matmul_backward). `cached_plan` (--fused-kernels): keep the plan
+// in the cache above for the next call of this shape, else make it for this call only.
 static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                            bool trans_a, bool trans_b, bool accumulate) {
+                            bool trans_a, bool trans_b, bool accumulate, int cached_plan) {
     matmul_init();
-    MatmulPlan key = {m, n, k, trans_a, trans_b, bias != NULL, {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d)}};
-    MatmulPlan* plan = fused_kernels ? matmul_plan_lookup(&key, bias) : NULL;
+    MatmulPlan key = {.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .has_bias = bias != NULL,
+                      .align = {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d)}};
+    MatmulPlan* plan = cached_plan ? matmul_plan_lookup(&key, bias) : NULL;
     if (plan == NULL) {  // made for this call only
         plan = &key;
         matmul_plan_create(plan, bias);
@@ -278,29 +283,32 @@ __global__ void bias_backward_partial_vec_kernel(float* partial, const floatX* d
 // ----------------------------------------------------------------------------------------------------
 // launchers
 
-// `scratch`: the CPU target's transposed operand (the GPU path needs none)
+// `scratch`: the CPU target's transposed operand (the GPU path needs none); `fused`: the run's
+// --fused-kernels (KernelChoice.fused): on the GPU cached cuBLASLt plans, in backward the 16-byte bias gradient
 static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC,
-                           Scratch* scratch) {
+                           Scratch* scratch, int fused) {
 #ifdef LLMC_CPU
+    (void)fused;
     matmul_forward_cpu(out, inp, weight, bias, N, IC, OC, scratch);
 #else
     (void)scratch;
     // column-major: out^T (OC,N) = weight (stored (IC,OC), transposed) . inp^T (IC,N)
-    matmul_cublaslt(out, weight, inp, bias, OC, N, IC, true, false, false);
+    matmul_cublaslt(out, weight, inp, bias, OC, N, IC, true, false, false, fused);
 #endif
 }
 
 // `scratch`: the CPU target's transposed operand; on the GPU the bias gradient's partial sums
 static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int N, int IC, int OC, Scratch* scratch) {
+                            const floatX* weight, int N, int IC, int OC, Scratch* scratch, int fused) {
 #ifdef LLMC_CPU
+    (void)fused;
     matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
 #else
     // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
-    matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, false, false, false);
+    matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, false, false, false, fused);
     // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
-    matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, false, true, true);
-    if (dbias != NULL && fused_kernels && OC % Pack128::size == 0 && aligned16(dout)) {
+    matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, false, true, true, fused);
+    if (dbias != NULL && fused && OC % Pack128::size == 0 && aligned16(dout)) {
         float* partial = (float*)scratch_get(scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
         int packs = OC / Pack128::size;
         bias_backward_partial_vec_kernel<<<dim3(ceil_div(packs, 32), BIAS_VEC_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);

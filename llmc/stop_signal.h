@@ -19,7 +19,8 @@
 // the exit code of a run stopped by a signal after saving its checkpoint (0: finished, 1: error)
 #define EXIT_STOPPED_BY_SIGNAL 3
 
-static volatile sig_atomic_t stop_signal_received = 0;  // the signal number, 0: none
+// Process-wide because a signal is: the handler can reach nothing else (the signal number, 0: none).
+static volatile sig_atomic_t stop_signal_received = 0;
 static int stop_signal_ended_run = 0;  // set when the training loop stopped for one (main's exit code)
 
 static void stop_signal_handler(int sig) { stop_signal_received = sig; }

@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(CLS2_THREADS) classifier_float4_kernel(float* 
 
 static void run_version(int v, float* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
     switch (v) {
-        case 1: classifier_forward_backward(logits, losses, targets, dloss, N, V, Vp); break;
+        case 1: classifier_forward_backward(logits, losses, targets, dloss, N, V, Vp, 0); break;
         case 2: classifier_float4_kernel<<<N, CLS2_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp); break;
         case 3:
             if (Vp % Pack128::size != 0 || !aligned16(logits)) fatal("version 3 needs Vp %% 4 == 0 and aligned logits");

@@ -83,7 +83,7 @@ static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's groupin
 static void run_version(int v, float* dwte, float* dwpe, const float* dout, const int* d_inp, const int* inp, const Grouping& g,
                         int B, int T, int C, int Vp) {
     switch (v) {
-        case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch); break;
+        case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, 0); break;
         case 2:
             encoder_backward_atomic_kernel<<<grid_for((size_t)B * T * C / 4, 256), 256, 0, main_stream>>>(dwte, dwpe, dout, d_inp, B, T, C, 0, Vp);
             break;

@@ -52,7 +52,7 @@ __global__ void gelu_backward_stream_kernel(float* dinp, const float* inp, const
 static void run_version(int v, float* dinp, const float* inp, const float* dout, size_t n) {
     const int block = 256;
     switch (v) {
-        case 1: fused_kernels = 0, gelu_backward(dinp, inp, dout, n); break;
+        case 1: gelu_backward(dinp, inp, dout, n, 0); break;
         case 2:
             gelu_backward_float4_kernel<<<grid_for((n + 3) / 4, block), block, 0, main_stream>>>(dinp, inp, dout, n);
             break;
@@ -62,8 +62,7 @@ static void run_version(int v, float* dinp, const float* inp, const float* dout,
             break;
         }
         case 4:  // the trainer's kernel under --fused-kernels 1
-            fused_kernels = 1;
-            if (!gelu_vec_ok(dinp, inp, dout, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
+            if (!gelu_vec_ok(1, dinp, inp, dout, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
             gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, block), block, 0, main_stream>>>(dinp, inp, dout, n);
             break;
     }

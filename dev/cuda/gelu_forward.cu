@@ -52,7 +52,7 @@ __global__ void gelu_forward_stream_kernel(float* out, const float* inp, size_t 
 static void run_version(int v, float* out, const float* inp, size_t n) {
     const int block = 256;
     switch (v) {
-        case 1: fused_kernels = 0, gelu_forward(out, inp, n); break;
+        case 1: gelu_forward(out, inp, n, 0); break;
         case 2: gelu_forward_float4_kernel<<<grid_for((n + 3) / 4, block), block, 0, main_stream>>>(out, inp, n); break;
         case 3: {
             size_t blocks = (n / 4 + 2 * block - 1) / (2 * block);
@@ -60,8 +60,7 @@ static void run_version(int v, float* out, const float* inp, size_t n) {
             break;
         }
         case 4:  // the trainer's kernel under --fused-kernels 1
-            fused_kernels = 1;
-            if (!gelu_vec_ok(out, inp, NULL, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
+            if (!gelu_vec_ok(1, out, inp, NULL, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
             gelu_forward_vec_kernel<<<grid_for(n / Pack128::size, block), block, 0, main_stream>>>(out, inp, n);
             break;
     }

@@ -128,12 +128,10 @@ static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's partial
 static void run_version(int v, float* dinp, float* dw, float* db, float* partial, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
     switch (v) {
-        case 1: layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch); break;
+        case 1: layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch, 0); break;
         case 3:  // the trainer's kernels under --fused-kernels 1
             if (!layernorm_fused_ok(dinp, dout, inp, w, NULL, C)) fatal("version 3 needs C %% 4 == 0 and aligned buffers");
-            fused_kernels = 1;
-            layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch);
-            fused_kernels = 0;
+            layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch, 1);
             break;
         case 2: {
             if (C % 4 != 0 || C > 1024) {

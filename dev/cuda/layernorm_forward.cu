@@ -95,7 +95,7 @@ static void launch_reg(float* out, float* mean, float* rstd, const float* inp, c
 static void run_version(int v, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) {
     switch (v) {
         case 1: layernorm_forward_naive_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C); break;
-        case 2: layernorm_forward(out, mean, rstd, inp, w, b, N, C); break;
+        case 2: layernorm_forward(out, mean, rstd, inp, w, b, N, C, 0); break;
         case 3:
             if (C % 4 != 0 || C > 1024) fatal("version 3 needs C %% 4 == 0 and C <= 1024");
             switch (ceil_div(C, 128)) {
