@@ -120,33 +120,62 @@ static StagePlan mpi_stage_plan(const CommOp* q) {
         case OP_BROADCAST: (g->rank == q->peer ? p.down : p.up) = recv; break;
         case OP_SEND: p.down = send, p.widths = 2; break;  // point-to-point: 2 widths (a send-receive's both
         case OP_RECV: p.up = recv, p.widths = 2; break;    // halves), so every kind cuts the same chunks
-        case OP_SENDRECV: p.down = send, p.up = recv, p.up.host_row = 1, p.widths = 2; break;
+        case OP_SENDRECV: p.down = send, p.up = recv, p.widths = 2; break;  // (its send whole: mpi_run_staged_sendrecv)
     }
     return p;
 }
 
-// GPU target (or LLMC_MPI_STAGE_BYTES): through the pinned slots, chunk by chunk, MPI on chunk k while the
-// copies of the chunks around it run (comm_staging.h)
+// The chunks of an operation through the slots, MPI on chunk k while the copies of the chunks around
+// it run (comm_staging.h); between stage_begin and stage_end
+static void mpi_stage_chunks(Comm* c, const CommOp* q, const StagePlan* p, size_t S, size_t chunks) {
+    Staging* st = c->staging;
+    int sum = mpi_is_sum(q);
+    for (size_t k = 0; p->down.dev && k < chunks && k < STAGE_SLOTS; k++) stage_download(st, p, S, k);
+    for (size_t k = 0; k < chunks; k++) {
+        int s = (int)(k % STAGE_SLOTS);
+        if (p->down.dev) stage_wait_download(st, s);
+        else if (k >= STAGE_SLOTS) stage_wait_upload(st, s);  // the slot's previous chunk has left it
+        size_t w;
+        stage_chunk(p, S, k, &w);
+        char* slot = st->host[s];
+        mpi_transfer(c, q, slot, slot + w * p->wire, sum ? MPI_FLOAT : MPI_BYTE, (int)(sum ? w : w * p->wire));
+        if (p->up.dev) stage_upload(st, p, S, k);
+        if (p->down.dev && k + STAGE_SLOTS < chunks) stage_download(st, p, S, k + STAGE_SLOTS);
+    }
+}
+
+// A send-receive's send must not wait for its receive: the peer may take the whole message and answer
+// only later (GPipe: the next stage receives the last forward output with a plain receive, runs forward
+// and backward, and only then sends the gradient this rank receives here). Chunk by chunk through one
+// slot, chunk k+1 of the send would wait for chunk k of the receive: a deadlock once a chunk is beyond
+// MPI's eager size. So the send half goes whole into host memory and all its chunks are posted at once
+// (cut as a send's are, so they match the peer's receive); the receive half runs through the slots.
+static void mpi_run_staged_sendrecv(Comm* c, const CommOp* q, StagePlan p, size_t S, size_t chunks) {
+    Staging* st = c->staging;
+    char* out = staging_out(st, p.n * p.elem);
+    stage_download_whole(st, out, p.down.dev, p.n * p.elem);
+    MPI_Request* sends = (MPI_Request*)malloc_check((chunks > 0 ? chunks : 1) * sizeof(MPI_Request));
+    for (size_t k = 0; k < chunks; k++) {
+        size_t w, col0 = stage_chunk(&p, S, k, &w);
+        mpiCheck(MPI_Isend(out + col0 * p.elem, (int)(w * p.wire), MPI_BYTE, q->peer, 0, q->g->mpi, &sends[k]));
+    }
+    CommOp recv = *q;
+    recv.kind = OP_RECV;
+    p.down.dev = NULL;
+    mpi_stage_chunks(c, &recv, &p, S, chunks);
+    mpiWait(c, sends, (int)chunks, mpi_op_names[OP_SENDRECV], q->g);
+    free(sends);
+}
+
+// GPU target (or LLMC_MPI_STAGE_BYTES): through the pinned slots, chunk by chunk (comm_staging.h)
 static void mpi_run_staged(Comm* c, const CommOp* q) {
     StagePlan p = mpi_stage_plan(q);
     size_t S = stage_width(&p, c->stage_bytes), chunks = (p.n + S - 1) / S;
     c->staging = staging_reserve(c->staging, S * p.widths * p.wire);
-    Staging* st = c->staging;
-    int sum = mpi_is_sum(q);
-    stage_begin(st);
-    for (size_t k = 0; p.down.dev && k < chunks && k < STAGE_SLOTS; k++) stage_download(st, &p, S, k);
-    for (size_t k = 0; k < chunks; k++) {
-        int s = (int)(k % STAGE_SLOTS);
-        if (p.down.dev) stage_wait_download(st, s);
-        else if (k >= STAGE_SLOTS) stage_wait_upload(st, s);  // the slot's previous chunk has left it
-        size_t w;
-        stage_chunk(&p, S, k, &w);
-        char* slot = st->host[s];
-        mpi_transfer(c, q, slot, slot + w * p.wire, sum ? MPI_FLOAT : MPI_BYTE, (int)(sum ? w : w * p.wire));
-        if (p.up.dev) stage_upload(st, &p, S, k);
-        if (p.down.dev && k + STAGE_SLOTS < chunks) stage_download(st, &p, S, k + STAGE_SLOTS);
-    }
-    stage_end(st);
+    stage_begin(c->staging);
+    if (q->kind == OP_SENDRECV) mpi_run_staged_sendrecv(c, q, p, S, chunks);
+    else mpi_stage_chunks(c, q, &p, S, chunks);
+    stage_end(c->staging);
 }
 
 static void mpi_run(Comm* c, const CommOp* q) {

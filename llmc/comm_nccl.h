@@ -323,6 +323,12 @@ static void nccl_finish(Comm* c) {
     for (int i = 0; i < c->timing_cap; i++) cudaCheck(cudaEventDestroy(c->timing[i]));
     free(c->timing);
     c->timing = NULL, c->timing_cap = 0;
+    Group* groups[5];
+    for (int i = 0, m = nccl_groups(c, groups); i < m; i++) {
+        cudaCheck(cudaStreamDestroy(groups[i]->stream));
+        groups[i]->stream = NULL;
+    }
+    cudaCheck(cudaEventDestroy(c->event));
 }
 
 #else  // a build without NCCL: the engine is never ENGINE_NCCL, so none of these runs

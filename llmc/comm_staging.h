@@ -16,6 +16,10 @@
  * sums of 16-bit floatX (bf16, fp16), which travel and are summed in float: a kernel widens each chunk
  * into a device float buffer before the download and narrows it after the upload.
  *
+ * A send-receive is the exception: its send must not wait for its receive (the peer may answer only
+ * after taking the whole message), so its send half is downloaded whole into `out` and every chunk of
+ * it posted at once; only its receive half goes through the slots (comm_mpi.h, mpi_run_staged_sendrecv).
+ *
  * The CPU target runs the same chunking with plain copies when LLMC_MPI_STAGE_BYTES is set (a test of
  * the logic; by default its MPI engine works on the buffers directly).
  */
@@ -44,6 +48,8 @@ typedef struct Staging {
     size_t cap;                // bytes of each slot
     char* host[STAGE_SLOTS];   // pinned on the GPU target
     float* wide[STAGE_SLOTS];  // GPU: a chunk widened to float (allocated on the first conversion)
+    char* out;                 // a send-receive's send half, whole (pinned on the GPU target; grown on demand)
+    size_t out_cap;
 #ifndef LLMC_CPU
     cudaStream_t down, up;
     cudaEvent_t ready, down_done[STAGE_SLOTS], up_done[STAGE_SLOTS];
@@ -79,6 +85,19 @@ static void staging_create(Staging* st, size_t cap) {
 }
 static void staging_destroy(Staging* st) {
     for (int s = 0; s < STAGE_SLOTS; s++) free(st->host[s]);
+    free(st->out);
+}
+static char* staging_out(Staging* st, size_t bytes) {
+    if (bytes > st->out_cap) {
+        free(st->out);
+        st->out = (char*)malloc_check(bytes > 0 ? bytes : 1);
+        st->out_cap = bytes;
+    }
+    return st->out;
+}
+static void stage_download_whole(Staging* st, char* host, const char* dev, size_t bytes) {
+    (void)st;
+    memcpy(host, dev, bytes);
 }
 static void stage_begin(Staging* st) { (void)st; }
 static void stage_end(Staging* st) { (void)st; }
@@ -132,9 +151,18 @@ static void staging_destroy(Staging* st) {
         cudaCheck(cudaEventDestroy(st->down_done[s]));
         cudaCheck(cudaEventDestroy(st->up_done[s]));
     }
+    if (st->out) cudaCheck(cudaFreeHost(st->out));
     cudaCheck(cudaEventDestroy(st->ready));
     cudaCheck(cudaStreamDestroy(st->down));
     cudaCheck(cudaStreamDestroy(st->up));
+}
+static char* staging_out(Staging* st, size_t bytes) {
+    if (bytes > st->out_cap) {
+        if (st->out) cudaCheck(cudaFreeHost(st->out));
+        cudaCheck(cudaMallocHost((void**)&st->out, bytes > 0 ? bytes : 1));
+        st->out_cap = bytes;
+    }
+    return st->out;
 }
 
 // both copy streams start after the work queued so far on the main stream (which writes what the
@@ -150,6 +178,11 @@ static void stage_end(Staging* st) {
     cudaCheck(cudaStreamSynchronize(st->up));
 }
 static void stage_wait_download(Staging* st, int s) { cudaCheck(cudaEventSynchronize(st->down_done[s])); }
+// bytes of a device buffer into host memory, on the download stream (after stage_begin), waited for
+static void stage_download_whole(Staging* st, char* host, const char* dev, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st->down));
+    cudaCheck(cudaStreamSynchronize(st->down));
+}
 static void stage_wait_upload(Staging* st, int s) { cudaCheck(cudaEventSynchronize(st->up_done[s])); }
 
 static float* stage_wide(Staging* st, int s) {

@@ -23,8 +23,10 @@
 #   7. launch: Slurm variables count only in a task of srun; OpenMP threads default to cores / local ranks
 #   8. the MPI engine's staged path (the GPU target's, run here on host memory with LLMC_MPI_STAGE_BYTES):
 #      chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for
-#      byte, as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); a traced
-#      run prints the engine's rate; a bad LLMC_MPI_STAGE_BYTES is refused
+#      byte, as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does
+#      pp=2 GPipe in 8 KiB chunks (beyond Open MPI's eager size: a send-receive whose send waited for its
+#      receive chunk by chunk hung there, the next stage answering only after the whole message); a
+#      traced run prints the engine's rate; a bad LLMC_MPI_STAGE_BYTES is refused
 # usage: scripts/test_dp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -257,6 +259,7 @@ PYEOF
     else echo "  FAIL  $1: differs from MPI on the buffers"; fails=$((fails + 1)); fi
 }
 for cfg in "2|--layers 3 --batch-size 2 --grad-accum 2 --zero 2|4 1000" \
+           "2|--channels 128 --batch-size 8 --pp 2 --schedule gpipe --micro-batches 2 --comm-timeout 20|16384" \
            "8|--batch-size 4 --dp 2 --tp 2 --pp 2 --zero 1 --micro-batches 4 --schedule 1f1b|100"; do
     IFS='|' read -r np flags sizes <<<"$cfg"
     # shellcheck disable=SC2086
