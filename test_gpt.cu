@@ -32,12 +32,12 @@ typedef struct {
 } Tolerances;
 
 #if defined(LLMC_CPU)
-static const Tolerances TOL = {1e-5, 1e-5, 1e-4, 1e-5};
+static const Tolerances TOL = {.logits = 1e-5, .loss = 1e-5, .grads = 1e-4, .params = 1e-5};
 #elif defined(ENABLE_BF16) || defined(ENABLE_FP16)
 // (FP16 has 3 more mantissa bits than BF16 but less range; it runs with a loss scale, below)
-static const Tolerances TOL = {5e-2, 2e-2, 5e-2, 5e-2};
+static const Tolerances TOL = {.logits = 5e-2, .loss = 2e-2, .grads = 5e-2, .params = 5e-2};
 #else
-static const Tolerances TOL = {1e-4, 1e-4, 1e-3, 1e-4};
+static const Tolerances TOL = {.logits = 1e-4, .loss = 1e-4, .grads = 1e-3, .params = 1e-4};
 #endif
 
 static int failures = 0;

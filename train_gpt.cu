@@ -1073,7 +1073,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     float loss = gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     model->loss_dest = NULL;
     trace_add(model->tracer, "forward", "F", m, t0);
-    if (!model->last) *pending = (PendingSend){stage_output(model, a, B, T), s + 1, model->rematerialize};
+    if (!model->last) *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = s + 1, .shared = model->rematerialize};
     return loss;
 }
 
@@ -1091,7 +1091,7 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     gpt2_backward(model, a, B, T, communicate);
     trace_add(model->tracer, "backward", "B", m, t0);
-    if (!model->first) *pending = (PendingSend){a->dresidual, s - 1, 1};
+    if (!model->first) *pending = (PendingSend){.buf = a->dresidual, .peer = s - 1, .shared = 1};
 }
 
 // --fused-kernels on the last stage: room on the device for a step's M mean losses
@@ -1138,7 +1138,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     const Placement* pl = &model->place;
     PipeAction* actions = (PipeAction*)malloc_check(2 * M * sizeof(PipeAction));
     pipeline_schedule(schedule, pl->pp, pl->pp_rank, M, actions);
-    PendingSend pending = {NULL, -1, 0};
+    PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0};
     double loss = 0.0, t_start = wall_seconds();
     int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
     if (defer_loss) reserve_step_losses(model, M);
@@ -1275,7 +1275,7 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
         int complete = 1;
         *m = *v = NULL;
         RunState first;
-        RangeList covered = {NULL, 0, 0};
+        RangeList covered = {.pairs = NULL, .n = 0, .cap = 0};
         snprintf(first_path, sizeof(first_path), "%s/state_%08lld_00000.bin", dir, step);
         state_file_read(first_path, &model_config, &first, m, v, &covered);
         for (int s = 1; complete && s < first.num_shards; s++) {
@@ -1554,9 +1554,10 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     model.recompute = recompute;
     gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
     int cpu = plan_is_cpu(elem_bytes);
-    MemoryPlan p = {model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_activations,
-                    model.bytes_workspace, model.bytes_comm,
-                    cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels), 0};
+    MemoryPlan p = {.params = model.bytes_params, .grads = model.bytes_grads, .optimizer = model.bytes_optimizer,
+                    .activations = model.bytes_activations, .workspace = model.bytes_workspace, .comm = model.bytes_comm,
+                    .kernel_scratch = cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels),
+                    .host = 0};
     if (cpu && phases >= 0) p.host = plan_host_copies(&model, phases, p.activations + p.kernel_scratch);
     gpt2_free(&model);
     return p;
@@ -1776,7 +1777,7 @@ static uint64_t new_run_id(Comm* comm) {
 // the folders files are read from (node-local copies are fine if their files are the same).
 static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Config* c, const RunState* state) {
     if (comm->world_size == 1) return;
-    Agreement a = {{NULL}, {0}, 0};
+    Agreement a = {.names = {NULL}, .hashes = {0}, .n = 0};
     agree_string(&a, "the build (target and precision)", TARGET_NAME " " PRECISION_NAME);
     agree_int(&a, "--steps", tc->steps);
     agree_int(&a, "--stop-after", tc->stop_after);
@@ -2060,7 +2061,7 @@ static void open_inputs(Training* run) {
                   "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok->V, c->V);
         if (tok->eot < 0 || tok->eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok->eot, c->V);
     }
-    run->sample = (SampleConfig){NULL, 0, tc->sample_len, tc->temperature, tc->top_k};
+    run->sample = (SampleConfig){.prompt = NULL, .n_prompt = 0, .len = tc->sample_len, .temperature = tc->temperature, .top_k = tc->top_k};
     run->prompt = run->have_tok && tc->prompt ? encode_prompt(tc, c, &run->sample.n_prompt) : NULL;
     run->sample.prompt = run->prompt;
 }

@@ -61,7 +61,7 @@ static int bpe_compare_keys(const void* x, const void* y) {
 // e->by_bytes: the ids sorted by their bytes
 static void bpe_sort_by_bytes(BpeEncoder* e) {
     BpeSortKey* keys = (BpeSortKey*)malloc_check(e->V * sizeof(BpeSortKey));
-    for (int id = 0; id < e->V; id++) keys[id] = (BpeSortKey){e->bytes[id], e->len[id], id};
+    for (int id = 0; id < e->V; id++) keys[id] = (BpeSortKey){.bytes = e->bytes[id], .len = e->len[id], .id = id};
     qsort(keys, e->V, sizeof(BpeSortKey), bpe_compare_keys);
     e->by_bytes = (int*)malloc_check(e->V * sizeof(int));
     for (int i = 0; i < e->V; i++) e->by_bytes[i] = keys[i].id;
@@ -189,7 +189,7 @@ static long json_integer(JsonCursor* j) {
 static void bpe_load_vocabulary(BpeEncoder* e, const char* path, const int byte_of_symbol[324]) {
     size_t n;
     char* text = read_whole_file(path, &n);
-    JsonCursor j = {text, n, 0, path};
+    JsonCursor j = {.s = text, .n = n, .i = 0, .path = path};
     int cap = 65536;
     e->bytes = (unsigned char**)calloc_check(cap * sizeof(unsigned char*));
     e->len = (int*)malloc_check(cap * sizeof(int));
@@ -285,7 +285,7 @@ static void bpe_load_merges(BpeEncoder* e, const char* path, const int byte_of_s
         int id = bpe_lookup(e, merged, merged_len);
         free(merged);
         if (id < 0) fatal("'%s' line %d: the merged token is not in encoder.json", path, line_no + 1);
-        merges[count] = (BpeMerge){(uint64_t)left << 32 | (uint64_t)right, count, id};
+        merges[count] = (BpeMerge){.key = (uint64_t)left << 32 | (uint64_t)right, .rank = count, .id = id};
         count++;
     }
     free(text);

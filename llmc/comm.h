@@ -173,7 +173,8 @@ static void comm_join_group(Comm* c, Group* g) {
 
 static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, ReduceOp op) {
     if (g->size <= 1) return;
-    comm_post(c, (CommOp){OP_ALL_REDUCE, g, buf, buf, n, t, op, -1, -1});
+    comm_post(c, (CommOp){.kind = OP_ALL_REDUCE, .g = g, .send = buf, .recv = buf, .n = n, .t = t, .op = op,
+                          .peer = -1, .recv_peer = -1});
 }
 
 // recv (count) on rank r = sum over ranks of send[r*count .. (r+1)*count); recv may be send + r*count
@@ -182,32 +183,38 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
         if (recv != send) device_copy(recv, send, count * dtype_size(t));  // (recv is send itself or outside it)
         return;
     }
-    comm_post(c, (CommOp){OP_REDUCE_SCATTER, g, send, recv, count, t, REDUCE_SUM, -1, -1});
+    comm_post(c, (CommOp){.kind = OP_REDUCE_SCATTER, .g = g, .send = send, .recv = recv, .n = count, .t = t, .op = REDUCE_SUM,
+                          .peer = -1, .recv_peer = -1});
 }
 
 // buf holds count elements per rank; each rank's own part (at rank*count) is gathered into everyone's buf
 static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t) {
     if (g->size == 1) return;
-    comm_post(c, (CommOp){OP_ALL_GATHER, g, buf, buf, count, t, REDUCE_SUM, -1, -1});
+    comm_post(c, (CommOp){.kind = OP_ALL_GATHER, .g = g, .send = buf, .recv = buf, .n = count, .t = t, .op = REDUCE_SUM,
+                          .peer = -1, .recv_peer = -1});
 }
 
 static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int root) {
     if (g->size == 1) return;
-    comm_post(c, (CommOp){OP_BROADCAST, g, buf, buf, n, t, REDUCE_SUM, root, -1});
+    comm_post(c, (CommOp){.kind = OP_BROADCAST, .g = g, .send = buf, .recv = buf, .n = n, .t = t, .op = REDUCE_SUM,
+                          .peer = root, .recv_peer = -1});
 }
 
 static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int peer) {
-    comm_post(c, (CommOp){OP_SEND, g, buf, NULL, n, t, REDUCE_SUM, peer, -1});
+    comm_post(c, (CommOp){.kind = OP_SEND, .g = g, .send = buf, .recv = NULL, .n = n, .t = t, .op = REDUCE_SUM,
+                          .peer = peer, .recv_peer = -1});
 }
 
 static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer) {
-    comm_post(c, (CommOp){OP_RECV, g, NULL, buf, n, t, REDUCE_SUM, -1, peer});
+    comm_post(c, (CommOp){.kind = OP_RECV, .g = g, .send = NULL, .recv = buf, .n = n, .t = t, .op = REDUCE_SUM,
+                          .peer = -1, .recv_peer = peer});
 }
 
 // Sends sendbuf to send_peer while receiving recvbuf from recv_peer (both n elements, ranks in group g).
 // Pairing the two is what keeps a pipeline's neighbours from both blocking in a send to each other.
 static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer, void* recvbuf, int recv_peer, size_t n, DType t) {
-    comm_post(c, (CommOp){OP_SENDRECV, g, sendbuf, recvbuf, n, t, REDUCE_SUM, send_peer, recv_peer});
+    comm_post(c, (CommOp){.kind = OP_SENDRECV, .g = g, .send = sendbuf, .recv = recvbuf, .n = n, .t = t, .op = REDUCE_SUM,
+                          .peer = send_peer, .recv_peer = recv_peer});
 }
 
 // Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines, and

@@ -110,9 +110,11 @@ static StagePlan mpi_stage_plan(const CommOp* q) {
     p.n = q->n, p.elem = dtype_size(q->t), p.widths = 1;
     p.convert = mpi_is_sum(q) && p.elem != sizeof(float);  // sums in float; everything else moves as bytes
     p.wire = p.convert ? sizeof(float) : p.elem;
-    StageSide send = {(char*)q->send, q->n, 1, 0}, recv = {(char*)q->recv, q->n, 1, 0};
-    StageSide blocks_in = {(char*)q->send, q->n, g->size, 0}, blocks_out = {(char*)q->recv, q->n, g->size, 0};
-    StageSide own_block = {(char*)q->recv + g->rank * q->n * p.elem, q->n, 1, (size_t)g->rank};
+    StageSide send = {.dev = (char*)q->send, .pitch = q->n, .rows = 1, .host_row = 0};
+    StageSide recv = {.dev = (char*)q->recv, .pitch = q->n, .rows = 1, .host_row = 0};
+    StageSide blocks_in = {.dev = (char*)q->send, .pitch = q->n, .rows = g->size, .host_row = 0};
+    StageSide blocks_out = {.dev = (char*)q->recv, .pitch = q->n, .rows = g->size, .host_row = 0};
+    StageSide own_block = {.dev = (char*)q->recv + g->rank * q->n * p.elem, .pitch = q->n, .rows = 1, .host_row = (size_t)g->rank};
     switch (q->kind) {
         case OP_ALL_REDUCE: p.down = recv, p.up = recv; break;
         case OP_REDUCE_SCATTER: p.down = blocks_in, p.up = recv, p.widths = g->size; break;

@@ -205,7 +205,7 @@ typedef struct {
     size_t elem_bytes;  // bytes of one parameter, gradient or activation element
     int dry;            // count every allocation; allocate, clear and free nothing
 } BuildMode;
-static const BuildMode BUILD_FOR_RUN = {sizeof(floatX), 0};
+static const BuildMode BUILD_FOR_RUN = {.elem_bytes = sizeof(floatX), .dry = 0};
 
 // a cleared allocation, its bytes added to *account (the memory plan's categories); built dry, only
 // counted (NULL)

@@ -67,18 +67,18 @@ static void pipeline_split(int L, int P, const char* split, int* first) {
 static int pipeline_schedule(Schedule sched, int P, int s, int M, PipeAction* actions) {
     int n = 0;
     if (sched == SCHEDULE_GPIPE) {
-        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){0, m};
-        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){1, m};
+        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){.backward = 0, .micro = m};
+        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){.backward = 1, .micro = m};
         return M;
     }
     int warmup = P - s - 1 < M ? P - s - 1 : M;
     int f = 0, b = 0;
-    for (; f < warmup; f++) actions[n++] = (PipeAction){0, f};
+    for (; f < warmup; f++) actions[n++] = (PipeAction){.backward = 0, .micro = f};
     while (f < M) {  // steady state: one forward, one backward
-        actions[n++] = (PipeAction){0, f++};
-        actions[n++] = (PipeAction){1, b++};
+        actions[n++] = (PipeAction){.backward = 0, .micro = f++};
+        actions[n++] = (PipeAction){.backward = 1, .micro = b++};
     }
-    while (b < M) actions[n++] = (PipeAction){1, b++};  // cool-down
+    while (b < M) actions[n++] = (PipeAction){.backward = 1, .micro = b++};  // cool-down
     return warmup + 1 < M ? warmup + 1 : M;
 }
 

@@ -66,7 +66,7 @@ static int rdzv_poll_ms(double deadline) {
 // waits until fd is ready for events; 0 when the deadline passed first
 static int rdzv_ready(int fd, short events, double deadline) {
     for (;;) {
-        struct pollfd pf = {fd, events, 0};
+        struct pollfd pf = {.fd = fd, .events = events, .revents = 0};
         int r = poll(&pf, 1, rdzv_poll_ms(deadline));
         if (r > 0 || (r < 0 && errno != EINTR)) return 1;  // (an error shows in the next call on fd)
         if (rdzv_expired(deadline)) return 0;
@@ -317,8 +317,9 @@ static int rdzv_serve(RdzvServer* s, int listener, double deadline) {
             pf = (struct pollfd*)realloc(pf, (size_t)pf_cap * sizeof(struct pollfd));
             if (pf == NULL) fatal("out of memory for %d connections", pf_cap);
         }
-        pf[0] = {listener, POLLIN, 0};
-        for (int i = 0; i < s->npeers; i++) pf[i + 1] = {s->peers[i].fd, (short)(s->peers[i].answering ? POLLOUT : POLLIN), 0};
+        pf[0] = {.fd = listener, .events = POLLIN, .revents = 0};
+        for (int i = 0; i < s->npeers; i++)
+            pf[i + 1] = {.fd = s->peers[i].fd, .events = (short)(s->peers[i].answering ? POLLOUT : POLLIN), .revents = 0};
         if (poll(pf, (nfds_t)(s->npeers + 1), rdzv_poll_ms(deadline)) <= 0) continue;
         for (int i = s->npeers - 1; i >= 0; i--) {  // from the end: a finished one is replaced by the last
             if (pf[i + 1].revents == 0 || !rdzv_serve_peer(s, &s->peers[i])) continue;
