@@ -13,8 +13,8 @@ BIN=$1
 OUT=$2
 PY=${PYTHON:-/usr/bin/python3}
 rm -rf "$OUT"
-mkdir -p "$OUT"/{tokens,tokenizer,model,state,work}
-W=$OUT/work
+mkdir -p "$OUT"/{tokens,tokenizer,model,state,scratch}
+W=$OUT/scratch   # the tiny model's data, runs and checkpoints, not seeds
 
 "$PY" - "$OUT" <<'PYEOF'
 import struct, sys
@@ -32,7 +32,7 @@ shard(f"{out}/tokens/train_200.bin", train[:200])
 shard(f"{out}/tokens/val_40.bin", val[:40])
 shard(f"{out}/tokens/train_9.bin", train[1000:1009])  # exactly one batch of 2x4 (+1)
 # training data for the tiny model: ids below its vocabulary of 64
-shard(f"{out}/work/tiny.bin", [t % 64 for t in train[:400]])
+shard(f"{out}/scratch/tiny.bin", [t % 64 for t in train[:400]])
 
 d = open("data/gpt2_tokenizer.bin", "rb").read()
 def entries(count):  # the bytes of the first `count` entries (a uint8 length, then the token's bytes)
