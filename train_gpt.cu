@@ -423,12 +423,12 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
 
 static void gpt2_free(GPT2* model) {
     device_free(model->params_memory);
-    if (model->grads_memory) device_free(model->grads_memory);
+    device_free(model->grads_memory);
     zero2_free(&model->zero2);
-    if (model->master) device_free(model->master);
+    device_free(model->master);
     device_free(model->m);
     device_free(model->v);
-    if (model->acts_memory) device_free(model->acts_memory);
+    device_free(model->acts_memory);
     kernel_scratch_free(&model->kernel_scratch);
     for (int i = 0; i < model->n_slots; i++) free(model->slots[i].host_inputs), free(model->slots[i].host_targets);
     free(model->work.host_inputs), free(model->work.host_targets);
@@ -438,7 +438,7 @@ static void gpt2_free(GPT2* model) {
     zero_plan_free(&model->zero);
     norm_parts_free(&model->norm_parts);
     free(model->host_losses);
-    if (model->step_losses) device_free(model->step_losses);
+    device_free(model->step_losses);
 }
 
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
@@ -511,12 +511,7 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     device_memset_zero(mine, n * sizeof(float));
     for (int b = 0; b < z->num_buckets; b++) {
         float* src = master_of_bucket(model, b);
-        float* dst = mine + owned_start(z, b);
-#ifdef LLMC_CPU
-        memcpy(dst, src, owned_size(z, b) * sizeof(float));
-#else
-        cudaCheck(cudaMemcpyAsync(dst, src, owned_size(z, b) * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
-#endif
+        device_copy(mine + owned_start(z, b), src, owned_size(z, b) * sizeof(float));
         if (z->stage > 0) comm_all_gather(comm, &comm->dp_group, mine + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
     }
     comm_join_group(comm, &comm->dp_group);  // the TP all-gather sends what the DP all-gathers wrote
@@ -1097,7 +1092,7 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
 // --fused-kernels on the last stage: room on the device for a step's M mean losses
 static void reserve_step_losses(GPT2* model, int M) {
     if (model->step_losses_cap >= M) return;
-    if (model->step_losses) device_free(model->step_losses);
+    device_free(model->step_losses);
     model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
     model->step_losses_cap = M;
 }
@@ -1384,8 +1379,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
         int next = c->V - 1;
         float r = rng_uniform(rng);  // every rank draws, so all generators stay in step
         if (model->last) {
-            copy_to_host(row, a->logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
-            copy_to_device(gathered + (size_t)model->tp_rank * Vpl, row, Vpl * sizeof(floatX));
+            device_copy(gathered + (size_t)model->tp_rank * Vpl, a->logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
             comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
             comm_join(comm);
             copy_to_host(row, gathered, c->Vp * sizeof(floatX));
@@ -1947,7 +1941,6 @@ typedef struct {
     int main_rank;             // world rank 0: prints, logs, samples
     GPT2 model;
     Schedule schedule;         // without pipelining 1F1B: forward and backward of each micro-batch in turn
-    int n_slots;               // activation slots: the micro-batches the schedule keeps in flight
     DataLoader train_loader, val_loader;
     int have_train, have_val;  // --steps 0 reads no train data; validation needs --val-data and --val-every
     EvalSet choices;           // --eval-data
@@ -2072,9 +2065,9 @@ static void allocate_for_schedule(Training* run) {
     Comm* comm = run->comm;
     run->schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
     PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
-    run->n_slots = pipeline_schedule(run->schedule, comm->pp, comm->pp_rank, tc->grad_accum, plan);
+    int n_slots = pipeline_schedule(run->schedule, comm->pp, comm->pp_rank, tc->grad_accum, plan);
     free(plan);
-    gpt2_allocate_activations(&run->model, tc->B, tc->T, run->n_slots, tc->rematerialize);
+    gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
 }
 
 // Where the loop starts, and with what: from scratch, or as the checkpoint left it (its step, update
@@ -2126,7 +2119,7 @@ static void print_run_summary(const Training* run) {
         printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
                "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f\n",
                comm->pp_rank, model->place.l0, model->place.l1 - 1, model->bytes_params / 1048576.0, model->bytes_grads / 1048576.0,
-               model->bytes_optimizer / 1048576.0, model->bytes_activations / 1048576.0, run->n_slots, run->n_slots > 1 ? "s" : "",
+               model->bytes_optimizer / 1048576.0, model->bytes_activations / 1048576.0, model->n_slots, model->n_slots > 1 ? "s" : "",
                model->bytes_workspace / 1048576.0, model->bytes_comm / 1048576.0);
     }
 }
@@ -2282,7 +2275,7 @@ static void report_step(Training* run, long long step, const StepResult* r) {
     if (run->main_rank && step == run->start_step && !tc->quiet) {  // the plan against what the device reports
         size_t free_b, total_b;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->n_slots, tc->recompute, tc->rematerialize, -1,
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
         printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
                (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);

@@ -87,7 +87,7 @@ static FLASH_HD int flash_acc_to_a_elem(int r) { return (r % 2) * 2; }
 // the PTX building blocks
 
 // the tensor-core instructions exist from sm_80 on; for an older target (a build for the local GPU)
-// the wrappers compile to a trap, and flash_check_device() refuses such a GPU before any launch
+// the wrappers compile to a trap, and flash_check_launch() refuses such a GPU before any launch
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FLASH_NO_SM80 1
 #endif

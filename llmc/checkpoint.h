@@ -38,8 +38,7 @@ static int checkpoint_steps(const char* dir, long long** steps) {
         if (strncmp(name, "state_", 6) != 0) continue;
         while (6 + digits < len && name[6 + digits] >= '0' && name[6 + digits] <= '9') digits++;
         if (digits < 1 || digits > 18 || strcmp(name + 6 + digits, "_00000.bin") != 0) continue;
-        if (n == cap) *steps = (long long*)realloc(*steps, (cap *= 2) * sizeof(long long));
-        if (*steps == NULL) fatal("out of host memory");
+        if (n == cap) *steps = (long long*)realloc_check(*steps, (cap *= 2) * sizeof(long long));
         (*steps)[n++] = strtoll(name + 6, NULL, 10);
     }
     closedir(d);

@@ -16,8 +16,9 @@
  *         for every group's operations, comm_join_group() for one group's only: a tensor-parallel
  *         all-reduce is joined without waiting for the data-parallel buckets queued before it.
  *   MPI   (comm_mpi.h) the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that):
- *         on the GPU, data goes through pinned host memory in chunks (comm_staging.h), sums in float,
- *         everything else as bytes. Calls complete before they return.
+ *         on the GPU, each buffer is copied whole to host memory as float and back (mpi_run_host_copy),
+ *         or with LLMC_MPI_STAGE_BYTES through pinned host slots in chunks (comm_staging.h), sums in
+ *         float, everything else as bytes. Calls complete before they return.
  * Launch (comm_launch.h): mpirun (Open MPI); or, for the GPU target, without MPI through RANK /
  * WORLD_SIZE / LOCAL_RANK (torchrun) or, in a task of srun, SLURM_PROCID / SLURM_STEP_NUM_TASKS /
  * SLURM_LOCALID, with the NCCL id passed through a file in a shared folder (--nccl-id-dir) or over TCP
@@ -114,8 +115,10 @@ typedef struct {
     int strict;       // MPI engine: run sends and collectives at the join (LLMC_COMM_STRICT=1)
     CommOp* queue;    // strict mode: the operations posted since the last join, in order
     int queued, queue_cap;
-    size_t stage_bytes;        // MPI engine: chunk size through host memory (0: the buffers directly, CPU target)
+    size_t stage_bytes;        // MPI engine: chunk size through pinned host slots (LLMC_MPI_STAGE_BYTES; 0: not
+                               // chunked: the buffers directly on the CPU target, whole host copies on the GPU)
     struct Staging* staging;   // its pinned slots and copy streams (comm_staging.h)
+    HostScratch host_copy[2];  // MPI engine on the GPU, not chunked: the operation's host copies (mpi_run_host_copy)
     CommStats stats;
 #ifdef HAVE_NCCL
     cudaEvent_t event;    // orders an operation after the main stream's work

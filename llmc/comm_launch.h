@@ -153,6 +153,7 @@ static void comm_finalize(Comm* c) {
     c->queue = NULL;
     staging_free(c->staging);
     c->staging = NULL;
+    for (int i = 0; i < 2; i++) free(c->host_copy[i].ptr), c->host_copy[i].ptr = NULL, c->host_copy[i].cap = 0;
     if (c->engine == ENGINE_NCCL) nccl_finish(c);
     mpi_finish(c);
     g_comm = NULL;

@@ -4,8 +4,9 @@
  * The engine of the CPU target, and of the GPU target when ranks share a GPU (NCCL refuses two ranks on
  * one GPU): every operation runs on host memory, through MPI's non-blocking calls polled against the
  * deadline (mpi_wait). On the CPU target the buffers are host memory already (mpi_run_direct); on the
- * GPU target they are staged through pinned host slots in chunks, the copies of one chunk overlapping
- * the transfer of another (mpi_run_staged, comm_staging.h). An operation completes before its call
+ * GPU target each operation's buffer is copied whole to host memory and back (mpi_run_host_copy), or, with
+ * LLMC_MPI_STAGE_BYTES set, staged through pinned host slots in chunks, the copies of one chunk
+ * overlapping the transfer of another (mpi_run_staged, comm_staging.h; not yet run on a GPU). An operation completes before its call
  * returns, except in strict mode, where mpi_post queues it and the join (mpi_flush) runs the queue in
  * order. Each operation's bytes and time are counted while c->stats.on (comm_print_stats).
  *
@@ -169,21 +170,47 @@ static void mpi_run_staged_sendrecv(Comm* c, const CommOp* q, StagePlan p, size_
     free(sends);
 }
 
-// GPU target (or LLMC_MPI_STAGE_BYTES): through the pinned slots, chunk by chunk (comm_staging.h)
+// LLMC_MPI_STAGE_BYTES set: through the pinned slots, chunk by chunk (comm_staging.h)
 static void mpi_run_staged(Comm* c, const CommOp* q) {
     StagePlan p = mpi_stage_plan(q);
     size_t S = stage_width(&p, c->stage_bytes), chunks = (p.n + S - 1) / S;
-    c->staging = staging_reserve(c->staging, S * p.widths * p.wire);
+    size_t need = S * p.widths * p.wire;  // at most stage_bytes, unless one column of every row is more
+    c->staging = staging_reserve(c->staging, need > c->stage_bytes ? need : c->stage_bytes);
     stage_begin(c->staging);
     if (q->kind == OP_SENDRECV) mpi_run_staged_sendrecv(c, q, p, S, chunks);
     else mpi_stage_chunks(c, q, &p, S, chunks);
     stage_end(c->staging);
 }
 
+#ifndef LLMC_CPU
+// GPU target by default, the simple version of mpi_run_staged: the whole buffer copied to host memory as
+// float (floatX converted), MPI on it there, the result copied back; synchronous, and what has run on a GPU
+static void mpi_run_host_copy(Comm* c, const CommOp* q) {
+    size_t n = q->n, blocks = q->kind == OP_REDUCE_SCATTER || q->kind == OP_ALL_GATHER ? n * q->g->size : n;
+    int from_send = q->kind == OP_SEND || q->kind == OP_SENDRECV || q->kind == OP_REDUCE_SCATTER;
+    float* h = host_scratch(&c->host_copy[0], blocks);
+    float* received = q->kind == OP_SENDRECV ? host_scratch(&c->host_copy[1], n) : h;
+    const void* src = from_send ? q->send : q->recv;
+    if (q->kind != OP_RECV) {
+        if (q->t == DT_FLOATX) download_floats(h, (const floatX*)src, blocks);
+        else copy_to_host(h, src, blocks * sizeof(float));
+    }
+    mpi_transfer(c, q, h, received, MPI_FLOAT, (int)n);
+    if (q->kind == OP_SEND) return;
+    size_t back = q->kind == OP_ALL_GATHER ? blocks : n;  // a reduce-scatter's sum is at the start of h
+    if (q->t == DT_FLOATX) upload_floats((floatX*)q->recv, received, back);
+    else copy_to_device(q->recv, received, back * sizeof(float));
+}
+#endif
+
 static void mpi_run(Comm* c, const CommOp* q) {
     double start = wall_seconds();
     if (c->stage_bytes > 0) mpi_run_staged(c, q);
+#ifdef LLMC_CPU
     else mpi_run_direct(c, q);
+#else
+    else mpi_run_host_copy(c, q);
+#endif
     if (c->stats.on) c->stats.bytes += comm_op_bytes(q), c->stats.seconds += wall_seconds() - start, c->stats.ops++;
 }
 
@@ -195,8 +222,7 @@ static void mpi_post(Comm* c, CommOp q) {
     }
     if (c->queued == c->queue_cap) {
         c->queue_cap = c->queue_cap ? 2 * c->queue_cap : 64;
-        c->queue = (CommOp*)realloc(c->queue, c->queue_cap * sizeof(CommOp));
-        if (c->queue == NULL) fatal("out of host memory for the communication queue");
+        c->queue = (CommOp*)realloc_check(c->queue, c->queue_cap * sizeof(CommOp));
     }
     c->queue[c->queued++] = q;
 }
@@ -280,7 +306,11 @@ static int mpi_agree_engine(Comm* c, const char* gpu_uuid, const char* engine) {
 }
 
 // rank 0's bytes to every rank of the world (the NCCL id)
-static void mpi_broadcast_bytes(void* buf, size_t bytes) { mpiCheck(MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD)); }
+static void mpi_broadcast_bytes(Comm* c, void* buf, size_t bytes) {
+    MPI_Request r;
+    mpiCheck(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD, &r));
+    mpiWait(c, &r, 1, "a broadcast of the NCCL id", &c->world);
+}
 
 // the communicator of every group (emb_group only on the first and last stage)
 static void mpi_split_groups(Comm* c) {
@@ -314,7 +344,7 @@ static void mpi_start(Comm* c, int* argc, char*** argv) {
     fatal("launched by mpirun, but this build has no MPI (install libopenmpi-dev and rebuild)");
 }
 static int mpi_agree_engine(Comm* c, const char* gpu_uuid, const char* engine) { return (void)c, (void)gpu_uuid, (void)engine, 0; }
-static void mpi_broadcast_bytes(void* buf, size_t bytes) { (void)buf, (void)bytes; }
+static void mpi_broadcast_bytes(Comm* c, void* buf, size_t bytes) { (void)c, (void)buf, (void)bytes; }
 static void mpi_split_groups(Comm* c) { (void)c; }
 static void mpi_finish(Comm* c) { (void)c; }
 

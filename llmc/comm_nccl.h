@@ -93,8 +93,7 @@ static void nccl_call(Comm* c, ncclResult_t r, const char* what, const char* fil
 static void nccl_time_mark(Comm* c, cudaStream_t stream) {
     if (c->timed == c->timing_cap) {
         int cap = c->timing_cap ? 2 * c->timing_cap : 64;
-        c->timing = (cudaEvent_t*)realloc(c->timing, cap * sizeof(cudaEvent_t));
-        if (c->timing == NULL) fatal("out of host memory for the communication timing events");
+        c->timing = (cudaEvent_t*)realloc_check(c->timing, cap * sizeof(cudaEvent_t));
         for (int i = c->timing_cap; i < cap; i++) cudaCheck(cudaEventCreate(&c->timing[i]));
         c->timing_cap = cap;
     }
@@ -264,7 +263,7 @@ static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir
     ncclUniqueId id;
     if (use_mpi) {
         if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
-        mpi_broadcast_bytes(&id, sizeof(id));
+        mpi_broadcast_bytes(c, &id, sizeof(id));
         return id;
     }
     if (nccl_id_dir == NULL && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {  // torchrun's way: over TCP

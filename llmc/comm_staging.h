@@ -7,7 +7,7 @@
  *     download (device -> slot, copy stream `down`)  ->  MPI on the slot (host)  ->  upload (slot -> device, `up`)
  *
  * While MPI works on chunk k, the downloads of chunks k+1 .. k+SLOTS-1 and the upload of chunk k-1 run on
- * the GPU's copy engines, so the copies hide behind the transfer. Slot reuse is ordered by events: the
+ * the GPU's copy engines, so that the copies can hide behind the transfer (not yet measured). Slot reuse is ordered by events: the
  * download of chunk k+SLOTS into slot s waits (on the GPU) for the upload of chunk k out of it.
  *
  * A chunk covers columns [col0, col0 + w) of `rows` rows of the device buffer (rows > 1: the blocks of a
@@ -20,13 +20,15 @@
  * after taking the whole message), so its send half is downloaded whole into `out` and every chunk of
  * it posted at once; only its receive half goes through the slots (comm_mpi.h, mpi_run_staged_sendrecv).
  *
- * The CPU target runs the same chunking with plain copies when LLMC_MPI_STAGE_BYTES is set (a test of
- * the logic; by default its MPI engine works on the buffers directly).
+ * The chunks are used when LLMC_MPI_STAGE_BYTES sets their size (8388608, 8 MiB, is the size meant for
+ * GPUs: each MPI call then moves megabytes). Until this path has run on a GPU, the GPU target's default is
+ * the simple whole-buffer copy that has (mpi_run_host_copy in comm_mpi.h). The CPU target runs the same
+ * chunking with plain copies when the variable is set (a test of the logic; by default its MPI engine
+ * works on the buffers directly).
  */
 #pragma once
 
 #define STAGE_SLOTS 4
-#define STAGE_DEFAULT_BYTES ((size_t)8 << 20)  // per slot: large chunks, so each MPI call moves megabytes
 
 typedef struct {  // one side of a staged operation: where the download reads, or the upload writes
     char* dev;        // the device buffer (NULL: the operation has no such side on this rank)
@@ -74,7 +76,6 @@ static size_t stage_chunk(const StagePlan* p, size_t S, size_t k, size_t* w) {
 // ----------------------------------------------------------------------------------------------------
 // CPU target: "device" buffers are host memory, copies are memcpy, nothing runs asynchronously
 
-static const size_t stage_default_bytes = 0;  // MPI works on the buffers themselves
 
 static void stage_rows(char* dst, size_t dpitch, const char* src, size_t spitch, size_t width, int rows) {
     for (int r = 0; r < rows; r++) memcpy(dst + r * dpitch, src + r * spitch, width);
@@ -121,7 +122,6 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
 // ----------------------------------------------------------------------------------------------------
 // GPU target: pinned slots, two copy streams, events per slot
 
-static const size_t stage_default_bytes = STAGE_DEFAULT_BYTES;
 
 // rows x w floatX (rows `pitch` apart) <-> rows x w float (contiguous)
 __global__ void stage_widen_kernel(float* dst, const floatX* src, size_t w, size_t pitch, size_t total) {
@@ -230,11 +230,12 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
 }
 #endif
 
-// The MPI engine's chunk size: LLMC_MPI_STAGE_BYTES (bytes per slot; the same on every rank) or the
-// target's default (0 on the CPU target: no staging)
+// The MPI engine's chunk size: LLMC_MPI_STAGE_BYTES (bytes per slot; the same on every rank), or 0: not
+// chunked (the CPU target's MPI works on the buffers themselves; the GPU target's copies each buffer whole,
+// mpi_run_host_copy, the default until the chunked path has run on a GPU)
 static size_t stage_bytes_setting(void) {
     const char* v = getenv("LLMC_MPI_STAGE_BYTES");
-    if (v == NULL) return stage_default_bytes;
+    if (v == NULL) return 0;
     char* end;
     long long bytes = strtoll(v, &end, 10);
     if (*v == '\0' || *end != '\0' || bytes < 1 || bytes > (1ll << 30))

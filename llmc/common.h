@@ -168,6 +168,11 @@ static inline void* calloc_check(size_t bytes) {
     if (p == NULL) fatal("out of host memory allocating %zu bytes", bytes);
     return p;
 }
+static inline void* realloc_check(void* p, size_t bytes) {  // realloc's contract, with the failure checked
+    p = realloc(p, bytes);
+    if (p == NULL && bytes > 0) fatal("out of host memory allocating %zu bytes", bytes);
+    return p;
+}
 
 // A host buffer that grows on demand and is kept for reuse (one per purpose).
 typedef struct {

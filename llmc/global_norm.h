@@ -1,6 +1,7 @@
 /*
  * global_norm.h: the L2 norm of all gradients together, sqrt(sum g^2), as clip_grad_norm_ computes it.
- * sum_squares() is the part a sharded optimizer computes per rank before summing across ranks.
+ * global_norm() and sum_squares() take one whole buffer (the tests use them); the optimizer sums the
+ * ranges it owns through NormParts below, before the trainer sums across ranks.
  *
  * Sums are taken per fixed chunk and the chunks added in order (in double on the host), so the result
  * does not depend on the number of threads or blocks that ran.

@@ -197,8 +197,7 @@ static void trace_add(Tracer* tr, const char* cat, const char* name, int micro, 
     device_synchronize();
     if (tr->n == tr->cap) {
         tr->cap = tr->cap ? 2 * tr->cap : 1024;
-        tr->events = (TraceEvent*)realloc(tr->events, tr->cap * sizeof(TraceEvent));
-        if (tr->events == NULL) fatal("out of host memory for the trace");
+        tr->events = (TraceEvent*)realloc_check(tr->events, tr->cap * sizeof(TraceEvent));
     }
     TraceEvent* e = &tr->events[tr->n++];
     if (micro >= 0) snprintf(e->name, sizeof(e->name), "%s %d", name, micro);

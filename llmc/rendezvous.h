@@ -298,8 +298,7 @@ static void rdzv_accept(RdzvServer* s, int listener) {
         }
         if (s->npeers == s->cap) {
             s->cap = s->cap ? 2 * s->cap : 16;
-            s->peers = (RdzvPeer*)realloc(s->peers, (size_t)s->cap * sizeof(RdzvPeer));
-            if (s->peers == NULL) fatal("out of memory for %d connections", s->cap);
+            s->peers = (RdzvPeer*)realloc_check(s->peers, (size_t)s->cap * sizeof(RdzvPeer));
         }
         RdzvPeer* p = &s->peers[s->npeers++];
         memset(p, 0, sizeof(*p));
@@ -314,8 +313,7 @@ static int rdzv_serve(RdzvServer* s, int listener, double deadline) {
     while (s->served < s->world && !rdzv_expired(deadline)) {
         if (pf_cap < s->npeers + 1) {
             pf_cap = 2 * (s->npeers + 1);
-            pf = (struct pollfd*)realloc(pf, (size_t)pf_cap * sizeof(struct pollfd));
-            if (pf == NULL) fatal("out of memory for %d connections", pf_cap);
+            pf = (struct pollfd*)realloc_check(pf, (size_t)pf_cap * sizeof(struct pollfd));
         }
         pf[0] = {.fd = listener, .events = POLLIN, .revents = 0};
         for (int i = 0; i < s->npeers; i++)
@@ -355,8 +353,7 @@ static int rendezvous_broadcast(const char* host, int port, int rank, int world,
     if (listener < 0) return -1;
     RdzvServer s = {};
     s.world = world, s.job = job, s.blob = blob, s.bytes = bytes, s.served = 1;
-    s.joined = (char*)calloc((size_t)world, 1);
-    if (s.joined == NULL) fatal("out of memory for %d ranks", world);
+    s.joined = (char*)calloc_check((size_t)world);
     int r = rdzv_serve(&s, listener, deadline);
     if (r != 0) rdzv_missing(&s, port, timeout_s, err, n);
     for (int i = 0; i < s.npeers; i++) close(s.peers[i].fd);  // connections that were no rank of this job
@@ -371,7 +368,7 @@ static int rendezvous_broadcast(const char* host, int port, int rank, int world,
 // The launch's identity as its launcher names it: torchrun's run id, or Slurm's job and step; "" if none.
 static void launch_identity(char* out, size_t n) {
     const char* run = getenv("TORCHELASTIC_RUN_ID");
-    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : getenv("SLURM_STEPID");
     out[0] = 0;
     if (run && strcmp(run, "none") != 0) snprintf(out, n, "%s", run);
     else if (job && step) snprintf(out, n, "%s.%s", job, step);

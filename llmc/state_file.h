@@ -213,8 +213,7 @@ static int64_t* state_ranges_read(FILE* f, const char* path, uint64_t n, uint64_
 static void range_list_append(RangeList* l, int64_t offset, int64_t count) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 1024;
-        l->pairs = (int64_t*)realloc(l->pairs, 2 * l->cap * sizeof(int64_t));
-        if (l->pairs == NULL) fatal("out of host memory");
+        l->pairs = (int64_t*)realloc_check(l->pairs, 2 * l->cap * sizeof(int64_t));
     }
     l->pairs[2 * l->n] = offset;
     l->pairs[2 * l->n++ + 1] = count;

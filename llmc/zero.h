@@ -45,7 +45,7 @@
  * workspace would be as large as the full gradients ZeRO-2 set out not to keep.
  *
  * What the trainer calls, in order (the zero2_ calls do nothing below stage 2):
- *   zero2_init / zero2_free         allocate / free the shard, incoming and the workspace (gpt2_build)
+ *   zero2_init / zero2_free         allocate / free the shard, incoming and the workspace (gpt2_build_as, gpt2_free)
  *   zero2_begin_step                clear the accumulated shard (start of an optimizer step)
  *   zero_reduces_now                whether this micro-step's backward reduces: the last one; all at ZeRO-2
  *   zero2_begin_micro_step          clear the embeddings and final-LayerNorm workspace (start of backward)
@@ -58,6 +58,7 @@
 #pragma once
 
 #include "comm.h"
+#include "residual.h"
 
 typedef struct {
     size_t offset;  // first element in the flat buffer
@@ -126,28 +127,10 @@ typedef struct {
 #endif
 } Zero2Grads;
 
-// out += x, elementwise (n): the micro-step's reduced chunks join the accumulated ones. (The same
-// memory-bound pattern as residual_forward, whose variants dev/cuda/residual_forward.cu measures.)
-static void add_into_cpu(float* out, const float* x, size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) out[i] = out[i] + x[i];
-}
-
-#ifndef LLMC_CPU
-__global__ void add_into_kernel(floatX* out, const floatX* x, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = float_to_floatX(floatX_to_float(out[i]) + floatX_to_float(x[i]));
-}
-#endif
-
-static void add_into(floatX* out, const floatX* x, size_t n) {
-#ifdef LLMC_CPU
-    add_into_cpu(out, x, n);
-#else
-    add_into_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(out, x, n);
-    launchCheck();
-#endif
-}
+// out += x, elementwise (n): the micro-step's reduced chunks join the accumulated ones. The residual
+// connection's add (llmc/residual.h, measured by dev/cuda/residual_forward.cu) under the name of what it
+// does here.
+static void add_into(floatX* out, const floatX* x, size_t n) { residual_forward(out, out, x, n); }
 
 // Allocates the buffers at stage 2 (below it nothing: the full gradient buffer serves). elem: bytes of a
 // floatX element (the planner builds for other precisions); the bytes are counted into the three

@@ -8,7 +8,8 @@
 #   124M in FP16, BF16 and BF16 with flash attention (loss curves compared), recompute runs, the
 #   --fused-kernels 1 checks (test_gpt in 3 precisions, 200 steps against the default path), and
 #   scripts/benchmark_gpu.py (this trainer's two attention paths, torch.compile, and llm.c when
-#   LLMC=path/to/llm.c-checkout is set). About 10 minutes on one H100.
+#   LLMC=path/to/llm.c-checkout is set). Its duration on a GPU is not yet measured (summary.txt gives
+#   each step's seconds).
 # Each step prints PASS or FAIL with its time; a summary of all steps ends the run (and $OUT/summary.txt),
 # followed by the flash attention kernels' TFLOP/s. The exit code is 1 if any step failed.
 # Logs go to $OUT (or ./build/gpu-check). Needs torch in $PYTHON (default /usr/bin/python3) for the reference.
@@ -58,6 +59,12 @@ run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
 run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt
 run test_pp_fp32 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
 run trace_gpu bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
+# the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until these
+# pass): the parallel suites in BF16 (sums widened to float) and FP32, and the same traced pipeline, whose
+# last line gives the engine's GB/s beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
+run test_dp_bf16_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_dp.sh build/gpu-bf16/train_gpt
+run test_pp_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
+run trace_gpu_staged bash -c "source scripts/parallel_test_lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_staged.json"
 run train_default ./build/gpu-bf16/train_gpt
 # GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
 # tokens = 6 micro-batches, which is plenty for a throughput measurement

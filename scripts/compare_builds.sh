@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# compare_builds.sh BASE_REV: proves that a change of structure changed no behavior. It builds the CPU
+# compare_builds.sh BASE_REV: proves that a change of structure changed no behavior of the CPU target
+# (on a GPU, scripts/check_gpu.sh checks the GPU build against the references). It builds the CPU
 # trainer of BASE_REV (a commit, in a temporary worktree) and of the working tree, runs both on the test
 # configurations below (the same flags, data and seeds), and requires byte-identical final model files,
-# checkpoints (the state files less their header and hash, which hold the run identity each run draws),
+# checkpoints (the same file names; the state files less their header and hash, which hold the run identity each run draws),
 # JSONL logs (less the measured ms and tokens_per_s and the binary's path) and stdout loss lines.
 #   single rank; dp=2 ZeRO-2 with gradient accumulation; tp=2; pp=2 1F1B; 3D (dp2 tp2 pp2, ZeRO-1, 1F1B);
 #   recompute 3; dynamic loss scaling with an injected overflow that is skipped (dp=2 ZeRO-1)
@@ -80,6 +81,8 @@ PYEOF
     cmp -s "$TMP/base/$name/model.bin" "$TMP/new/$name/model.bin" || diffs+=(model.bin)
     cmp -s "$TMP/base/$name/log.results" "$TMP/new/$name/log.results" || diffs+=(log)
     cmp -s "$TMP/base/$name/stdout.results" "$TMP/new/$name/stdout.results" || diffs+=(stdout)
+    [ "$(cd "$TMP/base/$name/ck" && find . -type f | sort)" = "$(cd "$TMP/new/$name/ck" && find . -type f | sort)" ] \
+        || diffs+=("the checkpoint files' names")
     for f in $(cd "$TMP/base/$name/ck" && find . -type f | sort); do
         case "$f" in
             *state_*) cmp -s <(payload "$TMP/base/$name/ck/$f") <(payload "$TMP/new/$name/ck/$f") || diffs+=("ck/$f") ;;

@@ -21,7 +21,7 @@
 #   6. ranks started with different flags, data or checkpoints end together with one line naming the
 #      first difference (they hung, aborted in MPI or trained divergent replicas)
 #   7. launch: Slurm variables count only in a task of srun; OpenMP threads default to cores / local ranks
-#   8. the MPI engine's staged path (the GPU target's, run here on host memory with LLMC_MPI_STAGE_BYTES):
+#   8. the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES, run here on host memory):
 #      chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for
 #      byte, as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does
 #      pp=2 GPipe in 8 KiB chunks (beyond Open MPI's eager size: a send-receive whose send waited for its
