@@ -9,7 +9,7 @@
 #      fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be
 #      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
-#      and the dev/cuda checks run on it
+#      and the dev/cuda checks run on it, without one the dev/cuda checks run on the CPU emulation of CUDA
 #   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
 #      on a machine without a GPU, `make test` checking and `make deps` installing the dependencies, one Python
 set -euo pipefail
@@ -86,6 +86,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         make -C dev/cuda run
     else
         echo "no GPU here: the GPU target was compiled but not run"
+        step "dev/cuda: the kernel files' checks on the CPU emulation of CUDA (dev/cuda/emulate.h), attention's excepted"
+        timeout 600 make -C dev/cuda -j2 emulate
     fi
 else
     echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"

@@ -47,7 +47,7 @@ static void run_version(int ver, float* master, const float* grad, float* m, flo
 int main(int argc, char** argv) {
     const int NV = 2;
     int selected = parse_version(argc, argv, NV);
-    const size_t n = 124475904;  // GPT-2 124M with the vocabulary padded to 50304
+    const size_t n = EMULATED ? 124475904 / 16 : 124475904;  // GPT-2 124M with the vocabulary padded to 50304
     printf("adamw: %zu parameters\n", n);
     bench_init();
 

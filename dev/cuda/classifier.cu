@@ -90,7 +90,7 @@ static void run_version(int v, float* logits, float* losses, const int* targets,
 int main(int argc, char** argv) {
     const int NV = 3;
     int selected = parse_version(argc, argv, NV);
-    const int B = 8, T = 1024, V = 50257, Vp = 50304, N = B * T;
+    const int B = EMULATED ? 1 : 8, T = 1024, V = 50257, Vp = 50304, N = B * T;
     size_t n = (size_t)N * Vp;
     printf("classifier: B=%d T=%d V=%d (padded %d)\n", B, T, V, Vp);
     if (Vp % 4 != 0) fatal("version 2 needs Vp %% 4 == 0");

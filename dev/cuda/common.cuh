@@ -25,6 +25,14 @@
 #error "dev/cuda kernels are checked in fp32: build without ENABLE_BF16 / ENABLE_FP16"
 #endif
 
+// Built on the CPU emulation (emulate.h, `make emulate`), a program checks and does not time; where
+// its GPU shape would take minutes there, it checks a smaller batch of the same shape otherwise.
+#ifdef DEV_CUDA_EMULATED
+static const bool EMULATED = true;
+#else
+static const bool EMULATED = false;
+#endif
+
 // ----------------------------------------------------------------------------------------------------
 // command line
 
@@ -170,6 +178,10 @@ static double g_copy_gbs = 0.0;
 
 // prints the device, measures the device-to-device copy bandwidth, sets up the L2 flush buffer
 static void bench_init(void) {
+#ifdef DEV_CUDA_EMULATED
+    printf("device: emulated on the CPU (dev/cuda/emulate.h): checks only, nothing is timed\n");
+    return;
+#endif
     int dev = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaDeviceProp prop;
@@ -208,6 +220,10 @@ static void bench_init(void) {
 // before it (outside the timed interval).
 template <typename F>
 static float benchmark_ms(F f, int reps = 100, int warmup = 5) {
+#ifdef DEV_CUDA_EMULATED
+    (void)f, (void)reps, (void)warmup;
+    return NAN;
+#endif
     if (g_flush_buf == NULL) bench_init();
     for (int i = 0; i < warmup; i++) f();
     cudaCheck(cudaGetLastError());
@@ -235,6 +251,7 @@ static float benchmark_ms(F f, int reps = 100, int warmup = 5) {
 
 // memory-bound: bytes = the least DRAM traffic one call needs (stated next to each call)
 static void print_bandwidth(const char* name, float ms, double bytes) {
+    if (ms != ms) return;  // not timed (emulated)
     double gbs = bytes / (ms * 1e-3) / 1e9;
     printf("  %-28s %9.4f ms/call  %8.1f GB/s  (%5.1f%% of copy bandwidth)\n", name, ms, gbs, 100.0 * gbs / g_copy_gbs);
 }
@@ -256,5 +273,6 @@ static void check_and_time_versions(const char* kernel, const char* out_name, in
 }
 
 static void print_flops(const char* name, float ms, double flops) {
+    if (ms != ms) return;  // not timed (emulated)
     printf("  %-28s %9.4f ms/call  %8.2f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);
 }

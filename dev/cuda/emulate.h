@@ -1,0 +1,429 @@
+/*
+ * emulate.h: runs the CUDA kernels of dev/cuda/ and llmc/ on the CPU, so their checks against the CPU
+ * reference run on a machine without a GPU (`make -C dev/cuda emulate`, part of `make test`).
+ *
+ * It is not a GPU simulator: nothing is timed and nothing about speed is learned. What it shows is that a
+ * kernel's own source, launched with the real grid and block shapes, computes what the reference
+ * computes: index arithmetic, bounds checks, grid-stride loops, warp shuffles, shared-memory reductions
+ * and the order of barriers. It catches what a first GPU run would otherwise find.
+ *
+ * How a launch runs. `kernel<<<grid, block, smem, stream>>>(args)` has been rewritten (emulate_source.pl)
+ * into `emu::Launch(grid, block, smem, stream).run(kernel, args)`. The blocks run one after the other, on
+ * one OS thread. A block's threads run on workers (fibers: a stack each, switched by a few instructions):
+ * a worker runs a thread until it ends or waits at a barrier, and the waiting ones are resumed in passes
+ * over the block. The barriers:
+ *   __syncthreads()      waits for every thread of the block that has not exited (as on sm_70+);
+ *   __shfl_*_sync()      each lane writes its value to its warp's exchange slots, waits for the warp's
+ *                        lanes, reads its source lane's slot, and waits again before the slots are reused;
+ *   __syncwarp()         a wait for the warp's lanes.
+ * A pass in which no thread moves is a deadlock (a barrier that not every thread reaches, which hangs or
+ * is undefined on a GPU): the program stops and says which barrier. Threads interleave only at barriers,
+ * so a missing barrier shows up only where the order of the passes (lower threads first) exposes it,
+ * and the memory ordering a barrier gives is not modelled at all.
+ *
+ * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
+ * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
+ * device's 227 KiB. Dynamic shared memory starts each block filled with NaN bytes (0xff), so a read before
+ * a write shows up in the result. Atomics are plain read-modify-writes: threads never interleave inside
+ * one. Streams and events are ordered trivially: every launch and copy has finished when its call returns.
+ *
+ * The runtime calls the dev/cuda programs make (cudaMalloc, cudaMemcpy, events, properties) are defined
+ * at the end over host memory. "Device" memory is host memory, so a kernel that dereferences a host
+ * pointer does not fail here as it would on a GPU.
+ */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ----------------------------------------------------------------------------------------------------
+// the language: qualifiers and built-in variables
+
+#undef __shared__
+#define __shared__ static  // one copy for the block: its threads share it (blocks run one at a time)
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __forceinline__
+#define __forceinline__ inline
+
+namespace emu {
+struct Barrier {  // counts arrivals among the threads not yet exited; `generation` moves when all arrived
+    int arrived, live, generation;
+};
+inline uint3 thread_index, block_index;
+inline dim3 block_dim, grid_dim;
+}  // namespace emu
+#define threadIdx (emu::thread_index)
+#define blockIdx (emu::block_index)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+#define warpSize 32
+
+// ----------------------------------------------------------------------------------------------------
+// fibers: a stack and a saved stack pointer each; a switch pushes the callee-saved registers on the old
+// stack and pops them from the new one (x86-64; elsewhere ucontext, the same with a system call per switch)
+
+namespace emu {
+#if defined(__x86_64__)
+// switch_stack(save, load): pushes rbp, rbx, r12-r15, stores rsp in *save, loads rsp = load, pops, returns
+extern "C" void emu_switch_stack(void** save, void* load);
+asm(R"(
+    .text
+emu_switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+)");
+struct Context {
+    void* sp;
+};
+inline void context_switch(Context* from, Context* to) { emu_switch_stack(&from->sp, to->sp); }
+// a fresh context that starts in entry(): six zeroed registers, then entry as the return address, placed so
+// that entry sees the stack alignment of a called function
+inline void context_make(Context* c, char* stack, size_t bytes, void (*entry)()) {
+    uintptr_t top = ((uintptr_t)(stack + bytes) & ~(uintptr_t)15) - 16;
+    void** sp = (void**)(top - 7 * sizeof(void*) + 8);
+    for (int i = 0; i < 6; i++) sp[i] = NULL;
+    sp[6] = (void*)entry;
+    c->sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+inline void context_switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+inline void context_make(Context* c, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = bytes;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, entry, 0);
+}
+#endif
+
+// A block runs on workers: fibers that take the block's threads in order and run each to its end. A
+// thread that waits at a barrier keeps its worker, and the next thread starts on a new one, so a kernel
+// without barriers runs its whole block on one worker, and one with barriers on one worker per thread.
+struct Worker {
+    Context context;
+    char* stack;
+    int thread;  // the linear index of the thread it runs
+    bool done;   // no thread left to take
+};
+const size_t STACK_BYTES = 256 << 10;  // a worker's stack: a kernel's locals ("registers") live there
+const size_t SHARED_DEFAULT = 48 << 10, SHARED_MAX = 227 << 10;  // sm_90's dynamic shared memory limits
+
+inline Worker* workers = NULL;
+inline int workers_cap = 0, current = -1;
+inline Context scheduler;
+inline int block_threads = 0, next_thread = 0;
+inline Barrier block_barrier;
+inline Barrier* warp_barriers = NULL;  // one per warp of the block
+inline uint64_t (*exchange)[32][2] = NULL;  // per warp, per lane: the 16 bytes a shuffle passes on
+inline uint64_t progress = 0;  // moves whenever a thread starts, arrives at a barrier or exits
+inline const char* waiting_at = "";  // the barrier the last resumed thread waits at
+inline std::function<void()> body;
+inline unsigned char* dynamic_shared_memory = NULL;
+inline std::map<const void*, int> shared_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
+inline cudaError_t last_error = cudaSuccess;
+
+[[noreturn]] inline void die(const char* what) {
+    fprintf(stderr, "emulated GPU: %s (block %u,%u,%u thread %u,%u,%u)\n", what, block_index.x, block_index.y, block_index.z,
+            thread_index.x, thread_index.y, thread_index.z);
+    exit(1);
+}
+
+inline void yield() { context_switch(&workers[current].context, &scheduler); }
+inline uint3 thread_index_of(int t) {
+    return make_uint3(t % block_dim.x, (t / block_dim.x) % block_dim.y, t / (block_dim.x * block_dim.y));
+}
+inline Barrier* my_warp() { return &warp_barriers[workers[current].thread / 32]; }
+
+inline void open_if_complete(Barrier* b) {
+    if (b->arrived > 0 && b->arrived == b->live) b->arrived = 0, b->generation++;
+}
+inline void wait(Barrier* b, const char* name) {
+    int generation = b->generation;
+    b->arrived++, progress++;
+    open_if_complete(b);
+    while (b->generation == generation) {
+        waiting_at = name;
+        yield();
+    }
+}
+
+inline void worker_main() {
+    Worker* w = &workers[current];
+    while (next_thread < block_threads) {
+        w->thread = next_thread++;
+        thread_index = thread_index_of(w->thread);
+        progress++;
+        body();
+        block_barrier.live--, my_warp()->live--;  // an exited thread no longer holds back a barrier
+        open_if_complete(&block_barrier);
+        open_if_complete(my_warp());
+    }
+    w->done = true;
+    yield();  // never resumed
+}
+
+inline void grow_workers(int n) {
+    if (n <= workers_cap) return;
+    workers = (Worker*)realloc(workers, n * sizeof(Worker));
+    for (int i = workers_cap; i < n; i++) workers[i].stack = (char*)malloc(STACK_BYTES);
+    workers_cap = n;
+    warp_barriers = (Barrier*)realloc(warp_barriers, ((n + 31) / 32) * sizeof(Barrier));
+    exchange = (uint64_t(*)[32][2])realloc(exchange, ((n + 31) / 32) * sizeof(*exchange));
+}
+
+inline void resume(int w) {
+    current = w;
+    thread_index = thread_index_of(workers[w].thread);
+    context_switch(&scheduler, &workers[w].context);
+}
+
+// every thread of one block of n threads, to completion: passes over the waiting workers, each followed
+// by new workers for the threads not yet started, until every worker is done
+inline void run_block(int n) {
+    block_threads = n, next_thread = 0;
+    block_barrier = {0, n, 0};
+    for (int w = 0; w < (n + 31) / 32; w++) warp_barriers[w] = {0, (w + 1) * 32 <= n ? 32 : n - w * 32, 0};
+    for (int used = 0, running = 1; running > 0;) {
+        uint64_t before = progress;
+        running = 0;
+        for (int w = 0; w < used; w++)
+            if (!workers[w].done) resume(w), running += !workers[w].done;
+        while (next_thread < n) {
+            Worker* w = &workers[used];
+            w->done = false, w->thread = next_thread;
+            context_make(&w->context, w->stack, STACK_BYTES, worker_main);
+            resume(used++);
+            running += !w->done;
+        }
+        if (running > 0 && progress == before) {
+            fprintf(stderr, "emulated GPU: deadlock: threads wait at barriers that the others never reach (last seen: %s)\n", waiting_at);
+            die("deadlock");
+        }
+    }
+    current = -1;
+}
+
+// an argument as the kernel's parameter receives it; NULL (an integer to a template) as a null pointer
+template <typename P, typename A>
+P convert(A&& a) {
+    if constexpr (std::is_pointer<P>::value && std::is_integral<typename std::decay<A>::type>::value) {
+        if (a != 0) die("an integer passed for a pointer parameter");
+        return nullptr;
+    } else {
+        return a;
+    }
+}
+
+struct Launch {
+    dim3 grid, block;
+    size_t shared_bytes;
+    Launch(dim3 g, dim3 b, size_t smem = 0, cudaStream_t stream = 0) : grid(g), block(b), shared_bytes(smem) { (void)stream; }
+
+    // runs the kernel over the grid with the arguments converted to its parameter types, as a launch does
+    template <typename... Params, typename... Args>
+    void run(void (*kernel)(Params...), Args&&... args) {
+        std::tuple<typename std::decay<Params>::type...> values(convert<typename std::decay<Params>::type>(std::forward<Args>(args))...);
+        if (!admissible((const void*)kernel)) return;
+        body = [&] { std::apply(kernel, values); };
+        run_grid();
+    }
+
+    bool admissible(const void* kernel) {
+        size_t threads = (size_t)block.x * block.y * block.z;
+        auto opted = shared_opt_in.find(kernel);
+        size_t shared_limit = opted == shared_opt_in.end() ? SHARED_DEFAULT : (size_t)opted->second;
+        const char* why = NULL;
+        if (threads == 0 || threads > 1024 || block.z > 64) why = "block size out of range";
+        else if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535) why = "grid size out of range";
+        else if (shared_bytes > shared_limit || shared_bytes > SHARED_MAX) why = "dynamic shared memory above the limit";
+        if (why == NULL) return true;
+        fprintf(stderr, "emulated GPU: launch refused: %s (grid %u,%u,%u block %u,%u,%u, %zu B shared)\n", why, grid.x, grid.y,
+                grid.z, block.x, block.y, block.z, shared_bytes);
+        last_error = cudaErrorInvalidConfiguration;
+        return false;
+    }
+
+    void run_grid() {
+        int n = (int)(block.x * block.y * block.z);
+        grow_workers(n);
+        block_dim = block, grid_dim = grid;
+        unsigned char* smem = (unsigned char*)malloc(shared_bytes > 0 ? shared_bytes : 1);
+        dynamic_shared_memory = smem;
+        for (unsigned z = 0; z < grid.z; z++)
+            for (unsigned y = 0; y < grid.y; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    block_index = make_uint3(x, y, z);
+                    memset(smem, 0xff, shared_bytes);
+                    run_block(n);
+                }
+        dynamic_shared_memory = NULL;
+        free(smem);
+    }
+};
+
+inline void* dynamic_shared() { return dynamic_shared_memory; }
+
+// A shuffle: every lane publishes `value`, then reads lane source(lane)'s (its own when out of range)
+template <typename T, typename Source>
+T shuffle(T value, Source source, const char* name) {
+    static_assert(sizeof(T) <= 16, "shuffles move at most 16 bytes here");
+    int lane = workers[current].thread % 32, warp = workers[current].thread / 32;
+    memcpy(exchange[warp][lane], &value, sizeof(T));
+    wait(my_warp(), name);
+    int from = source(lane);
+    T got = value;
+    if (from >= 0 && from < my_warp()->live) memcpy(&got, exchange[warp][from], sizeof(T));
+    wait(my_warp(), name);
+    return got;
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::wait(&emu::block_barrier, "__syncthreads"); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    emu::wait(emu::my_warp(), "__syncwarp");
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    (void)mask;
+    return emu::shuffle(v, [&](int lane) { return (lane ^ lane_mask) < ((lane / width) + 1) * width ? lane ^ lane_mask : lane; },
+                        "__shfl_xor_sync");
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    (void)mask;
+    return emu::shuffle(v, [&](int lane) { return (lane / width) * width + src % width; }, "__shfl_sync");
+}
+template <typename T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    (void)mask;
+    return emu::shuffle(v, [&](int lane) { return (int)(lane % width + delta) < width ? lane + (int)delta : lane; },
+                        "__shfl_down_sync");
+}
+
+// memory and arithmetic intrinsics: the host's own operations
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+template <typename T>
+inline T __ldcs(const T* p) { return *p; }
+template <typename T>
+inline void __stcs(T* p, T v) { *p = v; }
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline unsigned __float_as_uint(float x) {
+    unsigned u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+[[noreturn]] inline void __trap() { emu::die("__trap"); }
+using std::max;
+using std::min;
+
+// ----------------------------------------------------------------------------------------------------
+// the runtime, over host memory
+
+extern "C" {
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+    *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void* p) { return free(p), cudaSuccess; }
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) { return memcpy(dst, src, bytes), cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+    return memcpy(dst, src, bytes), cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
+cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) { return memset(p, v, bytes), cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) { return *free_bytes = *total = (size_t)80 << 30, cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = emu::last_error;
+    emu::last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return emu::last_error; }
+const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated launch refused"; }
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorInvalidConfiguration"; }
+cudaError_t cudaGetDeviceCount(int* n) { return *n = 1, cudaSuccess; }
+cudaError_t cudaGetDevice(int* d) { return *d = 0, cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+    switch (attr) {
+        case cudaDevAttrMultiProcessorCount: *value = 132; break;  // an H100 SXM's, so grids are sized as there
+        case cudaDevAttrL2CacheSize: *value = 50 << 20; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)emu::SHARED_MAX; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+        default: return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "emulated on the CPU (H100-shaped limits)");
+    prop->major = 9, prop->multiProcessorCount = 132, prop->l2CacheSize = 50 << 20;
+    prop->sharedMemPerBlockOptin = emu::SHARED_MAX, prop->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || (size_t)value > emu::SHARED_MAX) return cudaErrorInvalidValue;
+        emu::shared_opt_in[kernel] = value;
+    }
+    return cudaSuccess;
+}
+// events hold the host time they were recorded at (the work before them has finished by then)
+}
+template <typename T>
+cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) { return cudaFuncSetAttribute((const void*)kernel, attr, value); }
+extern "C" {
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = (cudaEvent_t) new double(0.0), cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete (double*)e, cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    *(double*)e = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { return *ms = (float)(*(double*)b - *(double*)a), cudaSuccess; }
+}
+
+#define DEV_CUDA_EMULATED 1  // common.cuh: check, do not time

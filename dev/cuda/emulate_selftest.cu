@@ -1,0 +1,133 @@
+/*
+ * emulate_selftest: the CPU emulation of emulate.h checked against what CUDA defines, before it is trusted
+ * with the kernel files (`make emulate` runs it first). Each case states the GPU's behaviour it expects:
+ *   shuffles    __shfl_xor_sync, __shfl_down_sync (own value past the warp) and __shfl_sync with a width
+ *               give the values the CUDA programming guide defines, for every lane of a 96-thread block;
+ *   reduce      a 1024-thread block reduction through shared memory and __syncthreads, over 3 blocks;
+ *   early exit  threads that return before __syncthreads do not hold back the others (sm_70+);
+ *   2-D index   threadIdx/blockIdx/blockDim/gridDim of a (4, 3) grid of (8, 2, 2) blocks;
+ *   limits      a launch above 48 KiB of dynamic shared memory is refused until the kernel opts in,
+ *               and a 1025-thread block is refused;
+ *   poison      dynamic shared memory starts as NaN, so an unwritten read is visible.
+ * `emulate_selftest deadlock` runs a warp whose lanes wait at two different barriers: the emulation must
+ * stop with an error that says so (the Makefile checks the exit status and the message).
+ */
+#include "common.cuh"
+
+__global__ void shuffles_kernel(int* out) {
+    int lane = threadIdx.x % 32;
+    out[threadIdx.x * 3 + 0] = __shfl_xor_sync(0xffffffff, (int)threadIdx.x, 5);
+    out[threadIdx.x * 3 + 1] = __shfl_down_sync(0xffffffff, (int)threadIdx.x, 3);
+    out[threadIdx.x * 3 + 2] = __shfl_sync(0xffffffff, lane * 10, 2, 8);  // lane 2 of each group of 8
+}
+
+__global__ void reduce_kernel(float* out, const float* in) {
+    __shared__ float s[1024];
+    s[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if ((int)threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+}
+
+__global__ void early_exit_kernel(int* out, int n) {
+    __shared__ int count;
+    if ((int)threadIdx.x >= n) return;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    atomicAdd(&count, 1);
+    __syncthreads();
+    out[threadIdx.x] = count;
+}
+
+__global__ void index_kernel(int* out) {
+    int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int b = blockIdx.x + gridDim.x * blockIdx.y;
+    out[b * blockDim.x * blockDim.y * blockDim.z + t] = b * 1000 + threadIdx.z * 100 + threadIdx.y * 10 + threadIdx.x;
+}
+
+__global__ void shared_kernel(float* out) {
+    extern __shared__ float dyn[];
+    out[threadIdx.x] = dyn[threadIdx.x];
+}
+
+// lanes 0-15 wait for the block, lanes 16-31 for the warp: neither barrier can open
+__global__ void deadlock_kernel(int* out) {
+    if (threadIdx.x < 16) __syncthreads();
+    else __syncwarp();
+    out[threadIdx.x] = 1;
+}
+
+static void check_ints(const char* what, const int* got, const int* want, int n) {
+    float* g = (float*)malloc_check(n * sizeof(float));
+    float* w = (float*)malloc_check(n * sizeof(float));
+    for (int i = 0; i < n; i++) g[i] = (float)got[i], w[i] = (float)want[i];
+    float* d = dev_upload(g, n);
+    check_close(what, d, w, n, 0.0, 0.0);
+    cudaCheck(cudaFree(d));
+    free(g), free(w);
+}
+
+int main(int argc, char** argv) {
+    int* d_int = dev_alloc<int>(4096);
+    if (argc > 1 && strcmp(argv[1], "deadlock") == 0) {
+        deadlock_kernel<<<1, 32, 0, main_stream>>>(d_int);
+        printf("deadlock not detected\n");
+        return 0;
+    }
+    int got[4096], want[4096];
+
+    shuffles_kernel<<<1, 96, 0, main_stream>>>(d_int);
+    dev_download(got, d_int, 96 * 3);
+    for (int t = 0; t < 96; t++) {
+        int lane = t % 32;
+        want[t * 3 + 0] = t ^ 5;
+        want[t * 3 + 1] = lane + 3 < 32 ? t + 3 : t;
+        want[t * 3 + 2] = ((lane / 8) * 8 + 2) * 10;
+    }
+    check_ints("shuffles", got, want, 96 * 3);
+
+    float* in = make_random_uniform(3 * 1024, 5, -1.0f, 1.0f);
+    float *d_in = dev_upload(in, 3 * 1024), *d_out = dev_alloc<float>(1024);
+    reduce_kernel<<<3, 1024, 0, main_stream>>>(d_out, d_in);
+    float sums[3];
+    for (int b = 0; b < 3; b++) {  // the same pairwise order as the kernel, so the sums are exact matches
+        float s[1024];
+        memcpy(s, in + b * 1024, sizeof(s));
+        for (int half = 512; half > 0; half /= 2)
+            for (int i = 0; i < half; i++) s[i] += s[i + half];
+        sums[b] = s[0];
+    }
+    check_close("reduce", d_out, sums, 3, 0.0, 0.0);
+
+    early_exit_kernel<<<1, 64, 0, main_stream>>>(d_int, 40);
+    dev_download(got, d_int, 40);
+    for (int t = 0; t < 40; t++) want[t] = 40;
+    check_ints("exit", got, want, 40);
+
+    index_kernel<<<dim3(4, 3), dim3(8, 2, 2), 0, main_stream>>>(d_int);
+    dev_download(got, d_int, 12 * 32);
+    for (int b = 0; b < 12; b++)
+        for (int t = 0; t < 32; t++) want[b * 32 + t] = b * 1000 + (t / 16) * 100 + (t / 8 % 2) * 10 + t % 8;
+    check_ints("index", got, want, 12 * 32);
+
+    const int big = 64 << 10;
+    printf("  (the two refused launches reported below are part of the test)\n");
+    fflush(stdout);
+    shared_kernel<<<1, 32, big, main_stream>>>(d_out);
+    bool refused = cudaGetLastError() != cudaSuccess;
+    cudaCheck(cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    shared_kernel<<<1, 32, big, main_stream>>>(d_out);
+    bool allowed = cudaGetLastError() == cudaSuccess;
+    shared_kernel<<<1, 1025, 0, main_stream>>>(d_out);
+    bool refused_block = cudaGetLastError() != cudaSuccess;
+    check_scalar("limits", refused && allowed && refused_block, 1.0, 0.0);
+
+    float poison[32];
+    dev_download(poison, d_out, 32);
+    int nans = 0;
+    for (int i = 0; i < 32; i++) nans += poison[i] != poison[i];
+    check_scalar("poison", nans, 32.0, 0.0);
+    return finish();
+}
