@@ -87,7 +87,8 @@ static FLASH_HD int flash_acc_to_a_elem(int r) { return (r % 2) * 2; }
 // the PTX building blocks
 
 // the tensor-core instructions exist from sm_80 on; for an older target (a build for the local GPU)
-// the wrappers compile to a trap, and flash_check_launch() refuses such a GPU before any launch
+// the wrappers compile to a trap, and flash_check_launch() refuses such a GPU before any launch. On the
+// CPU emulation of dev/cuda/emulate.h (DEV_CUDA_EMULATED) they call its warp-collective versions.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FLASH_NO_SM80 1
 #endif
@@ -99,12 +100,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
 #ifdef FLASH_NO_SM80
     __trap();
+#elif defined(DEV_CUDA_EMULATED)
+    emu::cp_async_16(smem, gmem, valid);
 #else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(valid ? 16 : 0)
                  : "memory");
 #endif
 }
-#ifdef FLASH_NO_SM80
+#if defined(FLASH_NO_SM80) || defined(DEV_CUDA_EMULATED)  // (the emulation copies at once)
 __device__ __forceinline__ void cp_async_commit() {}
 __device__ __forceinline__ void cp_async_wait_all() {}
 #else
@@ -115,6 +118,8 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
 #ifdef FLASH_NO_SM80
     r[0] = r[1] = r[2] = r[3] = 0, __trap();
+#elif defined(DEV_CUDA_EMULATED)
+    emu::ldmatrix_x4(r, p, false);
 #else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
@@ -123,6 +128,8 @@ __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
 #ifdef FLASH_NO_SM80
     r[0] = r[1] = r[2] = r[3] = 0, __trap();
+#elif defined(DEV_CUDA_EMULATED)
+    emu::ldmatrix_x4(r, p, true);
 #else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
@@ -134,6 +141,8 @@ template <typename Tp>
 __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
 #ifdef FLASH_NO_SM80
     __trap();
+#elif defined(DEV_CUDA_EMULATED)
+    emu::mma_16816<Tp>(d, a, b0, b1);
 #else
     if constexpr (std::is_same<Tp, __nv_bfloat16>::value) {
         asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"

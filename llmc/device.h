@@ -66,7 +66,11 @@ typedef float floatX;
 #define FP16_BUILD 0
 #define BF16_BUILD 0
 #endif
+#ifdef DEV_CUDA_EMULATED  // the GPU code on the CPU emulation of dev/cuda/emulate.h (`make emulated`)
+#define TARGET_NAME "GPU (emulated on the CPU)"
+#else
 #define TARGET_NAME "GPU"
+#endif
 
 // both directions work on host and device; bf16 conversion rounds to nearest even
 __host__ __device__ static inline float floatX_to_float(floatX x) { return (float)x; }

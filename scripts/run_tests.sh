@@ -9,7 +9,8 @@
 #      fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be
 #      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
-#      and the dev/cuda checks run on it, without one the dev/cuda checks run on the CPU emulation of CUDA
+#      and the dev/cuda checks run on it; without one the dev/cuda checks and test_gpt's GPU build run on
+#      the CPU emulation of CUDA (dev/cuda/emulate.h)
 #   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
 #      on a machine without a GPU, `make test` checking and `make deps` installing the dependencies, one Python
 set -euo pipefail
@@ -86,8 +87,26 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         make -C dev/cuda run
     else
         echo "no GPU here: the GPU target was compiled but not run"
-        step "dev/cuda: the kernel files' checks on the CPU emulation of CUDA (dev/cuda/emulate.h), attention's excepted"
+        step "dev/cuda: the kernel files' checks on the CPU emulation of CUDA (dev/cuda/emulate.h), tensor-core flash attention included"
         timeout 600 make -C dev/cuda -j2 emulate
+        step "GPU target: test_gpt on the CPU emulation of CUDA (make emulated): BF16; BF16 and FP16 with --fused-kernels 1 --attention flash; FP32 with --fused-kernels 1 (four at once)"
+        make -j2 emulated
+        emulated_runs=(bf16:0:classic bf16:1:flash fp16:1:flash fp32:1:classic)  # precision:fused:attention
+        pids=()
+        for r in "${emulated_runs[@]}"; do
+            IFS=: read -r p fused attention <<< "$r"
+            OMP_NUM_THREADS=1 LLMC_FUSED_KERNELS=$fused timeout 900 ./build/emu-$p/test_gpt build/ref --attention "$attention" \
+                > "build/emu/test_gpt-$p-$fused-$attention.log" 2>&1 &
+            pids+=($!)
+        done
+        failed=0
+        for i in "${!emulated_runs[@]}"; do
+            IFS=: read -r p fused attention <<< "${emulated_runs[$i]}"
+            log="build/emu/test_gpt-$p-$fused-$attention.log"
+            if wait "${pids[$i]}"; then echo "$p, --fused-kernels $fused, --attention $attention: $(tail -n 1 "$log")"
+            else cat "$log"; echo "FAILED: emulated test_gpt $p, --fused-kernels $fused, --attention $attention"; failed=1; fi
+        done
+        [ "$failed" = 0 ]
     fi
 else
     echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"

@@ -26,7 +26,7 @@
 #endif
 
 // Built on the CPU emulation (emulate.h, `make emulate`), a program checks and does not time; where
-// its GPU shape would take minutes there, it checks a smaller batch of the same shape otherwise.
+// its GPU shape would take minutes there, it checks a smaller batch, or only its odd shapes.
 #ifdef DEV_CUDA_EMULATED
 static const bool EMULATED = true;
 #else

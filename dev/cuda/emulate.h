@@ -1,6 +1,8 @@
 /*
  * emulate.h: runs the CUDA kernels of dev/cuda/ and llmc/ on the CPU, so their checks against the CPU
- * reference run on a machine without a GPU (`make -C dev/cuda emulate`, part of `make test`).
+ * reference run on a machine without a GPU (`make -C dev/cuda emulate`, part of `make test`). The
+ * tensor-core flash attention runs too: llmc/attention_flash_mma.h calls the warp-collective ldmatrix,
+ * mma.sync and cp.async below in place of its PTX when DEV_CUDA_EMULATED is defined.
  *
  * It is not a GPU simulator: nothing is timed and nothing about speed is learned. What it shows is that a
  * kernel's own source, launched with the real grid and block shapes, computes what the reference
@@ -13,8 +15,8 @@
  * a worker runs a thread until it ends or waits at a barrier, and the waiting ones are resumed in passes
  * over the block. The barriers:
  *   __syncthreads()      waits for every thread of the block that has not exited (as on sm_70+);
- *   __shfl_*_sync()      each lane writes its value to its warp's exchange slots, waits for the warp's
- *                        lanes, reads its source lane's slot, and waits again before the slots are reused;
+ *   __shfl_*_sync()      each lane writes its value to its slot of the warp's next slot set (two sets,
+ *                        used in turn), waits for the warp's lanes and reads its source lane's slot;
  *   __syncwarp()         a wait for the warp's lanes.
  * A pass in which no thread moves is a deadlock (a barrier that not every thread reaches, which hangs or
  * is undefined on a GPU): the program stops and says which barrier. Threads interleave only at barriers,
@@ -27,12 +29,14 @@
  * a write shows up in the result. Atomics are plain read-modify-writes: threads never interleave inside
  * one. Streams and events are ordered trivially: every launch and copy has finished when its call returns.
  *
- * The runtime calls the dev/cuda programs make (cudaMalloc, cudaMemcpy, events, properties) are defined
- * at the end over host memory. "Device" memory is host memory, so a kernel that dereferences a host
+ * The runtime calls the dev/cuda programs make (cudaMalloc, cudaMemcpy, events, properties) and the
+ * cuBLAS calls of the classic attention are defined at the end over host memory. "Device" memory is host memory, so a kernel that dereferences a host
  * pointer does not fail here as it would on a GPU.
  */
 #pragma once
 
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -135,6 +139,9 @@ struct Worker {
     char* stack;
     int thread;  // the linear index of the thread it runs
     bool done;   // no thread left to take
+    const Barrier* waiting_on;  // the barrier its thread waits at (NULL: none), until its generation moves
+    int waiting_generation;
+    unsigned exchanges;  // the warp exchanges its thread has made (which of the two slot sets is next)
 };
 const size_t STACK_BYTES = 256 << 10;  // a worker's stack: a kernel's locals ("registers") live there
 const size_t SHARED_DEFAULT = 48 << 10, SHARED_MAX = 227 << 10;  // sm_90's dynamic shared memory limits
@@ -145,7 +152,10 @@ inline Context scheduler;
 inline int block_threads = 0, next_thread = 0;
 inline Barrier block_barrier;
 inline Barrier* warp_barriers = NULL;  // one per warp of the block
-inline uint64_t (*exchange)[32][2] = NULL;  // per warp, per lane: the 16 bytes a shuffle passes on
+// per warp, two sets of per-lane slots for the bytes a warp exchange (shuffle, ldmatrix, mma) passes on,
+// used alternately: a lane that has read exchange k may write exchange k+1 while others still read k, and
+// cannot pass exchange k+1's barrier (and write k+2 over k) before every lane has arrived there
+inline uint64_t (*exchange)[2][32][4] = NULL;
 inline uint64_t progress = 0;  // moves whenever a thread starts, arrives at a barrier or exits
 inline const char* waiting_at = "";  // the barrier the last resumed thread waits at
 inline std::function<void()> body;
@@ -172,16 +182,19 @@ inline void wait(Barrier* b, const char* name) {
     int generation = b->generation;
     b->arrived++, progress++;
     open_if_complete(b);
-    while (b->generation == generation) {
-        waiting_at = name;
-        yield();
-    }
+    if (b->generation != generation) return;
+    workers[current].waiting_on = b, workers[current].waiting_generation = generation;
+    waiting_at = name;
+    yield();  // resumed once the barrier has opened
+    workers[current].waiting_on = NULL;
 }
+// a worker whose thread waits at a barrier that has not opened: resuming it would change nothing
+inline bool blocked(const Worker* w) { return w->waiting_on != NULL && w->waiting_on->generation == w->waiting_generation; }
 
 inline void worker_main() {
     Worker* w = &workers[current];
     while (next_thread < block_threads) {
-        w->thread = next_thread++;
+        w->thread = next_thread++, w->exchanges = 0;
         thread_index = thread_index_of(w->thread);
         progress++;
         body();
@@ -199,7 +212,7 @@ inline void grow_workers(int n) {
     for (int i = workers_cap; i < n; i++) workers[i].stack = (char*)malloc(STACK_BYTES);
     workers_cap = n;
     warp_barriers = (Barrier*)realloc(warp_barriers, ((n + 31) / 32) * sizeof(Barrier));
-    exchange = (uint64_t(*)[32][2])realloc(exchange, ((n + 31) / 32) * sizeof(*exchange));
+    exchange = (uint64_t(*)[2][32][4])realloc(exchange, ((n + 31) / 32) * sizeof(*exchange));
 }
 
 inline void resume(int w) {
@@ -217,11 +230,14 @@ inline void run_block(int n) {
     for (int used = 0, running = 1; running > 0;) {
         uint64_t before = progress;
         running = 0;
-        for (int w = 0; w < used; w++)
-            if (!workers[w].done) resume(w), running += !workers[w].done;
+        for (int w = 0; w < used; w++) {
+            if (workers[w].done) continue;
+            if (!blocked(&workers[w])) resume(w);
+            running += !workers[w].done;
+        }
         while (next_thread < n) {
             Worker* w = &workers[used];
-            w->done = false, w->thread = next_thread;
+            w->done = false, w->thread = next_thread, w->waiting_on = NULL;
             context_make(&w->context, w->stack, STACK_BYTES, worker_main);
             resume(used++);
             running += !w->done;
@@ -294,18 +310,82 @@ struct Launch {
 
 inline void* dynamic_shared() { return dynamic_shared_memory; }
 
+// A warp exchange: this lane's bytes go to its slot of the next slot set, then it waits for the warp;
+// returns the slot set, in which lane l's bytes are at [l]
+inline const uint64_t (*publish(const void* bytes, size_t n, const char* name))[4] {
+    Worker* w = &workers[current];
+    uint64_t(*slots)[4] = exchange[w->thread / 32][w->exchanges++ % 2];
+    memcpy(slots[w->thread % 32], bytes, n);
+    wait(my_warp(), name);
+    return slots;
+}
+inline int warp_lanes() { return std::min(32, block_threads - workers[current].thread / 32 * 32); }  // (a block's last warp may be partial)
+
 // A shuffle: every lane publishes `value`, then reads lane source(lane)'s (its own when out of range)
 template <typename T, typename Source>
 T shuffle(T value, Source source, const char* name) {
-    static_assert(sizeof(T) <= 16, "shuffles move at most 16 bytes here");
-    int lane = workers[current].thread % 32, warp = workers[current].thread / 32;
-    memcpy(exchange[warp][lane], &value, sizeof(T));
-    wait(my_warp(), name);
-    int from = source(lane);
+    static_assert(sizeof(T) <= 32, "shuffles move at most 32 bytes here");
+    const uint64_t(*slots)[4] = publish(&value, sizeof(T), name);
+    int from = source(workers[current].thread % 32);
     T got = value;
-    if (from >= 0 && from < my_warp()->live) memcpy(&got, exchange[warp][from], sizeof(T));
-    wait(my_warp(), name);
+    if (from >= 0 && from < warp_lanes()) memcpy((void*)&got, slots[from], sizeof(T));
     return got;
+}
+
+// The tensor-core instructions of llmc/attention_flash_mma.h, as their PTX definitions state them (the
+// same text as attention_flash_emu.h), each a warp exchange: every lane publishes its operands, waits
+// for the warp, and computes its own result from all lanes' operands.
+inline uint16_t half_of(uint32_t reg, int j) { return (uint16_t)(j ? reg >> 16 : reg & 0xffffu); }
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i..8i+7 give the addresses of rows 0..7 of
+// matrix i; register i of lane l gets row l/4, elements 2(l%4) and 2(l%4)+1 of matrix i (.trans: elements
+// (2(l%4), l/4) and (2(l%4)+1, l/4))
+inline void ldmatrix_x4(uint32_t r[4], const void* row_address, bool trans) {
+    const uint64_t(*slots)[4] = publish(&row_address, sizeof(row_address), "ldmatrix");
+    int lane = workers[current].thread % 32;
+    for (int i = 0; i < 4; i++) {
+        uint32_t reg = 0;
+        for (int j = 0; j < 2; j++) {
+            int row = trans ? 2 * (lane % 4) + j : lane / 4, e = trans ? lane / 4 : 2 * (lane % 4) + j;
+            const uint16_t* src;
+            memcpy(&src, slots[8 * i + row], sizeof(src));
+            reg |= (uint32_t)src[e] << (16 * j);
+        }
+        r[i] = reg;
+    }
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d (16x8, fp32) += A (16x16) . B (16x8). With g = l/4,
+// c = l%4, lane l holds A (g, 2c..2c+1), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..) in a[0..3], B (2c.., g) in
+// b0 and (2c+8.., g) in b1, and d elements (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1)
+template <typename Tp>
+void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+    const uint64_t(*slots)[4] = publish(mine, sizeof(mine), "mma");
+    auto value = [](uint16_t bits) {
+        Tp x;
+        memcpy((void*)&x, &bits, 2);
+        return (float)x;
+    };
+    int lane = workers[current].thread % 32, g = lane / 4, c = lane % 4;
+    for (int e = 0; e < 4; e++) {
+        int row = g + (e >= 2 ? 8 : 0), col = 2 * c + (e & 1);
+        float sum = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            const uint32_t* a_lane = (const uint32_t*)slots[(row % 8) * 4 + (k % 8) / 2];
+            const uint32_t* b_lane = (const uint32_t*)slots[col * 4 + (k % 8) / 2];
+            float av = value(half_of(a_lane[(row >= 8) + 2 * (k >= 8)], k % 2));
+            float bv = value(half_of(b_lane[4 + (k >= 8)], k % 2));
+            sum += av * bv;
+        }
+        d[e] += sum;
+    }
+}
+
+// cp.async.cg.shared.global, 16 bytes (zeros when !valid): done at once, so commit and wait are empty
+inline void cp_async_16(void* smem, const void* gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
 }
 }  // namespace emu
 
@@ -347,6 +427,7 @@ inline T atomicAdd(T* p, T v) {
 }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
+inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }  // (only inside the PTX the emulation replaces)
 inline unsigned __float_as_uint(float x) {
     unsigned u;
     memcpy(&u, &x, 4);
@@ -424,6 +505,156 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { return *ms = (float)(*(double*)b - *(double*)a), cudaSuccess; }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// cuBLAS and cuBLASLt, as far as llmc calls them: the handles, the strided batched product of the
+// classic attention and cuBLASLt's matmul with the BIAS epilogue, as plain loops in float over
+// column-major matrices (the products cuBLAS defines; not its summation order). An attribute or an
+// epilogue llmc does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED, so nothing passes unnoticed.
+
+namespace emu {
+inline float load_element(const void* p, size_t i, cudaDataType type) {
+    if (type == CUDA_R_16BF) return __bfloat162float(((const __nv_bfloat16*)p)[i]);
+    if (type == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
+    return ((const float*)p)[i];
+}
+inline size_t elem(cudaDataType type) { return type == CUDA_R_16BF || type == CUDA_R_16F ? 2 : 4; }
+inline void store_element(void* p, size_t i, cudaDataType type, float v) {
+    if (type == CUDA_R_16BF) ((__nv_bfloat16*)p)[i] = __float2bfloat16(v);
+    else if (type == CUDA_R_16F) ((__half*)p)[i] = __float2half(v);
+    else ((float*)p)[i] = v;
+}
+inline int handle_storage;  // what the handles point at
+
+struct LtDesc {  // behind a cublasLtMatmulDesc_t
+    int32_t trans_a, trans_b;  // cublasOperation_t
+    int32_t epilogue;          // cublasLtEpilogue_t
+    const void* bias;
+    int32_t bias_type;  // cudaDataType
+};
+struct LtLayout {  // behind a cublasLtMatrixLayout_t
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+// element (i, l) of op(X) for a column-major X of leading dimension ld
+inline size_t op_index(bool trans, size_t i, size_t l, int64_t ld) { return trans ? l + i * ld : i + l * ld; }
+
+// D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C [+ bias (m) broadcast over n], column-major;
+// C is not read when beta = 0. The operands are first copied to float rows, so the products are
+// contiguous dot products.
+struct Operand {
+    const void* p;
+    cudaDataType type;
+    int64_t ld;
+};
+inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, Operand A, Operand B, float beta, Operand C,
+                 void* D, cudaDataType d_type, int64_t ldd, const void* bias, cudaDataType bias_type) {
+    float* rows_a = (float*)malloc((size_t)(m * k + n * k + 1) * sizeof(float));  // op(A) row i | op(B) column j
+    float* cols_b = rows_a + m * k;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t l = 0; l < k; l++) rows_a[i * k + l] = load_element(A.p, op_index(ta, i, l, A.ld), A.type);
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t l = 0; l < k; l++) cols_b[j * k + l] = load_element(B.p, op_index(tb, l, j, B.ld), B.type);
+#pragma omp parallel for
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+            float sum = 0.0f;
+            for (int64_t l = 0; l < k; l++) sum += rows_a[i * k + l] * cols_b[j * k + l];
+            float out = alpha * sum + (beta != 0.0f ? beta * load_element(C.p, i + j * C.ld, C.type) : 0.0f);
+            if (bias != NULL) out += load_element(bias, i, bias_type);
+            store_element(D, i + j * ldd, d_type, out);
+        }
+    free(rows_a);
+}
+}  // namespace emu
+
+extern "C" {
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) { return *h = (cublasHandle_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return *h = (cublasLtHandle_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+// C_b (m x n) = alpha op(A_b) (m x k) . op(B_b) (k x n) + beta C_b for b < batch; C is not read when beta = 0
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType Atype, int lda, long long strideA,
+                                          const void* B, cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
+                                          cudaDataType Ctype, int ldc, long long strideC, int batch, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t) {
+    if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int b = 0; b < batch; b++)
+        emu::gemm(transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, *(const float*)alpha, {(const char*)A + b * strideA * emu::elem(Atype), Atype, lda},
+                  {(const char*)B + b * strideB * emu::elem(Btype), Btype, ldb}, *(const float*)beta, {(const char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc},
+                  (char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc, NULL, CUDA_R_32F);
+    return CUBLAS_STATUS_SUCCESS;
+}
+}
+
+extern "C" {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *desc = (cublasLtMatmulDesc_t) new emu::LtDesc{CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, CUDA_R_32F};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) { return delete (emu::LtDesc*)desc, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t bytes) {
+    emu::LtDesc* d = (emu::LtDesc*)desc;
+    void* field = attr == CUBLASLT_MATMUL_DESC_TRANSA ? (void*)&d->trans_a
+                  : attr == CUBLASLT_MATMUL_DESC_TRANSB ? (void*)&d->trans_b
+                  : attr == CUBLASLT_MATMUL_DESC_EPILOGUE ? (void*)&d->epilogue
+                  : attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? (void*)&d->bias
+                  : attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ? (void*)&d->bias_type
+                  : NULL;
+    size_t want = attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void*) : 4;
+    if (field == NULL || bytes != want) return CUBLAS_STATUS_NOT_SUPPORTED;
+    memcpy(field, buf, bytes);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+    if ((int64_t)rows > ld) return CUBLAS_STATUS_INVALID_VALUE;
+    *layout = (cublasLtMatrixLayout_t) new emu::LtLayout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) { return delete (emu::LtLayout*)layout, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+    return *pref = (cublasLtMatmulPreference_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void*, size_t) {
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* found) {
+    if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    memset(&results[0], 0, sizeof(results[0]));
+    *found = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+// D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C [+ bias (m) broadcast over n]; C is not read when beta = 0
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* A, cublasLtMatrixLayout_t la,
+                              const void* B, cublasLtMatrixLayout_t lb, const void* beta, const void* C, cublasLtMatrixLayout_t lc, void* D,
+                              cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+    const emu::LtDesc* d = (const emu::LtDesc*)desc;
+    const emu::LtLayout *a = (const emu::LtLayout*)la, *b = (const emu::LtLayout*)lb, *c = (const emu::LtLayout*)lc, *o = (const emu::LtLayout*)ld;
+    bool ta = d->trans_a != CUBLAS_OP_N, tb = d->trans_b != CUBLAS_OP_N;
+    uint64_t m = o->rows, n = o->cols, k = ta ? a->rows : a->cols;
+    if ((ta ? a->cols : a->rows) != m || (tb ? b->cols : b->rows) != k || (tb ? b->rows : b->cols) != n || c->rows != m || c->cols != n)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
+    if (!bias && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
+    emu::gemm(ta, tb, m, n, k, *(const float*)alpha, {A, a->type, a->ld}, {B, b->type, b->ld}, *(const float*)beta, {C, c->type, c->ld}, D,
+              o->type, o->ld, bias ? d->bias : NULL, (cudaDataType)d->bias_type);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// the rest of the runtime the trainer's code names: streams, events and pinned memory, all trivially ordered
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = (cudaStream_t)&emu::handle_storage, cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 }
 
 #define DEV_CUDA_EMULATED 1  // common.cuh: check, do not time

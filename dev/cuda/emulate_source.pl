@@ -5,4 +5,4 @@
 #   extern __shared__ [__align__(n)] T name[];     ->  T* name = (T*)emu::dynamic_shared();
 # Everything else is left as written.
 s/([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\(/emu::Launch($2).run($1, /gs;
-s/extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;/$1* $2 = ($1*)emu::dynamic_shared();/g;
+s/extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w:\s]*?)\s+(\w+)\s*\[\s*\]\s*;/$1* $2 = ($1*)emu::dynamic_shared();/g;
