@@ -2,8 +2,8 @@
 #   make cpu            build/cpu/train_gpt, build/cpu/test_gpt        (g++ -x c++ -DLLMC_CPU, OpenMP)
 #   make gpu            build/gpu-{bf16,fp32,fp16}/...                  (nvcc, cuBLASLt, NCCL)
 #   make dev            dev/cuda: kernel variants with checks and benchmarks (nvcc)
-#   make emulated       build/emu-{bf16,fp32,fp16}/test_gpt: the GPU target's test on the CPU emulation of
-#                       CUDA (dev/cuda/emulate.h; g++ and the CUDA headers, no GPU; `make test` runs them)
+#   make emulated       build/emu-{bf16,fp32,fp16}/{train_gpt,test_gpt}: the GPU target on the CPU emulation
+#                       of CUDA (dev/cuda/emulate.h; g++ and the CUDA headers, no GPU; `make test` runs test_gpt)
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
 #   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
@@ -69,8 +69,8 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-to
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_fp32) $< $(NVCC_LIBS) -o $@
 
 # The GPU target's test_gpt on the CPU emulation of CUDA (dev/cuda/emulate.h): every kernel, launcher,
-# cuBLAS(Lt) call and device copy of the GPU code runs, on a machine without a GPU; NCCL does not (one
-# process). The sources are first rewritten (dev/cuda/emulate_source.pl: the <<<...>>> launches) into
+# cuBLAS(Lt) call and device copy of the GPU code runs, on a machine without a GPU; NCCL does not (the
+# ranks of an emulated train_gpt talk through the MPI engine). The sources are first rewritten (dev/cuda/emulate_source.pl: the <<<...>>> launches) into
 # build/emu/src/. -fno-inline-functions: the same checks, built in seconds instead of more than a minute.
 EMU_SOURCES = $(patsubst %,build/emu/src/%,$(HEADERS) train_gpt.cu test_gpt.cu)
 .SECONDARY: $(EMU_SOURCES)
@@ -78,11 +78,14 @@ build/emu/src/%: % dev/cuda/emulate_source.pl
 	@mkdir -p $(@D)
 	perl -0p dev/cuda/emulate_source.pl $< > $@
 EMU_FLAGS = -O2 -fno-inline-functions -std=c++17 -fopenmp -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-class-memaccess \
-            -Wno-sign-compare -DNO_NCCL -x c++ -include dev/cuda/emulate.h -I$(NVCC_ROOT)/include
-emulated: build/emu-bf16/test_gpt build/emu-fp32/test_gpt build/emu-fp16/test_gpt
+            -Wno-sign-compare -DNO_NCCL $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/cuda/emulate.h -I$(NVCC_ROOT)/include
+emulated: $(foreach p,bf16 fp32 fp16,build/emu-$(p)/test_gpt build/emu-$(p)/train_gpt)
 build/emu-%/test_gpt: $(EMU_SOURCES) dev/cuda/emulate.h | gpu-toolchain
 	@mkdir -p $(@D)
-	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/test_gpt.cu -o $@
+	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/test_gpt.cu $(MPI_LIBS) -o $@
+build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h | gpu-toolchain
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 
 # the exchange of the NCCL id over TCP (llmc/rendezvous.h), with real processes: scripts/test_rendezvous.sh
 build/cpu/test_rendezvous: tests/test_rendezvous.cpp llmc/rendezvous.h llmc/common.h build/flags-cpu.txt

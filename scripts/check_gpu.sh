@@ -60,9 +60,16 @@ run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt
 run test_pp_fp32 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
 run trace_gpu bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
 # the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until these
-# pass): the parallel suites in BF16 (sums widened to float) and FP32, and the same traced pipeline, whose
-# last line gives the engine's GB/s beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
-run test_dp_bf16_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_dp.sh build/gpu-bf16/train_gpt
+# pass): the parallel suites in FP32; in BF16 (sums widened to float by a kernel) a dp2 ZeRO-2 run with
+# accumulation must give the whole-buffer path's model file byte for byte (the suites' 1e-5 against one
+# rank is an FP32 tolerance: BF16 rounds the gradients of 2 ranks differently from one rank's, e.g. 3e-5 in
+# the loss on the CPU emulation); and the same traced pipeline, whose last line gives the engine's GB/s
+# beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
+run test_dp_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
+run dp_bf16_staged_identical bash -c "source scripts/parallel_test_lib.sh; F='--layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/whole.bin && \
+    LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/staged.bin && \
+    cmp $OUT/whole.bin $OUT/staged.bin && echo 'staged = whole-buffer, byte for byte'"
 run test_pp_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
 run trace_gpu_staged bash -c "source scripts/parallel_test_lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_staged.json"
 run train_default ./build/gpu-bf16/train_gpt

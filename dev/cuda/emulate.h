@@ -26,7 +26,7 @@
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
  * device's 227 KiB. Dynamic shared memory starts each block filled with NaN bytes (0xff), so a read before
- * a write shows up in the result. Atomics are plain read-modify-writes: threads never interleave inside
+ * a write shows up in the result (static __shared__ arrays are not refilled: they keep the last block's). Atomics are plain read-modify-writes: threads never interleave inside
  * one. Streams and events are ordered trivially: every launch and copy has finished when its call returns.
  *
  * The runtime calls the dev/cuda programs make (cudaMalloc, cudaMemcpy, events, properties) and the
@@ -461,8 +461,19 @@ cudaError_t cudaGetLastError(void) {
     return e;
 }
 cudaError_t cudaPeekAtLastError(void) { return emu::last_error; }
-const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated launch refused"; }
-const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorInvalidConfiguration"; }
+// the errors this emulation returns
+const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
+        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        default: return "cudaError (emulated)";
+    }
+}
+const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 cudaError_t cudaGetDeviceCount(int* n) { return *n = 1, cudaSuccess; }
 cudaError_t cudaGetDevice(int* d) { return *d = 0, cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
@@ -655,6 +666,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = (
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+// rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart)
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind, cudaStream_t) {
+    if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
+    return cudaSuccess;
+}
 }
 
 #define DEV_CUDA_EMULATED 1  // common.cuh: check, do not time
