@@ -80,10 +80,10 @@ build/emu/src/%: % dev/cuda/emulate_source.pl
 EMU_FLAGS = -O2 -fno-inline-functions -std=c++17 -fopenmp -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-class-memaccess \
             -Wno-sign-compare -DNO_NCCL $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/cuda/emulate.h -I$(NVCC_ROOT)/include
 emulated: $(foreach p,bf16 fp32 fp16,build/emu-$(p)/test_gpt build/emu-$(p)/train_gpt)
-build/emu-%/test_gpt: $(EMU_SOURCES) dev/cuda/emulate.h | gpu-toolchain
+build/emu-%/test_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/test_gpt.cu $(MPI_LIBS) -o $@
-build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h | gpu-toolchain
+build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 

@@ -1,13 +1,14 @@
 /*
  * emulate.h: runs the CUDA kernels of dev/cuda/ and llmc/ on the CPU, so their checks against the CPU
- * reference run on a machine without a GPU (`make -C dev/cuda emulate`, part of `make test`). The
+ * reference run on a machine without a GPU: `make -C dev/cuda emulate` (the kernel files) and `make
+ * emulated` (the GPU build of test_gpt and train_gpt), both part of `make test` without a GPU. The
  * tensor-core flash attention runs too: llmc/attention_flash_mma.h calls the warp-collective ldmatrix,
  * mma.sync and cp.async below in place of its PTX when DEV_CUDA_EMULATED is defined.
  *
  * It is not a GPU simulator: nothing is timed and nothing about speed is learned. What it shows is that a
  * kernel's own source, launched with the real grid and block shapes, computes what the reference
  * computes: index arithmetic, bounds checks, grid-stride loops, warp shuffles, shared-memory reductions
- * and the order of barriers. It catches what a first GPU run would otherwise find.
+ * and the order of barriers: much of what a first GPU run would otherwise find.
  *
  * How a launch runs. `kernel<<<grid, block, smem, stream>>>(args)` has been rewritten (emulate_source.pl)
  * into `emu::Launch(grid, block, smem, stream).run(kernel, args)`. The blocks run one after the other, on
@@ -26,12 +27,13 @@
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
  * device's 227 KiB. Dynamic shared memory starts each block filled with NaN bytes (0xff), so a read before
- * a write shows up in the result (static __shared__ arrays are not refilled: they keep the last block's). Atomics are plain read-modify-writes: threads never interleave inside
- * one. Streams and events are ordered trivially: every launch and copy has finished when its call returns.
+ * a write shows up in the result (static __shared__ arrays are not refilled: they keep the last block's).
+ * Atomics are plain read-modify-writes: threads never interleave inside one.
  *
- * The runtime calls the dev/cuda programs make (cudaMalloc, cudaMemcpy, events, properties) and the
- * cuBLAS calls of the classic attention are defined at the end over host memory. "Device" memory is host memory, so a kernel that dereferences a host
- * pointer does not fail here as it would on a GPU.
+ * The runtime calls the programs make (cudaMalloc, cudaMemcpy, events, properties) and their cuBLAS(Lt)
+ * products are defined over host memory in emulate_runtime.h, included at the end. Streams and events are
+ * ordered trivially: every launch and copy has finished when its call returns. "Device" memory is host
+ * memory, so a kernel that dereferences a host pointer does not fail here as it would on a GPU.
  */
 #pragma once
 
@@ -437,242 +439,6 @@ inline unsigned __float_as_uint(float x) {
 using std::max;
 using std::min;
 
-// ----------------------------------------------------------------------------------------------------
-// the runtime, over host memory
-
-extern "C" {
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-    *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFree(void* p) { return free(p), cudaSuccess; }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) { return memcpy(dst, src, bytes), cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
-    return memcpy(dst, src, bytes), cudaSuccess;
-}
-cudaError_t cudaMemset(void* p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) { return memset(p, v, bytes), cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) { return *free_bytes = *total = (size_t)80 << 30, cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaGetLastError(void) {
-    cudaError_t e = emu::last_error;
-    emu::last_error = cudaSuccess;
-    return e;
-}
-cudaError_t cudaPeekAtLastError(void) { return emu::last_error; }
-// the errors this emulation returns
-const char* cudaGetErrorName(cudaError_t e) {
-    switch (e) {
-        case cudaSuccess: return "cudaSuccess";
-        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-        case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
-        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-        default: return "cudaError (emulated)";
-    }
-}
-const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
-cudaError_t cudaGetDeviceCount(int* n) { return *n = 1, cudaSuccess; }
-cudaError_t cudaGetDevice(int* d) { return *d = 0, cudaSuccess; }
-cudaError_t cudaDriverGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
-cudaError_t cudaRuntimeGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-    switch (attr) {
-        case cudaDevAttrMultiProcessorCount: *value = 132; break;  // an H100 SXM's, so grids are sized as there
-        case cudaDevAttrL2CacheSize: *value = 50 << 20; break;
-        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)emu::SHARED_MAX; break;
-        case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-        default: return cudaErrorInvalidValue;
-    }
-    return cudaSuccess;
-}
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
-    memset(prop, 0, sizeof(*prop));
-    snprintf(prop->name, sizeof(prop->name), "emulated on the CPU (H100-shaped limits)");
-    prop->major = 9, prop->multiProcessorCount = 132, prop->l2CacheSize = 50 << 20;
-    prop->sharedMemPerBlockOptin = emu::SHARED_MAX, prop->maxThreadsPerBlock = 1024;
-    return cudaSuccess;
-}
-cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
-    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (value < 0 || (size_t)value > emu::SHARED_MAX) return cudaErrorInvalidValue;
-        emu::shared_opt_in[kernel] = value;
-    }
-    return cudaSuccess;
-}
-// events hold the host time they were recorded at (the work before them has finished by then)
-}
-template <typename T>
-cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) { return cudaFuncSetAttribute((const void*)kernel, attr, value); }
-extern "C" {
-cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = (cudaEvent_t) new double(0.0), cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete (double*)e, cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-    *(double*)e = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { return *ms = (float)(*(double*)b - *(double*)a), cudaSuccess; }
-}
-
-// ----------------------------------------------------------------------------------------------------
-// cuBLAS and cuBLASLt, as far as llmc calls them: the handles, the strided batched product of the
-// classic attention and cuBLASLt's matmul with the BIAS epilogue, as plain loops in float over
-// column-major matrices (the products cuBLAS defines; not its summation order). An attribute or an
-// epilogue llmc does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED, so nothing passes unnoticed.
-
-namespace emu {
-inline float load_element(const void* p, size_t i, cudaDataType type) {
-    if (type == CUDA_R_16BF) return __bfloat162float(((const __nv_bfloat16*)p)[i]);
-    if (type == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
-    return ((const float*)p)[i];
-}
-inline size_t elem(cudaDataType type) { return type == CUDA_R_16BF || type == CUDA_R_16F ? 2 : 4; }
-inline void store_element(void* p, size_t i, cudaDataType type, float v) {
-    if (type == CUDA_R_16BF) ((__nv_bfloat16*)p)[i] = __float2bfloat16(v);
-    else if (type == CUDA_R_16F) ((__half*)p)[i] = __float2half(v);
-    else ((float*)p)[i] = v;
-}
-inline int handle_storage;  // what the handles point at
-
-struct LtDesc {  // behind a cublasLtMatmulDesc_t
-    int32_t trans_a, trans_b;  // cublasOperation_t
-    int32_t epilogue;          // cublasLtEpilogue_t
-    const void* bias;
-    int32_t bias_type;  // cudaDataType
-};
-struct LtLayout {  // behind a cublasLtMatrixLayout_t
-    cudaDataType type;
-    uint64_t rows, cols;
-    int64_t ld;
-};
-// element (i, l) of op(X) for a column-major X of leading dimension ld
-inline size_t op_index(bool trans, size_t i, size_t l, int64_t ld) { return trans ? l + i * ld : i + l * ld; }
-
-// D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C [+ bias (m) broadcast over n], column-major;
-// C is not read when beta = 0. The operands are first copied to float rows, so the products are
-// contiguous dot products.
-struct Operand {
-    const void* p;
-    cudaDataType type;
-    int64_t ld;
-};
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, Operand A, Operand B, float beta, Operand C,
-                 void* D, cudaDataType d_type, int64_t ldd, const void* bias, cudaDataType bias_type) {
-    float* rows_a = (float*)malloc((size_t)(m * k + n * k + 1) * sizeof(float));  // op(A) row i | op(B) column j
-    float* cols_b = rows_a + m * k;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t l = 0; l < k; l++) rows_a[i * k + l] = load_element(A.p, op_index(ta, i, l, A.ld), A.type);
-    for (int64_t j = 0; j < n; j++)
-        for (int64_t l = 0; l < k; l++) cols_b[j * k + l] = load_element(B.p, op_index(tb, l, j, B.ld), B.type);
-#pragma omp parallel for
-    for (int64_t j = 0; j < n; j++)
-        for (int64_t i = 0; i < m; i++) {
-            float sum = 0.0f;
-            for (int64_t l = 0; l < k; l++) sum += rows_a[i * k + l] * cols_b[j * k + l];
-            float out = alpha * sum + (beta != 0.0f ? beta * load_element(C.p, i + j * C.ld, C.type) : 0.0f);
-            if (bias != NULL) out += load_element(bias, i, bias_type);
-            store_element(D, i + j * ldd, d_type, out);
-        }
-    free(rows_a);
-}
-}  // namespace emu
-
-extern "C" {
-cublasStatus_t cublasCreate_v2(cublasHandle_t* h) { return *h = (cublasHandle_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return *h = (cublasLtHandle_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
-// C_b (m x n) = alpha op(A_b) (m x k) . op(B_b) (k x n) + beta C_b for b < batch; C is not read when beta = 0
-cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-                                          const void* alpha, const void* A, cudaDataType Atype, int lda, long long strideA,
-                                          const void* B, cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
-                                          cudaDataType Ctype, int ldc, long long strideC, int batch, cublasComputeType_t compute,
-                                          cublasGemmAlgo_t) {
-    if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    for (int b = 0; b < batch; b++)
-        emu::gemm(transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, *(const float*)alpha, {(const char*)A + b * strideA * emu::elem(Atype), Atype, lda},
-                  {(const char*)B + b * strideB * emu::elem(Btype), Btype, ldb}, *(const float*)beta, {(const char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc},
-                  (char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc, NULL, CUDA_R_32F);
-    return CUBLAS_STATUS_SUCCESS;
-}
-}
-
-extern "C" {
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
-    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    *desc = (cublasLtMatmulDesc_t) new emu::LtDesc{CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, CUDA_R_32F};
-    return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) { return delete (emu::LtDesc*)desc, CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t bytes) {
-    emu::LtDesc* d = (emu::LtDesc*)desc;
-    void* field = attr == CUBLASLT_MATMUL_DESC_TRANSA ? (void*)&d->trans_a
-                  : attr == CUBLASLT_MATMUL_DESC_TRANSB ? (void*)&d->trans_b
-                  : attr == CUBLASLT_MATMUL_DESC_EPILOGUE ? (void*)&d->epilogue
-                  : attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? (void*)&d->bias
-                  : attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ? (void*)&d->bias_type
-                  : NULL;
-    size_t want = attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void*) : 4;
-    if (field == NULL || bytes != want) return CUBLAS_STATUS_NOT_SUPPORTED;
-    memcpy(field, buf, bytes);
-    return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
-    if ((int64_t)rows > ld) return CUBLAS_STATUS_INVALID_VALUE;
-    *layout = (cublasLtMatrixLayout_t) new emu::LtLayout{type, rows, cols, ld};
-    return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) { return delete (emu::LtLayout*)layout, CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
-    return *pref = (cublasLtMatmulPreference_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t) { return CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void*, size_t) {
-    return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int requested,
-                                              cublasLtMatmulHeuristicResult_t results[], int* found) {
-    if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
-    memset(&results[0], 0, sizeof(results[0]));
-    *found = 1;
-    return CUBLAS_STATUS_SUCCESS;
-}
-// D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C [+ bias (m) broadcast over n]; C is not read when beta = 0
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* A, cublasLtMatrixLayout_t la,
-                              const void* B, cublasLtMatrixLayout_t lb, const void* beta, const void* C, cublasLtMatrixLayout_t lc, void* D,
-                              cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
-    const emu::LtDesc* d = (const emu::LtDesc*)desc;
-    const emu::LtLayout *a = (const emu::LtLayout*)la, *b = (const emu::LtLayout*)lb, *c = (const emu::LtLayout*)lc, *o = (const emu::LtLayout*)ld;
-    bool ta = d->trans_a != CUBLAS_OP_N, tb = d->trans_b != CUBLAS_OP_N;
-    uint64_t m = o->rows, n = o->cols, k = ta ? a->rows : a->cols;
-    if ((ta ? a->cols : a->rows) != m || (tb ? b->cols : b->rows) != k || (tb ? b->rows : b->cols) != n || c->rows != m || c->cols != n)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
-    if (!bias && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
-    emu::gemm(ta, tb, m, n, k, *(const float*)alpha, {A, a->type, a->ld}, {B, b->type, b->ld}, *(const float*)beta, {C, c->type, c->ld}, D,
-              o->type, o->ld, bias ? d->bias : NULL, (cudaDataType)d->bias_type);
-    return CUBLAS_STATUS_SUCCESS;
-}
-
-// the rest of the runtime the trainer's code names: streams, events and pinned memory, all trivially ordered
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = (cudaStream_t)&emu::handle_storage, cudaSuccess; }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-// rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart)
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind, cudaStream_t) {
-    if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
-    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
-    return cudaSuccess;
-}
-}
+#include "emulate_runtime.h"  // cudaMalloc, cudaMemcpy, events, properties, cuBLAS(Lt), over host memory
 
 #define DEV_CUDA_EMULATED 1  // common.cuh: check, do not time
