@@ -66,7 +66,7 @@ run trace_gpu bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 
 # the loss on the CPU emulation); and the same traced pipeline, whose last line gives the engine's GB/s
 # beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
 run test_dp_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
-run dp_bf16_staged_identical bash -c "source scripts/parallel_test_lib.sh; F='--layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
+run dp_bf16_staged_identical bash -c "source scripts/parallel_test_lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
     \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/whole.bin && \
     LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/staged.bin && \
     cmp $OUT/whole.bin $OUT/staged.bin && echo 'staged = whole-buffer, byte for byte'"

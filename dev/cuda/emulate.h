@@ -22,7 +22,9 @@
  * A pass in which no thread moves is a deadlock (a barrier that not every thread reaches, which hangs or
  * is undefined on a GPU): the program stops and says which barrier. Threads interleave only at barriers,
  * so a missing barrier shows up only where the order of the passes (lower threads first) exposes it,
- * and the memory ordering a barrier gives is not modelled at all.
+ * and the memory ordering a barrier gives is not modelled at all. The warp operations share one barrier
+ * per warp and ignore their masks: lanes split between two different warp operations, an error on a
+ * GPU, are not reported.
  *
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
@@ -200,7 +202,7 @@ inline void worker_main() {
         thread_index = thread_index_of(w->thread);
         progress++;
         body();
-        block_barrier.live--, my_warp()->live--;  // an exited thread no longer holds back a barrier
+        block_barrier.live--, my_warp()->live--, progress++;  // an exited thread no longer holds back a barrier
         open_if_complete(&block_barrier);
         open_if_complete(my_warp());
     }
@@ -341,16 +343,16 @@ inline uint16_t half_of(uint32_t reg, int j) { return (uint16_t)(j ? reg >> 16 :
 
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i..8i+7 give the addresses of rows 0..7 of
 // matrix i; register i of lane l gets row l/4, elements 2(l%4) and 2(l%4)+1 of matrix i (.trans: elements
-// (2(l%4), l/4) and (2(l%4)+1, l/4))
+// (2(l%4), l/4) and (2(l%4)+1, l/4)). Each lane publishes the 16 bytes of its row, so the warp's load is
+// complete before any lane goes on (and may overwrite the tile), as on the GPU.
 inline void ldmatrix_x4(uint32_t r[4], const void* row_address, bool trans) {
-    const uint64_t(*slots)[4] = publish(&row_address, sizeof(row_address), "ldmatrix");
+    const uint64_t(*slots)[4] = publish(row_address, 16, "ldmatrix");
     int lane = workers[current].thread % 32;
     for (int i = 0; i < 4; i++) {
         uint32_t reg = 0;
         for (int j = 0; j < 2; j++) {
             int row = trans ? 2 * (lane % 4) + j : lane / 4, e = trans ? lane / 4 : 2 * (lane % 4) + j;
-            const uint16_t* src;
-            memcpy(&src, slots[8 * i + row], sizeof(src));
+            const uint16_t* src = (const uint16_t*)slots[8 * i + row];
             reg |= (uint32_t)src[e] << (16 * j);
         }
         r[i] = reg;

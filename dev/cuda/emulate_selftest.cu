@@ -4,7 +4,11 @@
  *   shuffles    __shfl_xor_sync, __shfl_down_sync (own value past the warp) and __shfl_sync with a width
  *               give the values the CUDA programming guide defines, for every lane of a 96-thread block;
  *   reduce      a 1024-thread block reduction through shared memory and __syncthreads, over 3 blocks;
- *   early exit  threads that return before __syncthreads do not hold back the others (sm_70+);
+ *   early exit  threads that return before __syncthreads do not hold back the others (sm_70+), also
+ *               when the only thing left to happen is their exit (a pass in which threads just exit
+ *               is progress, not a deadlock);
+ *   ldmatrix    the warp's load completes before any lane goes on: lanes overwrite their own rows of
+ *               the tile right after it and must still get the old values;
  *   2-D index   threadIdx/blockIdx/blockDim/gridDim of a (4, 3) grid of (8, 2, 2) blocks;
  *   limits      a launch above 48 KiB of dynamic shared memory is refused until the kernel opts in,
  *               and a 1025-thread block is refused;
@@ -39,6 +43,29 @@ __global__ void early_exit_kernel(int* out, int n) {
     atomicAdd(&count, 1);
     __syncthreads();
     out[threadIdx.x] = count;
+}
+
+// warp 0 waits at __syncthreads while warp 1 shuffles and exits: its exits open the barrier
+__global__ void exit_after_shuffle_kernel(int* out) {
+    if (threadIdx.x < 32) {
+        __syncthreads();
+        out[threadIdx.x] = 1;
+        return;
+    }
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffff, (int)threadIdx.x, 1);
+}
+
+// one warp loads an 8x8 tile (x4: the same tile four times) of 16-bit values with ldmatrix, then each lane
+// overwrites its row; the registers must hold the values from before
+__global__ void ldmatrix_kernel(uint32_t* out) {
+    __shared__ uint16_t tile[32][8];
+    int lane = threadIdx.x;
+    for (int e = 0; e < 8; e++) tile[lane][e] = (uint16_t)(lane * 8 + e);
+    __syncwarp();
+    uint32_t r[4];
+    emu::ldmatrix_x4(r, tile[lane], false);
+    for (int e = 0; e < 8; e++) tile[lane][e] = 0xffff;
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
 }
 
 __global__ void index_kernel(int* out) {
@@ -105,6 +132,24 @@ int main(int argc, char** argv) {
     dev_download(got, d_int, 40);
     for (int t = 0; t < 40; t++) want[t] = 40;
     check_ints("exit", got, want, 40);
+
+    exit_after_shuffle_kernel<<<1, 64, 0, main_stream>>>(d_int);
+    dev_download(got, d_int, 64);
+    for (int t = 0; t < 64; t++) want[t] = t < 32 ? 1 : t ^ 1;
+    check_ints("exit2", got, want, 64);
+
+    uint32_t* d_regs = dev_alloc<uint32_t>(128);
+    ldmatrix_kernel<<<1, 32, 0, main_stream>>>(d_regs);
+    uint32_t regs[128];
+    dev_download(regs, d_regs, 128);
+    for (int l = 0; l < 32; l++)  // matrix i = rows 8i..8i+7 of the tile; lane l gets row l/4, elements 2(l%4), +1
+        for (int i = 0; i < 4; i++) {
+            int row = 8 * i + l / 4, e = 2 * (l % 4);
+            got[l * 4 + i] = (int)regs[l * 4 + i];  // < 2^24: exact as the float check_close compares
+            want[l * 4 + i] = (row * 8 + e + 1) << 16 | (row * 8 + e);
+        }
+    check_ints("ldmatrix", got, want, 128);
+    cudaCheck(cudaFree(d_regs));
 
     index_kernel<<<dim3(4, 3), dim3(8, 2, 2), 0, main_stream>>>(d_int);
     dev_download(got, d_int, 12 * 32);
