@@ -38,6 +38,9 @@ with open(sys.argv[1], "wb") as f:
 PYEOF
 }
 
+# whether $BIN is the GPU target (its --help names the target): some checks hold on the CPU target only
+gpu_target() { [[ "$("$BIN" --help)" == *"target GPU"* ]]; }
+
 compare() {
     if "$PY" - "$@" <<'PYEOF'
 import json, sys

@@ -246,7 +246,7 @@ else echo "  FAIL  the same under srun must mean 4 ranks"; tail -2 "$TMP/sb.out"
 cores=$(env -u OMP_NUM_THREADS nproc)  # (nproc itself honours OMP_NUM_THREADS)
 want=$((cores / 2)); [ $want -lt 1 ] && want=1
 env -u OMP_NUM_THREADS timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/omp.out" 2>&1
-if grep -q "^target GPU" "$TMP/omp.out"; then echo "  skip  2 ranks, OMP_NUM_THREADS unset: the GPU target runs one host thread per rank (sets no OpenMP threads)"
+if gpu_target; then echo "  skip  2 ranks, OMP_NUM_THREADS unset: the GPU target runs one host thread per rank (sets no OpenMP threads)"
 elif grep -q "^threads: $want OpenMP thread(s) per rank (OMP_NUM_THREADS unset" "$TMP/omp.out"; then echo "  ok    2 ranks, OMP_NUM_THREADS unset: $want thread(s) each ($cores cores)"
 else echo "  FAIL  2 ranks, OMP_NUM_THREADS unset: want $want thread(s) each"; grep "threads\|error" "$TMP/omp.out" | head -3; fails=$((fails + 1)); fi
 

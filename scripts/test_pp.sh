@@ -54,7 +54,7 @@ done
 # same bits as the run above, the GPU target (whose fused kernels sum in another order) the same run to
 # the suite's tolerance
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3df.jsonl" --save-model "$TMP/3df.bin"
-if grep -q "^target GPU" "$TMP/run.out"; then
+if gpu_target; then
     compare "2x2x2 ZeRO-1 1f1b, --fused-kernels 1 (GPU)" "$TMP/3df.jsonl" "$TMP/3df.bin" "$TMP/3d.jsonl" "$TMP/3d.bin"
 elif cmp -s "$TMP/3d.bin" "$TMP/3df.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3d.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3df.jsonl")" ] &&
     [ "$(grep -c '"loss"' "$TMP/3df.jsonl")" -eq 10 ]; then
