@@ -73,7 +73,10 @@ static void fuzz_close_open_files(void) {
 static const volatile void* fuzz_alloc_log[FUZZ_LOG_CAP];
 static const volatile void* fuzz_live[FUZZ_SET_SLOTS];
 static size_t fuzz_log_len;
-static int fuzz_tracking;
+// Per thread: the hooks run in whichever thread allocates, and libFuzzer has threads of its own (the
+// RSS-limit thread allocates while it starts, which may fall inside a reader call). Only the thread
+// running fuzz_try records, so another thread's block is never freed here, nor the set written by two.
+static thread_local int fuzz_tracking;
 
 static size_t fuzz_slot(const volatile void* p) { return (size_t)(((uintptr_t)p >> 4) * 0x9E3779B97F4A7C15ull >> 45) & (FUZZ_SET_SLOTS - 1); }
 
@@ -131,8 +134,11 @@ static int fuzz_try(FuzzBody body, void* ctx) {
     fuzz_log_len = 0;
     fuzz_tracking = 1;
     fatal_jump = &jump;
-    int finished = setjmp(jump) == 0;
-    if (finished) body(ctx);
+    volatile int finished = 0;  // volatile: written between setjmp and the longjmp back to it
+    if (setjmp(jump) == 0) {
+        body(ctx);
+        finished = 1;
+    }
     fatal_jump = NULL;
     if (!finished) {
         if (getenv("FUZZ_VERBOSE")) fprintf(stderr, "rejected: %s\n", fatal_message);

@@ -13,6 +13,9 @@ READERS=(model tokens tokenizer state)
 OPTS=(-timeout=5 -malloc_limit_mb=256 -print_final_stats=1)
 
 make -s -C fuzz -j2 || exit 1
+build/fuzz/fuzz_selftest >build/fuzz/selftest.log 2>&1 || {
+    echo "  FAIL  the harness's own check (fuzz_try):"; sed 's/^/        /' build/fuzz/selftest.log | tail -20; exit 1; }
+echo "  ok    the harness's own check: $(tail -1 build/fuzz/selftest.log)"
 bash fuzz/make_seeds.sh "$BIN" build/fuzz/seeds >/dev/null || { echo "  FAIL  making the seed corpus"; exit 1; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
