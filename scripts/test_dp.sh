@@ -140,15 +140,16 @@ if [ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && [
 else echo "  FAIL  a stopped rank: exit $rc after $took s (want one error line naming the wait, within 20 s)"; tail -4 "$TMP/stop.out"; fails=$((fails + 1)); fi
 # waits around file I/O have their own deadline (--io-timeout): a slow checkpoint save is no dead peer
 SLOW=(--batch-size 2 --steps 4 --save-every 4 --comm-timeout 4 --fault-slow-save 8)
+# (--io-timeout 3, not less: the deadline also covers the barrier after loading, where ranks arrive apart)
 timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --checkpoint-dir "$TMP/ck_slow" >"$TMP/slow.out" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && [ -e "$TMP/ck_slow/model_00000004.bin" ]; then echo "  ok    a save 8 s slow with --comm-timeout 4: the run completes"
 else echo "  FAIL  a save 8 s slow with --comm-timeout 4: exit $rc"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
-timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --io-timeout 1 --checkpoint-dir "$TMP/ck_slow2" >"$TMP/slow.out" 2>&1
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --io-timeout 3 --checkpoint-dir "$TMP/ck_slow2" >"$TMP/slow.out" 2>&1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/slow.out")" -eq 1 ] && grep -q "^error: rank 1: .*within 1 s (--io-timeout)" "$TMP/slow.out"; then
-    echo "  ok    the same with --io-timeout 1: $(grep '^error:' "$TMP/slow.out")"
-else echo "  FAIL  the same with --io-timeout 1: exit $rc (want one error line naming --io-timeout)"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/slow.out")" -eq 1 ] && grep -q "^error: rank 1: .*within 3 s (--io-timeout)" "$TMP/slow.out"; then
+    echo "  ok    the same with --io-timeout 3: $(grep '^error:' "$TMP/slow.out")"
+else echo "  FAIL  the same with --io-timeout 3: exit $rc (want one error line naming --io-timeout)"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
 
 echo "4. bad input"
 expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
@@ -162,13 +163,16 @@ rank_pid() {
         rank_pid "$p" "$2"
     done
 }
-# signal_case NAME NP "SIGNAL:RANK ..." ARGS...: an uninterrupted run of 60 steps, then one that gets the
-# signals (in order, at once) when it prints step 3, then its resume; all with ARGS
+# signal_case NAME NP "SIGNAL:RANK ..." ARGS...: an uninterrupted run of SIG_STEPS steps, then one that
+# gets the signals (in order, at once) when it prints step 3, then its resume; all with ARGS. A step takes
+# a few ms here, so SIG_STEPS leaves seconds between step 3 and the end, for the script to find the ranks
+# and signal them on a loaded machine (with 60 steps, 0.3 s)
+SIG_STEPS=400
 signal_case() {
     local name=$1 np=$2 signals=$3 launch=("$BIN") i sr p
     shift 3
     [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np" "$BIN")
-    local args=("${COMMON[@]}" --steps 60 "$@")
+    local args=("${COMMON[@]}" --steps $SIG_STEPS "$@")
     rm -rf "$TMP/sig_ck" "$TMP/sig_r.jsonl"
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_u.jsonl" --save-model "$TMP/sig_u.bin" >/dev/null 2>&1
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --checkpoint-dir "$TMP/sig_ck" >"$TMP/sig.out" 2>&1 &
@@ -182,19 +186,19 @@ signal_case() {
     wait $job
     local rc=$? stopped
     stopped=$(sed -n 's/^stopped by SIG[A-Z0-9]* after step \([0-9]*\):.*/\1/p' "$TMP/sig.out")
-    if [ $rc -eq 3 ] && [ -n "$stopped" ] && [ "$stopped" -ge 3 ] && [ "$stopped" -lt 60 ] && [ -f "$TMP/sig_ck/model_$(printf %08d "$stopped").bin" ]; then
+    if [ $rc -eq 3 ] && [ -n "$stopped" ] && [ "$stopped" -ge 3 ] && [ "$stopped" -lt $SIG_STEPS ] && [ -f "$TMP/sig_ck/model_$(printf %08d "$stopped").bin" ]; then
         echo "  ok    $name: exit 3, $(grep '^stopped by' "$TMP/sig.out")"
     else
         echo "  FAIL  $name: exit $rc (want 3), stopped after step '$stopped'"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return
     fi
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --resume "$TMP/sig_ck" --save-model "$TMP/sig_r.bin" >"$TMP/sig.out" 2>&1 \
         || { echo "  FAIL  $name: the resume did not run"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return; }
-    if cmp -s "$TMP/sig_u.bin" "$TMP/sig_r.bin" && "$PY" - "$TMP/sig_u.jsonl" "$TMP/sig_r.jsonl" <<'PYEOF'
+    if cmp -s "$TMP/sig_u.bin" "$TMP/sig_r.bin" && "$PY" - "$TMP/sig_u.jsonl" "$TMP/sig_r.jsonl" $SIG_STEPS <<'PYEOF'
 import json, sys
 u, r = ([(x["step"], x["loss"]) for x in map(json.loads, open(p)) if "loss" in x] for p in sys.argv[1:3])
-sys.exit(0 if u == r and len(u) == 60 else 1)  # every loss, bit for bit (printed with 9 significant digits: float32 exactly)
+sys.exit(0 if u == r and len(u) == int(sys.argv[3]) else 1)  # every loss, bit for bit (printed with 9 significant digits: float32 exactly)
 PYEOF
-    then echo "  ok    $name: resumed == uninterrupted (60 losses and the final model, bit for bit)"
+    then echo "  ok    $name: resumed == uninterrupted ($SIG_STEPS losses and the final model, bit for bit)"
     else echo "  FAIL  $name: resumed run differs from the uninterrupted one"; fails=$((fails + 1)); fi
 }
 signal_case "SIGTERM to rank 1 of 2 (ZeRO-1)" 2 "TERM:1 USR1:0" --batch-size 4 --zero 1
