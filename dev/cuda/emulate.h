@@ -21,10 +21,11 @@
  *   __syncwarp()         a wait for the warp's lanes.
  * A pass in which no thread moves is a deadlock (a barrier that not every thread reaches, which hangs or
  * is undefined on a GPU): the program stops and says which barrier. Threads interleave only at barriers,
- * so a missing barrier shows up only where the order of the passes (lower threads first) exposes it,
- * and the memory ordering a barrier gives is not modelled at all. The warp operations share one barrier
- * per warp and ignore their masks: lanes split between two different warp operations, an error on a
- * GPU, are not reported.
+ * so a missing barrier shows up only where the order of the passes exposes it: even blocks run their
+ * threads lowest first, odd blocks highest first, so a thread that reads what another writes without a
+ * barrier between reads too early in one of the two, whichever of them it is. The memory ordering a
+ * barrier gives is not modelled at all. The warp operations share one barrier per warp and ignore their
+ * masks: lanes split between two different warp operations, an error on a GPU, are not reported.
  *
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
@@ -153,7 +154,8 @@ const size_t SHARED_DEFAULT = 48 << 10, SHARED_MAX = 227 << 10;  // sm_90's dyna
 inline Worker* workers = NULL;
 inline int workers_cap = 0, current = -1;
 inline Context scheduler;
-inline int block_threads = 0, next_thread = 0;
+inline int block_threads = 0, next_thread = 0;  // next_thread counts the threads started, in start order
+inline bool reversed = false;  // whether this block starts its threads from the last (odd blocks do)
 inline Barrier block_barrier;
 inline Barrier* warp_barriers = NULL;  // one per warp of the block
 // per warp, two sets of per-lane slots for the bytes a warp exchange (shuffle, ldmatrix, mma) passes on,
@@ -178,6 +180,7 @@ inline uint3 thread_index_of(int t) {
     return make_uint3(t % block_dim.x, (t / block_dim.x) % block_dim.y, t / (block_dim.x * block_dim.y));
 }
 inline Barrier* my_warp() { return &warp_barriers[workers[current].thread / 32]; }
+inline int thread_started(int k) { return reversed ? block_threads - 1 - k : k; }  // the k-th thread to start
 
 inline void open_if_complete(Barrier* b) {
     if (b->arrived > 0 && b->arrived == b->live) b->arrived = 0, b->generation++;
@@ -198,7 +201,7 @@ inline bool blocked(const Worker* w) { return w->waiting_on != NULL && w->waitin
 inline void worker_main() {
     Worker* w = &workers[current];
     while (next_thread < block_threads) {
-        w->thread = next_thread++, w->exchanges = 0;
+        w->thread = thread_started(next_thread++), w->exchanges = 0;
         thread_index = thread_index_of(w->thread);
         progress++;
         body();
@@ -226,9 +229,11 @@ inline void resume(int w) {
 }
 
 // every thread of one block of n threads, to completion: passes over the waiting workers, each followed
-// by new workers for the threads not yet started, until every worker is done
-inline void run_block(int n) {
-    block_threads = n, next_thread = 0;
+// by new workers for the threads not yet started, until every worker is done. An odd block (by its linear
+// index) starts its threads from the last: a missing barrier between a write and another thread's read
+// shows when the reader runs first, which in a grid of two blocks or more is the case in one of them.
+inline void run_block(int n, bool reverse) {
+    block_threads = n, next_thread = 0, reversed = reverse;
     block_barrier = {0, n, 0};
     for (int w = 0; w < (n + 31) / 32; w++) warp_barriers[w] = {0, (w + 1) * 32 <= n ? 32 : n - w * 32, 0};
     for (int used = 0, running = 1; running > 0;) {
@@ -241,7 +246,7 @@ inline void run_block(int n) {
         }
         while (next_thread < n) {
             Worker* w = &workers[used];
-            w->done = false, w->thread = next_thread, w->waiting_on = NULL;
+            w->done = false, w->thread = thread_started(next_thread), w->waiting_on = NULL;
             context_make(&w->context, w->stack, STACK_BYTES, worker_main);
             resume(used++);
             running += !w->done;
@@ -305,7 +310,7 @@ struct Launch {
                 for (unsigned x = 0; x < grid.x; x++) {
                     block_index = make_uint3(x, y, z);
                     memset(smem, 0xff, shared_bytes);
-                    run_block(n);
+                    run_block(n, (x + grid.x * (y + grid.y * z)) % 2 == 1);
                 }
         dynamic_shared_memory = NULL;
         free(smem);

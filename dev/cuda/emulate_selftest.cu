@@ -12,7 +12,10 @@
  *   2-D index   threadIdx/blockIdx/blockDim/gridDim of a (4, 3) grid of (8, 2, 2) blocks;
  *   limits      a launch above 48 KiB of dynamic shared memory is refused until the kernel opts in,
  *               and a 1025-thread block is refused;
- *   poison      dynamic shared memory starts as NaN, so an unwritten read is visible.
+ *   poison      dynamic shared memory starts as NaN, so an unwritten read is visible;
+ *   order       a missing barrier is seen whichever thread reads first: each thread reads the value of
+ *               the thread before it without a barrier, which in lowest-first order always finds it
+ *               written; the odd one of two blocks (highest first) must read the NaN instead.
  * `emulate_selftest deadlock` runs a warp whose lanes wait at two different barriers: the emulation must
  * stop with an error that says so (the Makefile checks the exit status and the message).
  */
@@ -77,6 +80,13 @@ __global__ void index_kernel(int* out) {
 __global__ void shared_kernel(float* out) {
     extern __shared__ float dyn[];
     out[threadIdx.x] = dyn[threadIdx.x];
+}
+
+// the bug `order` must expose: no __syncthreads between the write and the read of another thread's value
+__global__ void missing_barrier_kernel(float* out) {
+    extern __shared__ float dyn[];
+    dyn[threadIdx.x] = (float)threadIdx.x;
+    out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x > 0 ? dyn[threadIdx.x - 1] : 0.0f;
 }
 
 // lanes 0-15 wait for the block, lanes 16-31 for the warp: neither barrier can open
@@ -174,5 +184,13 @@ int main(int argc, char** argv) {
     int nans = 0;
     for (int i = 0; i < 32; i++) nans += poison[i] != poison[i];
     check_scalar("poison", nans, 32.0, 0.0);
+
+    missing_barrier_kernel<<<2, 64, 64 * sizeof(float), main_stream>>>(d_out);
+    float read[128];
+    dev_download(read, d_out, 128);
+    int stale[2] = {0, 0};  // per block, the threads that read their neighbour's value before it was written
+    for (int i = 0; i < 128; i++) stale[i / 64] += read[i] != (float)(i % 64 > 0 ? i % 64 - 1 : 0);
+    check_scalar("order: block 0 (lowest first) reads every value written", stale[0], 0.0, 0.0);
+    check_scalar("order: block 1 (highest first) reads all 63 too early", stale[1], 63.0, 0.0);
     return finish();
 }
