@@ -24,8 +24,10 @@
  * so a missing barrier shows up only where the order of the passes exposes it: even blocks run their
  * threads lowest first, odd blocks highest first, so a thread that reads what another writes without a
  * barrier between reads too early in one of the two, whichever of them it is. The memory ordering a
- * barrier gives is not modelled at all. The warp operations share one barrier per warp and ignore their
- * masks: lanes split between two different warp operations, an error on a GPU, are not reported.
+ * barrier gives is not modelled at all. The warp operations share one barrier per warp: lanes of a warp
+ * that meet there from two different operations (half at __syncwarp, half at a shuffle) stop the program,
+ * and so does a mask other than the full warp's, which the one barrier cannot model. (A full mask in a
+ * warp some of whose lanes have exited is taken as the lanes left, not reported.)
  *
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
@@ -72,6 +74,7 @@
 namespace emu {
 struct Barrier {  // counts arrivals among the threads not yet exited; `generation` moves when all arrived
     int arrived, live, generation;
+    const char* name;  // what the threads arrived so far wait at (a warp's lanes must all be at the same)
 };
 inline uint3 thread_index, block_index;
 inline dim3 block_dim, grid_dim;
@@ -187,6 +190,11 @@ inline void open_if_complete(Barrier* b) {
 }
 inline void wait(Barrier* b, const char* name) {
     int generation = b->generation;
+    if (b->arrived == 0) b->name = name;
+    else if (strcmp(b->name, name) != 0) {  // e.g. half a warp at __syncwarp, half at a shuffle
+        fprintf(stderr, "emulated GPU: lanes of one warp at different warp operations: %s and %s\n", b->name, name);
+        die("divergent warp operations");
+    }
     b->arrived++, progress++;
     open_if_complete(b);
     if (b->generation != generation) return;
@@ -234,8 +242,8 @@ inline void resume(int w) {
 // shows when the reader runs first, which in a grid of two blocks or more is the case in one of them.
 inline void run_block(int n, bool reverse) {
     block_threads = n, next_thread = 0, reversed = reverse;
-    block_barrier = {0, n, 0};
-    for (int w = 0; w < (n + 31) / 32; w++) warp_barriers[w] = {0, (w + 1) * 32 <= n ? 32 : n - w * 32, 0};
+    block_barrier = {0, n, 0, ""};
+    for (int w = 0; w < (n + 31) / 32; w++) warp_barriers[w] = {0, (w + 1) * 32 <= n ? 32 : n - w * 32, 0, ""};
     for (int used = 0, running = 1; running > 0;) {
         uint64_t before = progress;
         running = 0;
@@ -396,27 +404,33 @@ inline void cp_async_16(void* smem, const void* gmem, bool valid) {
     if (valid) memcpy(smem, gmem, 16);
     else memset(smem, 0, 16);
 }
+
+// the warp operations take a full mask only (all of llmc's do): a partial one would need the lanes it names
+// told apart from the rest, which the one barrier per warp cannot do, so it stops the program
+inline void full_mask_only(unsigned mask) {
+    if (mask != 0xffffffffu) die("a warp operation with a partial mask, which the emulation does not model");
+}
 }  // namespace emu
 
 inline void __syncthreads() { emu::wait(&emu::block_barrier, "__syncthreads"); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-    (void)mask;
+    emu::full_mask_only(mask);
     emu::wait(emu::my_warp(), "__syncwarp");
 }
 template <typename T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-    (void)mask;
+    emu::full_mask_only(mask);
     return emu::shuffle(v, [&](int lane) { return (lane ^ lane_mask) < ((lane / width) + 1) * width ? lane ^ lane_mask : lane; },
                         "__shfl_xor_sync");
 }
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-    (void)mask;
+    emu::full_mask_only(mask);
     return emu::shuffle(v, [&](int lane) { return (lane / width) * width + src % width; }, "__shfl_sync");
 }
 template <typename T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    (void)mask;
+    emu::full_mask_only(mask);
     return emu::shuffle(v, [&](int lane) { return (int)(lane % width + delta) < width ? lane + (int)delta : lane; },
                         "__shfl_down_sync");
 }

@@ -16,8 +16,10 @@
  *   order       a missing barrier is seen whichever thread reads first: each thread reads the value of
  *               the thread before it without a barrier, which in lowest-first order always finds it
  *               written; the odd one of two blocks (highest first) must read the NaN instead.
- * `emulate_selftest deadlock` runs a warp whose lanes wait at two different barriers: the emulation must
- * stop with an error that says so (the Makefile checks the exit status and the message).
+ * Three programs the emulation must stop, each with an error that names the fault (the Makefile checks the
+ * exit status and the message): `emulate_selftest deadlock`, a warp whose lanes wait at two barriers that
+ * can never open; `divergent`, half a warp at __syncwarp and half at a shuffle; `mask`, a shuffle with a
+ * partial mask.
  */
 #include "common.cuh"
 
@@ -96,6 +98,15 @@ __global__ void deadlock_kernel(int* out) {
     out[threadIdx.x] = 1;
 }
 
+// lanes 0-15 at __syncwarp, lanes 16-31 at a shuffle: on a GPU undefined (the shuffle reads lanes that
+// never give a value); here both would pass the one warp barrier
+__global__ void divergent_kernel(int* out) {
+    if (threadIdx.x < 16) __syncwarp();
+    else out[threadIdx.x] = __shfl_xor_sync(0xffffffff, (int)threadIdx.x, 1);
+}
+
+__global__ void mask_kernel(int* out) { out[threadIdx.x] = __shfl_xor_sync(0x0000ffff, (int)threadIdx.x, 1); }
+
 static void check_ints(const char* what, const int* got, const int* want, int n) {
     float* g = (float*)malloc_check(n * sizeof(float));
     float* w = (float*)malloc_check(n * sizeof(float));
@@ -108,9 +119,11 @@ static void check_ints(const char* what, const int* got, const int* want, int n)
 
 int main(int argc, char** argv) {
     int* d_int = dev_alloc<int>(4096);
-    if (argc > 1 && strcmp(argv[1], "deadlock") == 0) {
-        deadlock_kernel<<<1, 32, 0, main_stream>>>(d_int);
-        printf("deadlock not detected\n");
+    if (argc > 1) {  // a fault the emulation must stop on: returning from here is a failure
+        if (strcmp(argv[1], "deadlock") == 0) deadlock_kernel<<<1, 32, 0, main_stream>>>(d_int);
+        else if (strcmp(argv[1], "divergent") == 0) divergent_kernel<<<1, 32, 0, main_stream>>>(d_int);
+        else if (strcmp(argv[1], "mask") == 0) mask_kernel<<<1, 32, 0, main_stream>>>(d_int);
+        printf("%s: not detected\n", argv[1]);
         return 0;
     }
     int got[4096], want[4096];
