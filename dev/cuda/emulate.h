@@ -31,8 +31,8 @@
  *
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
- * device's 227 KiB. Dynamic shared memory starts each block filled with NaN bytes (0xff), so a read before
- * a write shows up in the result (static __shared__ arrays are not refilled: they keep the last block's).
+ * device's 227 KiB. Shared memory, dynamic and static, starts each block filled with NaN bytes (0xff), so
+ * a read before a write shows up in the result.
  * Atomics are plain read-modify-writes: threads never interleave inside one.
  *
  * The runtime calls the programs make (cudaMalloc, cudaMemcpy, events, properties) and their cuBLAS(Lt)
@@ -64,8 +64,9 @@
 // ----------------------------------------------------------------------------------------------------
 // the language: qualifiers and built-in variables
 
+// emulate_source.pl rewrites every __shared__ declaration (into emu::Shared below): one left over is an error
 #undef __shared__
-#define __shared__ static  // one copy for the block: its threads share it (blocks run one at a time)
+#define __shared__ __shared__declaration_not_rewritten_by_emulate_source_pl
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __forceinline__
@@ -169,6 +170,7 @@ inline uint64_t progress = 0;  // moves whenever a thread starts, arrives at a b
 inline const char* waiting_at = "";  // the barrier the last resumed thread waits at
 inline std::function<void()> body;
 inline unsigned char* dynamic_shared_memory = NULL;
+inline uint64_t block_serial = 0;  // counts the blocks run, so a static shared array knows a new block began
 inline std::map<const void*, int> shared_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 inline cudaError_t last_error = cudaSuccess;
 
@@ -316,7 +318,7 @@ struct Launch {
         for (unsigned z = 0; z < grid.z; z++)
             for (unsigned y = 0; y < grid.y; y++)
                 for (unsigned x = 0; x < grid.x; x++) {
-                    block_index = make_uint3(x, y, z);
+                    block_index = make_uint3(x, y, z), block_serial++;
                     memset(smem, 0xff, shared_bytes);
                     run_block(n, (x + grid.x * (y + grid.y * z)) % 2 == 1);
                 }
@@ -326,6 +328,19 @@ struct Launch {
 };
 
 inline void* dynamic_shared() { return dynamic_shared_memory; }
+
+// A static __shared__ array (or scalar) of type A, one per declaration (a static local of the kernel, as
+// emulate_source.pl writes it): the threads of a block share it, and the first thread of each block to reach
+// the declaration refills it with NaN bytes, as dynamic shared memory is
+template <typename A>
+struct Shared {
+    alignas(16) A data;  // (16: the largest __align__ of our sources)
+    uint64_t block = ~0ull;
+    A& fresh() {
+        if (block != block_serial) memset((void*)&data, 0xff, sizeof(data)), block = block_serial;
+        return data;
+    }
+};
 
 // A warp exchange: this lane's bytes go to its slot of the next slot set, then it waits for the warp;
 // returns the slot set, in which lane l's bytes are at [l]

@@ -12,7 +12,8 @@
  *   2-D index   threadIdx/blockIdx/blockDim/gridDim of a (4, 3) grid of (8, 2, 2) blocks;
  *   limits      a launch above 48 KiB of dynamic shared memory is refused until the kernel opts in,
  *               and a 1025-thread block is refused;
- *   poison      dynamic shared memory starts as NaN, so an unwritten read is visible;
+ *   poison      shared memory, dynamic and static, starts each block as NaN, so an unwritten read is
+ *               visible (the second block of two must not see what the first wrote in a static array);
  *   order       a missing barrier is seen whichever thread reads first: each thread reads the value of
  *               the thread before it without a barrier, which in lowest-first order always finds it
  *               written; the odd one of two blocks (highest first) must read the NaN instead.
@@ -82,6 +83,13 @@ __global__ void index_kernel(int* out) {
 __global__ void shared_kernel(float* out) {
     extern __shared__ float dyn[];
     out[threadIdx.x] = dyn[threadIdx.x];
+}
+
+// reads its static array before writing it: NaN in every block
+__global__ void static_shared_kernel(float* out) {
+    __shared__ float s[32];
+    out[blockIdx.x * 32 + threadIdx.x] = s[threadIdx.x];
+    s[threadIdx.x] = 1.0f;
 }
 
 // the bug `order` must expose: no __syncthreads between the write and the read of another thread's value
@@ -197,6 +205,12 @@ int main(int argc, char** argv) {
     int nans = 0;
     for (int i = 0; i < 32; i++) nans += poison[i] != poison[i];
     check_scalar("poison", nans, 32.0, 0.0);
+    static_shared_kernel<<<2, 32, 0, main_stream>>>(d_out);
+    float unwritten[64];
+    dev_download(unwritten, d_out, 64);
+    nans = 0;
+    for (int i = 0; i < 64; i++) nans += unwritten[i] != unwritten[i];
+    check_scalar("poison (static, 2 blocks)", nans, 64.0, 0.0);
 
     missing_barrier_kernel<<<2, 64, 64 * sizeof(float), main_stream>>>(d_out);
     float read[128];
