@@ -134,7 +134,7 @@ static int fuzz_try(FuzzBody body, void* ctx) {
     fuzz_log_len = 0;
     fuzz_tracking = 1;
     fatal_jump = &jump;
-    volatile int finished = 0;  // volatile: written between setjmp and the longjmp back to it
+    int finished = 0;  // (written only when body returns, so never between setjmp and a longjmp)
     if (setjmp(jump) == 0) {
         body(ctx);
         finished = 1;

@@ -22,12 +22,13 @@
  * A pass in which no thread moves is a deadlock (a barrier that not every thread reaches, which hangs or
  * is undefined on a GPU): the program stops and says which barrier. Threads interleave only at barriers,
  * so a missing barrier shows up only where the order of the passes exposes it: even blocks run their
- * threads lowest first, odd blocks highest first, so a thread that reads what another writes without a
- * barrier between reads too early in one of the two, whichever of them it is. The memory ordering a
- * barrier gives is not modelled at all. The warp operations share one barrier per warp: lanes of a warp
- * that meet there from two different operations (half at __syncwarp, half at a shuffle) stop the program,
- * and so does a mask other than the full warp's, which the one barrier cannot model. (A full mask in a
- * warp some of whose lanes have exited is taken as the lanes left, not reported.)
+ * threads lowest first, odd blocks highest first, so in a launch of two blocks or more a thread that
+ * reads what another writes without a barrier between reads too early in one of them, whichever thread
+ * it is. The memory ordering a barrier gives is not modelled at all. The warp operations share one
+ * barrier per warp: lanes of a warp that meet there from two kinds of warp operation (half at __syncwarp,
+ * half at a shuffle; two calls of the same kind from diverged branches are not told apart) stop the
+ * program, and so does a mask other than the full warp's, which the one barrier cannot model. (A full
+ * mask in a warp some of whose lanes have exited is taken as the lanes left, not reported.)
  *
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
  * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
@@ -332,9 +333,9 @@ inline void* dynamic_shared() { return dynamic_shared_memory; }
 // A static __shared__ array (or scalar) of type A, one per declaration (a static local of the kernel, as
 // emulate_source.pl writes it): the threads of a block share it, and the first thread of each block to reach
 // the declaration refills it with NaN bytes, as dynamic shared memory is
-template <typename A>
+template <typename A, size_t Align>
 struct Shared {
-    alignas(16) A data;  // (16: the largest __align__ of our sources)
+    alignas(Align) A data;  // (Align: the declaration's __align__, else 16)
     uint64_t block = ~0ull;
     A& fresh() {
         if (block != block_serial) memset((void*)&data, 0xff, sizeof(data)), block = block_serial;

@@ -3,18 +3,20 @@
 # kernel file and the llmc headers it includes build with g++ (`make emulate`):
 #   kernel<<<grid, block, smem, stream>>>(args)    ->  emu::Launch(grid, block, smem, stream).run(kernel, args)
 #   extern __shared__ [__align__(n)] T name[];     ->  T* name = (T*)emu::dynamic_shared();
-#   __shared__ [__align__(n)] T a[N][M], b;        ->  static emu::Shared<T[N][M]> a_shared; auto& a = a_shared.fresh();
+#   __shared__ [__align__(n)] T a[N][M], b;        ->  static emu::Shared<T[N][M], n> a_shared; auto& a = a_shared.fresh();
 #                                                      (the same for b), refilled with NaN for each block
-# Everything else is left as written.
+# Everything else is left as written. A declaration must sit on one line; a comment that reads like one
+# on one line is rewritten too (harmless, it stays a comment); one at file scope would not be refilled.
+# A __shared__ left over fails to compile (emulate.h defines it so).
 sub static_shared {
-    my ($type, $declarators) = @_;
+    my ($align, $type, $declarators) = @_;
     my $out = "";
     for my $d (split /\s*,\s*/, $declarators) {
-        $d =~ /^(\w+)((?:\s*\[[^\]]*\])*)$/ or die "emulate_source.pl: cannot read the __shared__ declarator '$d'\n";
-        $out .= "static emu::Shared<$type$2> $1_shared; auto& $1 = $1_shared.fresh(); ";
+        $d =~ /^(\w+)((?:\s*\[[^\]]*\])*)\s*$/;
+        $out .= "static emu::Shared<$type$2, " . ($align || 16) . "> $1_shared; auto& $1 = $1_shared.fresh(); ";
     }
     return $out;
 }
 s/([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\(/emu::Launch($2).run($1, /gs;
 s/extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w:\s]*?)\s+(\w+)\s*\[\s*\]\s*;/$1* $2 = ($1*)emu::dynamic_shared();/g;
-s/__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+([^;]+?)\s*;/static_shared($1, $2)/ge;
+s/__shared__[ \t]+(?:__align__\((\d+)\)[ \t]+)?([\w:][\w: \t]*?)[ \t]+(\w+[ \t]*(?:\[[^\];\n]*\][ \t]*)*(?:,[ \t]*\w+[ \t]*(?:\[[^\];\n]*\][ \t]*)*)*);/static_shared($1, $2, $3)/ge;
