@@ -1957,6 +1957,7 @@ typedef struct {
     uint64_t run_id;
     long long start_step;
     long long updates;         // AdamW's step count: skipped steps do not count
+    int memory_reported;       // GPU: the plan was compared with the device after the first applied step
     size_t tokens_per_step;    // of the global batch
     double flops_per_token, peak_flops, loop_start;
     float val_loss;            // the last validation loss (NAN: none yet)
@@ -2266,19 +2267,21 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     return r;
 }
 
-// After an applied step: its line (main rank) and its log record; after the first step the GPU build
-// also compares the memory plan with what the device reports.
+// After an applied step: its line (main rank) and its log record; after the first applied step (an FP16
+// run may skip its first ones) the GPU build also compares the memory plan with what the device reports.
 static void report_step(Training* run, long long step, const StepResult* r) {
     const TrainConfig* tc = run->tc;
     double tokens_per_s = run->tokens_per_step / (r->ms / 1000.0);
 #ifndef LLMC_CPU
-    if (run->main_rank && step == run->start_step && !tc->quiet) {  // the plan against what the device reports
+    if (run->main_rank && !run->memory_reported && !tc->quiet) {  // the plan against what the device reports
+        run->memory_reported = 1;
         size_t free_b, total_b;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
         MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
-        printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned\n",
-               (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0);
+        printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "
+               "(in use - planned: %+.3f MiB)\n", (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0,
+               ((double)(total_b - free_b) - (double)plan_total(&p)) / 1048576.0);
     }
 #endif
     double peak = run->peak_flops;

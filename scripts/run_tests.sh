@@ -10,7 +10,8 @@
 #      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it; without one the dev/cuda checks and test_gpt's GPU build run on
-#      the CPU emulation of CUDA (dev/cuda/emulate.h)
+#      the CPU emulation of CUDA (dev/cuda/emulate.h), and the GPU memory plan is held to what the
+#      emulated train_gpt allocates (scripts/test_memory_plan_emulated.sh)
 #   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
 #      on a machine without a GPU, `make test` checking and `make deps` installing the dependencies, one Python
 set -euo pipefail
@@ -107,6 +108,9 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
             else cat "$log"; echo "FAILED: emulated test_gpt $p, --fused-kernels $fused, --attention $attention"; failed=1; fi
         done
         [ "$failed" = 0 ]
+        step "GPU target: the memory plan against the device memory the emulated train_gpt allocates (each precision, fused, flash, recompute, ZeRO, TP, PP)"
+        make -j2 build/emu-bf16/train_gpt build/emu-fp16/train_gpt build/emu-fp32/train_gpt
+        bash scripts/test_memory_plan_emulated.sh build/emu
     fi
 else
     echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"

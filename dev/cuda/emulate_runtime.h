@@ -2,25 +2,47 @@
  * emulate_runtime.h: the CUDA runtime and the cuBLAS(Lt) calls that dev/cuda and llmc make, over host
  * memory, for the CPU emulation of emulate.h (which includes this file last). "Device" memory is host
  * memory; streams and events are trivially ordered (every launch and copy has finished when its call
- * returns); the device reports an H100's limits, so grids and shared memory are sized as there.
+ * returns); the device reports an H100's limits, so grids and shared memory are sized as there. Device
+ * allocations are counted against its 80 GiB: cudaMemGetInfo reports what is allocated (with no CUDA
+ * context beside it, so a memory plan can be compared with it exactly), and an allocation beyond the
+ * 80 GiB fails as on the GPU.
  */
 #pragma once
 // ----------------------------------------------------------------------------------------------------
 // the runtime, over host memory
 
+namespace emu {
+const size_t DEVICE_BYTES = (size_t)80 << 30;
+inline std::map<void*, size_t> device_blocks;  // allocation -> its bytes (rounded up to 256, as cudaMalloc aligns)
+inline size_t device_in_use = 0;
+}  // namespace emu
 extern "C" {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-    *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    size_t rounded = (bytes + 255) / 256 * 256;
+    *p = NULL;
+    if (rounded > emu::DEVICE_BYTES - emu::device_in_use) return cudaErrorMemoryAllocation;
+    if ((*p = aligned_alloc(256, rounded > 0 ? rounded : 256)) == NULL) return cudaErrorMemoryAllocation;
+    emu::device_blocks[*p] = rounded, emu::device_in_use += rounded;
+    return cudaSuccess;
 }
-cudaError_t cudaFree(void* p) { return free(p), cudaSuccess; }
+cudaError_t cudaFree(void* p) {
+    if (p == NULL) return cudaSuccess;
+    auto block = emu::device_blocks.find(p);
+    if (block == emu::device_blocks.end()) return cudaErrorInvalidValue;  // not from cudaMalloc, or freed twice
+    emu::device_in_use -= block->second;
+    emu::device_blocks.erase(block);
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) { return memcpy(dst, src, bytes), cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
     return memcpy(dst, src, bytes), cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
 cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) { return memset(p, v, bytes), cudaSuccess; }
-cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) { return *free_bytes = *total = (size_t)80 << 30, cudaSuccess; }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    return *free_bytes = emu::DEVICE_BYTES - emu::device_in_use, *total = emu::DEVICE_BYTES, cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) {
@@ -228,8 +250,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
 }
 
 // the rest of the runtime the trainer's code names: streams, events and pinned memory, all trivially ordered
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return (*p = malloc(bytes > 0 ? bytes : 1)) ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaFreeHost(void* p) { return free(p), cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = (cudaStream_t)&emu::handle_storage, cudaSuccess; }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
