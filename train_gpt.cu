@@ -2268,19 +2268,22 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
 }
 
 // After an applied step: its line (main rank) and its log record; after the first applied step (an FP16
-// run may skip its first ones) the GPU build also compares the memory plan with what the device reports.
+// run may skip its first ones) the GPU build also compares, on every rank, the memory plan with what the
+// device reports.
 static void report_step(Training* run, long long step, const StepResult* r) {
     const TrainConfig* tc = run->tc;
     double tokens_per_s = run->tokens_per_step / (r->ms / 1000.0);
 #ifndef LLMC_CPU
-    if (run->main_rank && !run->memory_reported && !tc->quiet) {  // the plan against what the device reports
+    if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
         run->memory_reported = 1;
+        char rank[32] = "";
+        if (run->comm->world_size > 1) snprintf(rank, sizeof(rank), ", rank %d", run->comm->world_rank);
         size_t free_b, total_b;
         cudaCheck(cudaMemGetInfo(&free_b, &total_b));
         MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
-        printf("device memory after the first step: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "
-               "(in use - planned: %+.3f MiB)\n", (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0,
+        printf("device memory after the first step%s: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "
+               "(in use - planned: %+.3f MiB)\n", rank, (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0,
                ((double)(total_b - free_b) - (double)plan_total(&p)) / 1048576.0);
     }
 #endif

@@ -18,8 +18,9 @@ inline size_t device_in_use = 0;
 }  // namespace emu
 extern "C" {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-    size_t rounded = (bytes + 255) / 256 * 256;
     *p = NULL;
+    if (bytes > emu::DEVICE_BYTES - emu::device_in_use) return cudaErrorMemoryAllocation;  // (before rounding can wrap)
+    size_t rounded = (bytes + 255) / 256 * 256;
     if (rounded > emu::DEVICE_BYTES - emu::device_in_use) return cudaErrorMemoryAllocation;
     if ((*p = aligned_alloc(256, rounded > 0 ? rounded : 256)) == NULL) return cudaErrorMemoryAllocation;
     emu::device_blocks[*p] = rounded, emu::device_in_use += rounded;
