@@ -91,7 +91,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         step "dev/cuda: the kernel files' checks on the CPU emulation of CUDA (dev/cuda/emulate.h), tensor-core flash attention included"
         timeout 600 make -C dev/cuda -j2 emulate
         step "GPU target: test_gpt on the CPU emulation of CUDA (make emulated): BF16; BF16 and FP16 with --fused-kernels 1 --attention flash; FP32 with --fused-kernels 1 (four at once)"
-        make -j2 build/emu-bf16/test_gpt build/emu-fp16/test_gpt build/emu-fp32/test_gpt
+        make -j2 emulated  # test_gpt and train_gpt of each precision (train_gpt for the memory plan below)
         emulated_runs=(bf16:0:classic bf16:1:flash fp16:1:flash fp32:1:classic)  # precision:fused:attention
         pids=()
         for r in "${emulated_runs[@]}"; do
@@ -109,7 +109,6 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         done
         [ "$failed" = 0 ]
         step "GPU target: the memory plan against the device memory the emulated train_gpt allocates (each precision, fused, flash, recompute, ZeRO, TP, PP)"
-        make -j2 build/emu-bf16/train_gpt build/emu-fp16/train_gpt build/emu-fp32/train_gpt
         bash scripts/test_memory_plan_emulated.sh build/emu
     fi
 else
