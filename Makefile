@@ -71,8 +71,8 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-to
 # The GPU target on the CPU emulation of CUDA (dev/cuda/emulate.h): every kernel, launcher, cuBLAS(Lt)
 # call and device copy of the GPU code runs, on a machine without a GPU; NCCL does not (the ranks of an
 # emulated train_gpt talk through the MPI engine). The sources are first rewritten into build/emu/src/
-# (dev/cuda/emulate_source.pl: the <<<...>>> launches and __shared__ declarations). -fno-inline-functions: the same checks, built in
-# seconds instead of more than a minute.
+# (dev/cuda/emulate_source.pl: the <<<...>>> launches and __shared__ declarations). -fno-inline-functions:
+# the same checks, built in seconds instead of more than a minute.
 EMU_SOURCES = $(patsubst %,build/emu/src/%,$(HEADERS) train_gpt.cu test_gpt.cu)
 .SECONDARY: $(EMU_SOURCES)
 build/emu/src/%: % dev/cuda/emulate_source.pl

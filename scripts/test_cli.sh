@@ -201,7 +201,7 @@ check "log: configuration first, and one per resume" test "$(log_configs "$TMP/r
 
 echo "CPU target: the memory plan against the peak resident memory of runs"
 # (a GPU build's plan is of device memory, which resident host memory does not show: test_gpt checks it
-# against the bytes allocated instead)
+# against the bytes allocated, scripts/test_memory_plan_emulated.sh against the emulated device's)
 if [[ "$("$BIN" --help)" != *"target CPU"* ]]; then
     echo "  skip  GPU target: its plan counts device memory, not this process's resident memory"
 else
