@@ -166,15 +166,17 @@ rank_pid() {
 # signal_case NAME NP "SIGNAL:RANK ..." ARGS...: an uninterrupted run of SIG_STEPS steps, then one that
 # gets the signals (in order, at once) when it prints step 3, then its resume; all with ARGS. A step takes
 # a few ms here, so SIG_STEPS leaves seconds between step 3 and the end, for the script to find the ranks
-# and signal them on a loaded machine (with 60 steps, 0.3 s)
-SIG_STEPS=400
+# and signal them on a loaded machine (with 60 steps, 0.3 s). On the emulated GPU build, whose steps take
+# far longer, 60 are enough: SIG_STEPS=60 bash scripts/test_dp.sh build/emu-fp32/train_gpt
+SIG_STEPS=${SIG_STEPS:-400}
 signal_case() {
     local name=$1 np=$2 signals=$3 launch=("$BIN") i sr p
     shift 3
     [ "$np" -gt 1 ] && launch=("${MPIRUN[@]}" -np "$np" "$BIN")
     local args=("${COMMON[@]}" --steps $SIG_STEPS "$@")
     rm -rf "$TMP/sig_ck" "$TMP/sig_r.jsonl"
-    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_u.jsonl" --save-model "$TMP/sig_u.bin" >/dev/null 2>&1
+    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_u.jsonl" --save-model "$TMP/sig_u.bin" >"$TMP/sig.out" 2>&1 \
+        || { echo "  FAIL  $name: the uninterrupted run did not complete (exit $?)"; tail -3 "$TMP/sig.out"; fails=$((fails + 1)); return; }
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --checkpoint-dir "$TMP/sig_ck" >"$TMP/sig.out" 2>&1 &
     local job=$!
     # (tail -f follows the output as it is written, and ends with the run)
