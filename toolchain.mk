@@ -18,7 +18,12 @@
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
-NVCC_ROOT = $(patsubst %/bin/nvcc,%,$(NVCC))
+# The toolkit's folder (its include/ has cublasLt.h and, in NVIDIA's packages, nccl.h). nvcc on PATH may
+# be a wrapper script outside the toolkit (a /usr/local/bin/nvcc that execs /usr/local/cuda-13.0/bin/nvcc),
+# so nvcc is asked: `--dryrun` prints TOP=<toolkit>/bin/.. without compiling. A path ending in bin/nvcc
+# is the fallback for an nvcc that prints no TOP.
+NVCC_TOP = $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's|^\#\$$ TOP=\(.*\)/bin/\.\.$$|\1|p')
+NVCC_ROOT := $(if $(NVCC),$(or $(NVCC_TOP),$(patsubst %/bin/nvcc,%,$(NVCC))))
 
 # sm_80 and sm_90 unless a local GPU says otherwise
 LOCAL_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')

@@ -24,9 +24,11 @@ cp -r dev/cuda "$TMP/repo/dev/cuda"
 rm -rf "$TMP/repo/dev/cuda/build"
 touch "$TMP/nccl/include/nccl.h"
 
-# the stand-in compiler: appends its arguments to compiled.log and creates the output
+# the stand-in compiler: appends its arguments to compiled.log and creates the output; asked with
+# --dryrun (toolchain.mk, for the toolkit's folder), it answers as nvcc does, compiling nothing
 cat > "$TMP/cuda/bin/nvcc" <<EOF
 #!/bin/sh
+case " \$* " in *" --dryrun "*) echo "#\\$ TOP=$TMP/cuda/bin/.." >&2; exit 0;; esac
 out=""; prev=""
 for a in "\$@"; do [ "\$prev" = "-o" ] && out=\$a; prev=\$a; done
 echo "\$*" >> "$TMP/compiled.log"
@@ -71,6 +73,17 @@ for what in "nvcc $FAKE" "NCCL " "MPI  "; do
     [ "$(grep -c "^toolchain: $what" "$TMP/out")" -eq 1 ] || { cat "$TMP/out"; fail "summary line 'toolchain: $what' not printed once"; }
 done
 echo "ok: $(grep -c '^toolchain:' "$TMP/out") summary lines"
+# an nvcc on PATH that is a wrapper script outside the toolkit (as /usr/local/bin/nvcc may be): the
+# toolkit's headers (cublasLt.h for the emulated build, nccl.h) are still found, in the folder nvcc names
+mkdir -p "$TMP/wrap/bin" "$TMP/cuda/include"
+printf '#!/bin/sh\nexec %s "$@"\n' "$FAKE" > "$TMP/wrap/bin/nvcc"
+chmod +x "$TMP/wrap/bin/nvcc"
+touch "$TMP/cuda/include/nccl.h"
+mk -n emulated NVCC="$TMP/wrap/bin/nvcc" || { cat "$TMP/err"; fail "make -n emulated failed"; }
+grep -q "^toolchain: NCCL $TMP/cuda/include/nccl.h" "$TMP/out" || { cat "$TMP/out"; fail "nvcc wrapper: the toolkit's nccl.h is not found"; }
+grep -q -- "-I$TMP/cuda/include" "$TMP/out" || { cat "$TMP/out"; fail "nvcc wrapper: the emulated build does not include the toolkit's headers"; }
+rm "$TMP/cuda/include/nccl.h"
+echo "ok: an nvcc wrapper outside the toolkit: its headers are found"
 
 echo "== 3. flags stamps"
 NO_MPI=(MPI_CFLAGS= MPI_LIBS=)
