@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-/usr/bin/python3}   # the Python of every script (see Makefile)
 
-step() { printf '\n==== %s\n' "$*"; }
+step() { printf '\n==== [%d s] %s\n' "$SECONDS" "$*"; }  # (the time since make test started: where CI's minutes go)
 
 step "dependencies (checked; \`make deps\` installs them)"
 bash scripts/install_deps.sh --check

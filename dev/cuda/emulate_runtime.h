@@ -84,7 +84,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "emulated on the CPU (H100-shaped limits)");
     prop->major = 9, prop->multiProcessorCount = 132, prop->l2CacheSize = 50 << 20;
-    prop->sharedMemPerBlockOptin = emu::SHARED_MAX, prop->maxThreadsPerBlock = 1024;
+    prop->sharedMemPerBlockOptin = emu::SHARED_MAX, prop->maxThreadsPerBlock = 1024, prop->totalGlobalMem = emu::DEVICE_BYTES;
     return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
