@@ -69,8 +69,9 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-to
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_fp32) $< $(NVCC_LIBS) -o $@
 
 # The GPU target on the CPU emulation of CUDA (dev/cuda/emulate.h): every kernel, launcher, cuBLAS(Lt)
-# call and device copy of the GPU code runs, on a machine without a GPU; NCCL does not (the ranks of an
-# emulated train_gpt talk through the MPI engine). The sources are first rewritten into build/emu/src/
+# call and device copy of the GPU code runs, on a machine without a GPU. Its ranks talk through the MPI
+# engine, or with EMU_DEVICES=N (N emulated GPUs) through the NCCL engine, over dev/cuda/emulate_nccl.h
+# (when nccl.h was found; scripts/test_nccl_emulated.sh). The sources are first rewritten into build/emu/src/
 # (dev/cuda/emulate_source.pl: the <<<...>>> launches and __shared__ declarations). -fno-inline-functions:
 # the same checks, built in seconds instead of more than a minute.
 EMU_SOURCES = $(patsubst %,build/emu/src/%,$(HEADERS) train_gpt.cu test_gpt.cu)
@@ -79,12 +80,12 @@ build/emu/src/%: % dev/cuda/emulate_source.pl
 	@mkdir -p $(@D)
 	perl -0p dev/cuda/emulate_source.pl $< > $@.tmp && mv $@.tmp $@  # (no empty target left when the rewrite fails)
 EMU_FLAGS = -O2 -fno-inline-functions -std=c++17 -fopenmp -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-class-memaccess \
-            -Wno-sign-compare -DNO_NCCL $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/cuda/emulate.h -I$(NVCC_ROOT)/include
+            -Wno-sign-compare $(if $(NCCL_H),-DEMULATE_NCCL $(NCCL_INC),-DNO_NCCL) $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/cuda/emulate.h -I$(NVCC_ROOT)/include
 emulated: $(foreach p,bf16 fp32 fp16,build/emu-$(p)/test_gpt build/emu-$(p)/train_gpt)
-build/emu-%/test_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h | gpu-toolchain
+build/emu-%/test_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h dev/cuda/emulate_nccl.h | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/test_gpt.cu $(MPI_LIBS) -o $@
-build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h | gpu-toolchain
+build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h dev/cuda/emulate_nccl.h | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 

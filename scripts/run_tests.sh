@@ -11,7 +11,8 @@
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it; without one the dev/cuda checks and test_gpt's GPU build run on
 #      the CPU emulation of CUDA (dev/cuda/emulate.h), and the GPU memory plan is held to what the
-#      emulated train_gpt allocates (scripts/test_memory_plan_emulated.sh)
+#      emulated train_gpt allocates (scripts/test_memory_plan_emulated.sh), and its NCCL engine runs over
+#      emulated NCCL (scripts/test_nccl_emulated.sh)
 #   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
 #      on a machine without a GPU, `make test` checking and `make deps` installing the dependencies, one Python
 set -euo pipefail
@@ -110,6 +111,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         [ "$failed" = 0 ]
         step "GPU target: the memory plan against the device memory the emulated train_gpt allocates (each precision, fused, flash, recompute, ZeRO, TP, PP)"
         bash scripts/test_memory_plan_emulated.sh build/emu
+        step "GPU target: the NCCL engine on the emulation (EMU_DEVICES GPUs, dev/cuda/emulate_nccl.h): DP/ZeRO, TP, PP, 3D, the id over MPI, TCP and a folder, deadlines"
+        OMP_NUM_THREADS=1 bash scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt build/emu-bf16/train_gpt
     fi
 else
     echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"

@@ -477,5 +477,8 @@ using std::max;
 using std::min;
 
 #include "emulate_runtime.h"  // cudaMalloc, cudaMemcpy, events, properties, cuBLAS(Lt), over host memory
+#ifdef EMULATE_NCCL
+#include "emulate_nccl.h"  // NCCL's calls between processes on this machine (the emulated train_gpt's NCCL engine)
+#endif
 
 #define DEV_CUDA_EMULATED 1  // common.cuh: check, do not time

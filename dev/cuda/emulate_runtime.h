@@ -65,8 +65,17 @@ const char* cudaGetErrorName(cudaError_t e) {
     }
 }
 const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
-cudaError_t cudaGetDeviceCount(int* n) { return *n = 1, cudaSuccess; }
-cudaError_t cudaGetDevice(int* d) { return *d = 0, cudaSuccess; }
+// EMU_DEVICES=N: a machine with N GPUs (default 1), each with its own UUID, so that ranks launched
+// together take different ones (and the NCCL engine, emulate_nccl.h) instead of sharing one
+namespace emu {
+inline int current_device = 0;
+inline int device_count() {
+    const char* n = getenv("EMU_DEVICES");
+    return n && atoi(n) > 0 ? atoi(n) : 1;
+}
+}  // namespace emu
+cudaError_t cudaGetDeviceCount(int* n) { return *n = emu::device_count(), cudaSuccess; }
+cudaError_t cudaGetDevice(int* d) { return *d = emu::current_device, cudaSuccess; }
 cudaError_t cudaDriverGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int* v) { return *v = CUDART_VERSION, cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
@@ -80,11 +89,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
     }
     return cudaSuccess;
 }
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "emulated on the CPU (H100-shaped limits)");
     prop->major = 9, prop->multiProcessorCount = 132, prop->l2CacheSize = 50 << 20;
     prop->sharedMemPerBlockOptin = emu::SHARED_MAX, prop->maxThreadsPerBlock = 1024, prop->totalGlobalMem = emu::DEVICE_BYTES;
+    snprintf(prop->uuid.bytes, sizeof(prop->uuid.bytes), "emulated GPU %d", device);
     return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
@@ -257,7 +267,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = (
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= emu::device_count()) return cudaErrorInvalidDevice;
+    return emu::current_device = device, cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 // rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart)
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind, cudaStream_t) {
     if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;

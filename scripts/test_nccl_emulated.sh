@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# test_nccl_emulated.sh: the NCCL engine of the GPU target (llmc/comm_nccl.h), run on a machine without a
+# GPU: the emulated train_gpt (make emulated) with EMU_DEVICES GPUs, so that its ranks take one each and
+# pick NCCL, whose calls dev/cuda/emulate_nccl.h carries out between the processes. Against single-rank
+# runs of the same binary (every loss to 1e-5 relative, final parameters to 1e-5 relative norm, as
+# test_dp/tp/pp.sh: sums over ranks are taken in another order than one rank's):
+#   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1 and 2 (reduce-scatter, all-gather),
+#      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
+#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL"
+#   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
+#      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir)
+#   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
+#      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError)
+#   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
+# What the emulation does not model (streams, a send that waits for its receive) is said in emulate_nccl.h.
+# usage: scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt [build/emu-bf16/train_gpt]
+set -u
+BIN=${1:-build/emu-fp32/train_gpt}
+BIN_BF16=${2:-}  # the emulated BF16 train_gpt, for part 4 (optional)
+# shellcheck source=scripts/parallel_test_lib.sh
+source "$(dirname "$0")/parallel_test_lib.sh"
+[ -x "$BIN" ] || { echo "test_nccl_emulated: $BIN not built (make emulated)"; exit 1; }
+BIN=$(realpath "$BIN")
+if [ -n "$BIN_BF16" ]; then BIN_BF16=$(realpath "$BIN_BF16"); fi
+cd "$TMP"  # (the runs' default checkpoint folder is ./checkpoints)
+grep -q "emulated NCCL" "$BIN" || { echo "test_nccl_emulated: $BIN has no emulated NCCL (nccl.h was not found when it was built)"; exit 1; }
+export EMU_DEVICES=8 EMU_NCCL_DIR=$TMP/nccl EMU_NCCL_TIMEOUT=60
+mkdir -p "$EMU_NCCL_DIR"
+make_tokens "$TMP/tokens.bin"
+COMMON=(--layers 3 --channels 32 --heads 4 --vocab 512 --max-seq-len 16 --seq-len 16 --steps 6 --lr 1e-3
+        --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
+
+reference() {  # ARGS...: the single-rank run into ref.jsonl / ref.bin
+    "$BIN" "${COMMON[@]}" "$@" --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null 2>&1 \
+        || { echo "  FAIL  single-rank reference $*"; fails=$((fails + 1)); }
+}
+# NAME NP ARGS...: under mpirun, on the NCCL engine, equal to the reference
+nccl_run() {
+    local name=$1 np=$2 before=$fails
+    shift 2
+    run "$np" "$@" --log "$TMP/run.jsonl" --save-model "$TMP/run.bin"
+    [ $fails -eq $before ] || return
+    if ! grep -q "engine NCCL" "$TMP/run.out"; then
+        echo "  FAIL  $name: not on the NCCL engine"; grep -m1 "engine" "$TMP/run.out"; fails=$((fails + 1)); return
+    fi
+    compare "$name" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+}
+
+# two ranks started by hand, as torchrun starts them; ARGS... for both
+free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+launch_two() {  # ENV... -- ARGS...: starts ranks 0 and 1 (pids in $pid0 $pid1, output in $TMP/rank0.out, rank1.out)
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    for r in 0 1; do
+        env "${envs[@]}" WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 timeout 120 "$BIN" "${COMMON[@]}" "$@" \
+            >"$TMP/rank$r.out" 2>&1 &
+        eval "pid$r=$!"
+    done
+}
+
+echo "1. under mpirun, the NCCL engine against the single-rank run"
+for A in 1 2; do
+    reference --batch-size 4 --grad-accum $A
+    for Z in 0 1 2; do
+        [ $Z -eq 0 ] && [ $A -eq 2 ] && continue
+        nccl_run "dp=2 ZeRO-$Z grad_accum=$A" 2 --batch-size 2 --grad-accum $A --zero $Z
+    done
+done
+reference --batch-size 2
+nccl_run "tp=2" 2 --tp 2 --batch-size 2
+reference --batch-size 4 --micro-batches 2
+for S in gpipe 1f1b; do
+    nccl_run "pp=2 M=2 $S" 2 --pp 2 --schedule $S --batch-size 4 --micro-batches 2
+done
+reference --batch-size 8 --micro-batches 4
+nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
+
+echo "2. launched without mpirun"
+reference --batch-size 4
+for how in tcp folder; do
+    if [ $how = tcp ]; then launch_two MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" -- --batch-size 2 --log "$TMP/run.jsonl" --save-model "$TMP/run.bin"
+    else mkdir -p "$TMP/ids"; launch_two -- --batch-size 2 --nccl-id-dir "$TMP/ids" --log "$TMP/run.jsonl" --save-model "$TMP/run.bin"; fi
+    rc0=0 rc1=0
+    wait "$pid0" || rc0=$?
+    wait "$pid1" || rc1=$?
+    if [ $rc0 -ne 0 ] || [ $rc1 -ne 0 ] || ! grep -q "engine NCCL" "$TMP/rank0.out"; then
+        echo "  FAIL  dp=2, the NCCL id by $how: exit $rc0 and $rc1"; tail -3 "$TMP/rank0.out" "$TMP/rank1.out"; fails=$((fails + 1))
+    else
+        compare "dp=2, the NCCL id by $how" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+    fi
+done
+
+echo "3. the deadline (--comm-timeout 3)"
+# NAME PATTERN RC SECONDS: rank 0 exited with RC within SECONDS (measured from $t0), its last line matching PATTERN
+expect_end() {
+    local name=$1 pattern=$2 rc=$3 secs=$4
+    if [ "$rc" -ne 0 ] && [ $((SECONDS - t0)) -le "$secs" ] && tail -n 1 "$TMP/rank0.out" | grep -q -- "$pattern"; then
+        echo "  ok    $name: exit $rc after $((SECONDS - t0)) s: $(tail -n 1 "$TMP/rank0.out")"
+    else
+        echo "  FAIL  $name: exit $rc after $((SECONDS - t0)) s (at most $secs expected), last line:"; tail -n 1 "$TMP/rank0.out"; fails=$((fails + 1))
+    fi
+}
+mkdir -p "$TMP/ids1"
+t0=$SECONDS rc=0
+WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --nccl-id-dir "$TMP/ids1" --comm-timeout 3 \
+    >"$TMP/rank0.out" 2>&1 || rc=$?
+expect_end "rank 1 never joins" "creating the NCCL communicator.* did not complete within 3 s" $rc 30
+mkdir -p "$TMP/ids2"
+t0=$SECONDS
+launch_two -- --batch-size 2 --steps 100000 --nccl-id-dir "$TMP/ids2" --comm-timeout 3
+for _ in $(seq 600); do grep -q "^step     3" "$TMP/rank0.out" && break; sleep 0.1; done
+grep -q "^step     3" "$TMP/rank0.out" || { echo "  FAIL  rank 1 killed after step 3: step 3 never came"; fails=$((fails + 1)); }
+exec 3>&2 2>/dev/null  # (bash's "Killed" line for the job)
+pkill -KILL -P "$pid1"  # (the trainer, child of its `timeout`)
+rc=0
+wait "$pid0" || rc=$?
+wait "$pid1"
+exec 2>&3 3>&-
+expect_end "rank 1 killed after step 3" "did not complete within 3 s" $rc 90
+
+if [ -n "$BIN_BF16" ]; then
+    echo "4. BF16 (ncclBfloat16): dp=2 ZeRO-2, the same bits as the MPI engine"
+    # With two ranks both engines add the two BF16 values exactly before rounding once (the emulation in
+    # double, the MPI engine in float), so the models and losses must be identical, not merely close.
+    for d in 1 8; do  # one emulated GPU: the ranks share it and take the MPI engine
+        EMU_DEVICES=$d timeout 120 "${MPIRUN[@]}" -np 2 "$BIN_BF16" "${COMMON[@]}" --batch-size 2 --zero 2 --log "$TMP/bf16-$d.jsonl" \
+            --save-model "$TMP/bf16-$d.bin" >"$TMP/bf16-$d.out" 2>&1 || { echo "  FAIL  BF16 run with $d GPUs"; tail -3 "$TMP/bf16-$d.out"; fails=$((fails + 1)); }
+    done
+    if grep -q "engine MPI" "$TMP/bf16-1.out" && grep -q "engine NCCL" "$TMP/bf16-8.out" && cmp -s "$TMP/bf16-1.bin" "$TMP/bf16-8.bin" &&
+        [ "$(grep -o '"loss": [^,]*' "$TMP/bf16-1.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/bf16-8.jsonl")" ] &&
+        [ "$(grep -c '"loss"' "$TMP/bf16-8.jsonl")" -eq 6 ]; then
+        echo "  ok    BF16 dp=2 ZeRO-2: NCCL engine = MPI engine, byte for byte (6 losses, model file)"
+    else
+        echo "  FAIL  BF16 dp=2 ZeRO-2: the NCCL and MPI engines differ (or a run did not take its engine)"; fails=$((fails + 1))
+    fi
+fi
+
+if [ $fails -ne 0 ]; then echo "test_nccl_emulated: $fails failure(s)"; exit 1; fi
+echo "test_nccl_emulated: passed"
