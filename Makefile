@@ -24,7 +24,7 @@ HEADERS = $(wildcard llmc/*.h)
 
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
              $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS)) $(NCCL_FLAGS)
-NVCC_LIBS = -lcublasLt -lcublas $(NCCL_LIBS) $(filter -L% -l%,$(MPI_LIBS))
+NVCC_LIBS = $(CUDA_RPATH) -lcublasLt -lcublas $(NCCL_LIBS) $(filter -L% -l%,$(MPI_LIBS))
 PRECISION_DEFINE_bf16 = -DENABLE_BF16
 PRECISION_DEFINE_fp16 = -DENABLE_FP16
 PRECISION_DEFINE_fp32 =

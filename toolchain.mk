@@ -25,6 +25,14 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc &
 NVCC_TOP = $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's|^\#\$$ TOP=\(.*\)/bin/\.\.$$|\1|p')
 NVCC_ROOT := $(if $(NVCC),$(or $(NVCC_TOP),$(patsubst %/bin/nvcc,%,$(NVCC))))
 
+# The folder of the toolkit's cuBLAS(Lt) (and NCCL, in NVIDIA's packages). GPU binaries carry it as their
+# run path: on a machine whose loader path lacks the CUDA libraries (a container, a login without
+# LD_LIBRARY_PATH) they still start, and say so in one line when there is no GPU, instead of failing in
+# the loader with "libcublasLt.so.13: cannot open shared object file".
+CUDA_LIBDIR := $(patsubst %/,%,$(dir $(firstword $(wildcard $(addsuffix /libcublasLt.so*,$(NVCC_ROOT)/lib64 $(NVCC_ROOT)/lib $(NVCC_ROOT)/targets/*/lib)))))
+CUDA_RPATH = $(if $(CUDA_LIBDIR),-Xlinker -rpath$(comma)$(CUDA_LIBDIR))
+comma := ,
+
 # sm_80 and sm_90 unless a local GPU says otherwise
 LOCAL_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
 ifneq ($(LOCAL_CC),)

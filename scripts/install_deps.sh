@@ -127,7 +127,7 @@ echo "install_deps: apt-get update"
 # (retries: a mirror's passing network error should not fail a fresh machine's setup)
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Retries=5 update
 echo "install_deps: apt-get install ${pkgs[*]}"
-"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Retries=5 install -y "${pkgs[@]}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Retries=5 install -y --no-install-recommends "${pkgs[@]}"
 
 find_missing
 if [ ${#MISSING[@]} -ne 0 ]; then

@@ -6,7 +6,9 @@
 #   2. Each make prints once what it found (nvcc, NCCL, MPI).
 #   3. Flags stamps: outputs rebuild when their compiler or flags change (MPI "installed" after a first
 #      build, NCCL_HOME given, another GPU_ARCH), and only then; a NCCL_HOME without nccl.h is an error.
-#   4. Given GPU binaries on a machine without a usable GPU: one `error: no GPU: ...` line, exit code 1.
+#   4. Given GPU binaries on a machine without a usable GPU: one `error: no GPU: ...` line, exit code 1,
+#      also where the loader's cache does not list the CUDA libraries (ld.so --inhibit-cache, as in a
+#      container without them on the loader path: the binaries find them through their run path).
 # Parts 1-3 run the Makefiles in a temporary copy of the sources with a stand-in compiler that only logs
 # its command line and creates its -o file, so they take seconds and need neither g++ nor nvcc.
 set -euo pipefail
@@ -115,14 +117,18 @@ if nvidia-smi -L >/dev/null 2>&1; then
     echo "skipped: this machine has a GPU"
 else
     ran=0
+    LOADER=
+    for l in /lib64/ld-linux-x86-64.so.2 /lib/ld-linux-aarch64.so.1; do [ -x "$l" ] && LOADER=$l; done
     for bin in "$ROOT"/build/gpu-*/train_gpt "$ROOT"/build/gpu-*/test_gpt "$ROOT"/dev/cuda/build/adamw; do
         [ -x "$bin" ] || continue
-        rc=0
-        (cd "$TMP" && timeout 60 "$bin" > "$TMP/out" 2> "$TMP/err") || rc=$?
-        [ $rc -eq 1 ] || { cat "$TMP/err"; fail "$bin exited $rc without a GPU, expected 1"; }
-        [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "^error: no GPU: " "$TMP/err" \
-            || { cat "$TMP/err"; fail "$bin: expected one 'error: no GPU: ...' line"; }
-        echo "ok: ${bin#"$ROOT"/}: $(cat "$TMP/err")"
+        for how in "" ${LOADER:+"$LOADER --inhibit-cache"}; do
+            rc=0
+            (cd "$TMP" && timeout 60 $how "$bin" > "$TMP/out" 2> "$TMP/err") || rc=$?
+            [ $rc -eq 1 ] || { cat "$TMP/err"; fail "${how:+$how }$bin exited $rc without a GPU, expected 1"; }
+            [ "$(wc -l < "$TMP/err")" -eq 1 ] && grep -q "^error: no GPU: " "$TMP/err" \
+                || { cat "$TMP/err"; fail "${how:+$how }$bin: expected one 'error: no GPU: ...' line"; }
+            echo "ok: ${how:+$how }${bin#"$ROOT"/}: $(cat "$TMP/err")"
+        done
         ran=$((ran + 1))
     done
     [ $ran -gt 0 ] || echo "skipped: no GPU binaries were built (no nvcc)"
@@ -163,7 +169,7 @@ rm -f "$TMP/installs.log"; rc=0
 echo "ok: make test without g++ stops (exit $rc) at the dependency check, installing nothing"
 
 deps "$TMP/stubs:$TMP/no-gxx"
-[ $rc -eq 1 ] && installs | grep -q "^apt-get .*install -y g++$" && grep -q "still missing after apt-get install" "$TMP/out" \
+[ $rc -eq 1 ] && installs | grep -q "^apt-get .*install -y --no-install-recommends g++$" && grep -q "still missing after apt-get install" "$TMP/out" \
     || { cat "$TMP/out"; installs; fail "make deps did not apt-get install g++"; }
 echo "ok: install_deps.sh without g++ ran: $(installs | grep -c '^apt-get') apt-get calls, the last: $(installs | tail -n 1)"
 
@@ -189,7 +195,7 @@ cat > "$TMP/trace.json" <<'EOF'
 {"traceEvents": [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "rank 0"}},
  {"ph": "X", "pid": 0, "tid": 0, "cat": "forward", "name": "F 0", "ts": 0, "dur": 5}]}
 EOF
-PATH="$TMP/stubs:$PATH" scripts/plot_trace.py "$TMP/trace.json" "$TMP/trace.png" > "$TMP/out" 2>&1 && [ -s "$TMP/trace.png" ] \
+PATH="$TMP/stubs:$PATH" scripts/plot_trace.py "$TMP/trace.json" -o "$TMP/trace.png" > "$TMP/out" 2>&1 && [ -s "$TMP/trace.png" ] \
     || { cat "$TMP/out"; fail "scripts/plot_trace.py did not run with a python3 on PATH that lacks matplotlib"; }
 echo "ok: every scripts/*.py starts with #!/usr/bin/python3; plot_trace.py ran with a python3 on PATH that fails"
 echo "test_build: passed"
