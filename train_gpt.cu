@@ -44,6 +44,7 @@
 #include "llmc/stop_signal.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
+#include "llmc/trace.h"
 #include "llmc/bpe.h"
 #include "llmc/eval.h"
 #include "llmc/zero.h"
@@ -639,7 +640,7 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
         return;
     }
     matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
-    tp_g_forward(model->comm, scratch, (size_t)N * C);  // TP: g
+    tp_g_forward(model->comm, model->tracer, scratch, (size_t)N * C);  // TP: g
     residual_bias_forward(out, residual, scratch, bias, N, C);
 }
 
@@ -754,7 +755,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
         else copy_to_device(a->inputs, inputs, BT * sizeof(int));
         if (a->host_inputs != inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));  // the pipeline passes them in place
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
-        vocab_parallel_embedding_forward(comm, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
+        vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
     }
     for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
         LayerActs la = layer_acts(model, a, li, B, T);
@@ -823,7 +824,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     if (model->last) {
         // classifier: the fused kernel already turned logits into dlogits
         matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, fused);  // dlnf (=), dwte (+=)
-        tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
+        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
         layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (Ls - 1) * BT * C, p->lnfw, a->lnf_mean,
@@ -844,7 +845,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, fused);  // dfch_gelu =
         gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl, fused);                                              // dfch = (in place)
         matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, fused); // dln2 =
-        tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
+        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual2 +=
         // attention block
@@ -852,7 +853,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         if (flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
         else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention);                // dqkv =
         matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul, fused);  // dln1 =
-        tp_f_backward(model->comm, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
+        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual +=
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
@@ -981,21 +982,25 @@ static floatX* stage_output(const GPT2* model, const Activations* a, int B, int 
 
 // The send left over from the previous action, if any, goes out now; if this action receives from
 // the same neighbour, the two travel as one paired send-receive (so that two neighbours never both
-// block sending to each other). recv_buf NULL: nothing to receive.
+// block sending to each other). recv_buf NULL: nothing to receive. Messages are named in traces by
+// what they carry: "act m" (micro-batch m's activations, forward) or "grad m" (their gradient, backward).
 typedef struct {
     const floatX* buf;
     int peer;    // stage index, -1: nothing pending
     int shared;  // buf is shared (dresidual, or the rematerialized work set), which the next action overwrites: wait for the send
+    char what[12];  // "act m" or "grad m"
 } PendingSend;
 
-static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, int micro) {
+static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, const char* recv_what) {
     Comm* c = model->comm;
     Tracer* tr = model->tracer;
+    char name[40];
     double t0 = trace_now_us(tr);
     if (pending->peer >= 0 && recv_buf != NULL && pending->peer == recv_peer) {
         comm_sendrecv(c, &c->pp_group, pending->buf, pending->peer, recv_buf, recv_peer, n, DT_FLOATX);
         comm_join(c);
-        trace_add(tr, "sendrecv", "send+recv", micro, t0);
+        snprintf(name, sizeof(name), "send %s, recv %s", pending->what, recv_what);
+        trace_add(tr, "sendrecv", name, -1, t0);
     } else {
         if (pending->peer >= 0) {
             // A forward output lives in its micro-batch slot, which nothing writes before a later
@@ -1005,13 +1010,15 @@ static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, i
             // backward overwrites them, so those sends are waited for.
             comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
             if (pending->shared) comm_join(c);
-            trace_add(tr, "send", "send", micro, t0);
+            snprintf(name, sizeof(name), "send %s", pending->what);
+            trace_add(tr, "send", name, -1, t0);
         }
         if (recv_buf != NULL) {
             t0 = trace_now_us(tr);
             comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, recv_peer);
             comm_join(c);
-            trace_add(tr, "recv", "recv", micro, t0);
+            snprintf(name, sizeof(name), "recv %s", recv_what);
+            trace_add(tr, "recv", name, -1, t0);
         }
     }
     pending->peer = -1;
@@ -1061,14 +1068,19 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     dataloader_load(loader, batch);  // every stage reads the ids it needs
     memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
     memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
-    pipe_exchange(model, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, m);
+    char what[12];
+    snprintf(what, sizeof(what), "act %d", m);
+    pipe_exchange(model, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     model->loss_dest = defer_loss ? model->step_losses + m : NULL;
     float loss = gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     model->loss_dest = NULL;
     trace_add(model->tracer, "forward", "F", m, t0);
-    if (!model->last) *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = s + 1, .shared = model->rematerialize};
+    if (!model->last) {
+        *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = s + 1, .shared = model->rematerialize};
+        snprintf(pending->what, sizeof(pending->what), "act %d", m);
+    }
     return loss;
 }
 
@@ -1080,13 +1092,18 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
 static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
     int s = model->place.pp_rank;
     Activations* slot = &model->slots[m % model->n_slots];
-    pipe_exchange(model, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, m);
+    char what[12];
+    snprintf(what, sizeof(what), "grad %d", m);
+    pipe_exchange(model, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     gpt2_backward(model, a, B, T, communicate);
     trace_add(model->tracer, "backward", "B", m, t0);
-    if (!model->first) *pending = (PendingSend){.buf = a->dresidual, .peer = s - 1, .shared = 1};
+    if (!model->first) {
+        *pending = (PendingSend){.buf = a->dresidual, .peer = s - 1, .shared = 1};
+        snprintf(pending->what, sizeof(pending->what), "grad %d", m);
+    }
 }
 
 // --fused-kernels on the last stage: room on the device for a step's M mean losses
@@ -1133,7 +1150,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     const Placement* pl = &model->place;
     PipeAction* actions = (PipeAction*)malloc_check(2 * M * sizeof(PipeAction));
     pipeline_schedule(schedule, pl->pp, pl->pp_rank, M, actions);
-    PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0};
+    PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0, .what = ""};
     double loss = 0.0, t_start = wall_seconds();
     int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
     if (defer_loss) reserve_step_losses(model, M);
@@ -1143,7 +1160,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
         if (!actions[i].backward) loss += schedule_forward(model, loader, &pending, m, batch, dloss, defer_loss);
         else schedule_backward(model, &pending, m, loader->B, loader->T, dloss, m == M - 1);
     }
-    pipe_exchange(model, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, -1);
+    pipe_exchange(model, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
     if (defer_loss) loss += sum_step_losses(model, M);
@@ -1438,6 +1455,7 @@ typedef struct {
     double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
     double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint
+    long long fault_wait_signal; // testing: after this step every rank waits for a stop signal (-1: never)
     int fault_inf_rank, fault_inf_step;  // testing: this rank puts an inf into a gradient at this step
     LossScaler scaler;   // loss scaling settings (llmc/loss_scaler.h)
     // optimization
@@ -1731,18 +1749,22 @@ static void inject_inf_gradient(GPT2* model) {
 
 // Writes the trace (every rank its part, rank 0 merges) and prints the pipeline bubble measured in the
 // traced steps: the fraction of each rank's pipeline time not spent in forward or backward, averaged
-// over the ranks, next to GPipe's (P-1)/(M+P-1); then the communication engine's rate in those steps.
+// over the ranks, next to the schedule's (P-1)/(M+P-1) (the trace records both, for plot_trace.py's
+// title); then the communication engine's rate in those steps.
 static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
-    char label[128];
+    char label[128], run[256];
     snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
-    trace_write_rank(tracer, tc->trace, comm->world_rank, label);
     double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
-    comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);  // also: every part is written
+    comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);
+    int P = comm->pp, M = tc->grad_accum;
+    double ideal = (double)(P - 1) / (M + P - 1);
+    snprintf(run, sizeof(run), "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"bubble_measured\": %.4f, \"bubble_ideal\": %.4f}",
+             tc->pipe_schedule == SCHEDULE_GPIPE ? "gpipe" : "1f1b", P, M, bubble, ideal);
+    trace_write_rank(tracer, tc->trace, comm->world_rank, label);
+    comm_barrier(comm, &comm->world);  // every part is written
     if (comm->world_rank == 0) {
-        trace_merge(tc->trace, comm->world_size);
-        int P = comm->pp, M = tc->grad_accum;
-        printf("wrote trace %s; pipeline bubble: measured %.1f%%, (P-1)/(M+P-1) = %.1f%%\n", tc->trace, 100.0 * bubble,
-               100.0 * (P - 1) / (M + P - 1));
+        trace_merge(tc->trace, comm->world_size, run);
+        printf("wrote trace %s; pipeline bubble: measured %.1f%%, (P-1)/(M+P-1) = %.1f%%\n", tc->trace, 100.0 * bubble, 100.0 * ideal);
     }
     comm_print_stats(comm);
 }
@@ -1804,6 +1826,7 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_int(&a, "the saving settings (--save-every, whether --save-model is given)", (long long)tc->save_every * 2 + (tc->save_model != NULL));
     agree_int(&a, "the resume step (--resume)", tc->resume ? state->step : -1);
     agree_add(&a, "the checkpoint resumed from (its run and model)", tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
+    agree_int(&a, "--fault-wait-signal", tc->fault_wait_signal);
     agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
     agree_check(comm, &a);
 }
@@ -2147,8 +2170,10 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (tc->T > config.maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, config.maxT);
     open_inputs(run);
     allocate_for_schedule(run);
-    run->tracer.origin = wall_seconds();
-    if (tc->trace) run->model.tracer = &run->tracer;
+    if (tc->trace) {
+        trace_align_clocks(&run->tracer, comm);  // every rank's time 0 is the same instant
+        run->model.tracer = &run->tracer;
+    }
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
     run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;
@@ -2340,6 +2365,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         StepResult r = train_step(&run, step, losses, max_losses);
         stop_sig = stop_signal_agreed(comm);
         if (!r.skipped) report_step(&run, step, &r);
+        if (step + 1 == tc->fault_wait_signal && !stop_sig) stop_sig = stop_signal_wait(comm, step + 1, 60.0);  // (step + 1 is done)
     }
     training_finish(&run);
     return run.val_loss;
@@ -2394,6 +2420,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->trace_steps = 2;
     tc->fault_rank = -1;
     tc->fault_step = -1;
+    tc->fault_wait_signal = -1;
     tc->stochastic_rounding = BF16_BUILD;
     tc->fault_inf_rank = -1;
     tc->fault_inf_step = -1;
@@ -2440,6 +2467,7 @@ static void print_usage(void) {
         "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
         "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint\n"
+        "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
         "mixed precision\n"
         "  --loss-scale S        dynamic | off | a fixed scale        [%s]\n"
         "  --loss-scale-init X   first dynamic scale                  [65536]\n"
@@ -2571,6 +2599,7 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
     else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
     else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--fault-wait-signal")) tc->fault_wait_signal = parse_int(f, v, 1, 1 << 30);
     else return 0;
     return 1;
 }

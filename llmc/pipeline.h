@@ -1,6 +1,6 @@
 /*
- * pipeline.h: pipeline parallelism: which layers a stage owns, in what order it runs its micro-batches,
- * and a tracer that records when.
+ * pipeline.h: pipeline parallelism: which layers a stage owns and in what order it runs its
+ * micro-batches (llmc/trace.h records when they ran).
  *
  * The L layers are cut into P stages of consecutive layers (as even as possible, or as given by
  * --pp-split). Stage 0 also owns the embedding, stage P-1 the final LayerNorm and the classifier, and
@@ -168,75 +168,4 @@ static void pipeline_print_schedule(Schedule sched, int P, int M) {
         printf("\n");
     }
     free(acts), free(slots), free(f_end), free(b_end), free(start), free(next), free(free_at);
-}
-
-// ----------------------------------------------------------------------------------------------------
-// tracer: Chrome/Perfetto trace events ("X" spans), one file per rank, merged by rank 0
-
-typedef struct {
-    char name[24];
-    const char* cat;  // forward | backward | send | recv | sendrecv | allreduce | optimizer
-    double start_us, dur_us;
-} TraceEvent;
-
-typedef struct {
-    int enabled;  // recording now
-    int n, cap;
-    TraceEvent* events;
-    double origin;        // wall_seconds() at the start
-    double busy_s;        // forward + backward time in the traced steps
-    double pipeline_s;    // wall time of the traced steps' pipelines (first forward to last backward)
-} Tracer;
-
-static double trace_now_us(const Tracer* tr) { return tr ? (wall_seconds() - tr->origin) * 1e6 : 0.0; }
-
-// Records a span from start_us to now. The GPU is synchronized first, so that a span is the time its
-// work took, not the time to queue it (tracing slows a run down a little; it is for looking at).
-static void trace_add(Tracer* tr, const char* cat, const char* name, int micro, double start_us) {
-    if (tr == NULL || !tr->enabled) return;
-    device_synchronize();
-    if (tr->n == tr->cap) {
-        tr->cap = tr->cap ? 2 * tr->cap : 1024;
-        tr->events = (TraceEvent*)realloc_check(tr->events, tr->cap * sizeof(TraceEvent));
-    }
-    TraceEvent* e = &tr->events[tr->n++];
-    if (micro >= 0) snprintf(e->name, sizeof(e->name), "%s %d", name, micro);
-    else snprintf(e->name, sizeof(e->name), "%s", name);
-    e->cat = cat;
-    e->start_us = start_us;
-    e->dur_us = trace_now_us(tr) - start_us;
-    if (strcmp(cat, "forward") == 0 || strcmp(cat, "backward") == 0) tr->busy_s += e->dur_us * 1e-6;
-}
-
-// writes this rank's events as a JSON fragment to <path>.rank<r>
-static void trace_write_rank(const Tracer* tr, const char* path, int rank, const char* label) {
-    char part[4200];
-    snprintf(part, sizeof(part), "%s.rank%d", path, rank);
-    FILE* f = fopen_check(part, "w");
-    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"%s\"}}", rank, label);
-    for (int i = 0; i < tr->n; i++) {
-        const TraceEvent* e = &tr->events[i];
-        fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.1f, \"dur\": %.1f, \"pid\": %d, \"tid\": 0}", e->name,
-                e->cat, e->start_us, e->dur_us, rank);
-    }
-    if (fclose(f) != 0) fatal("cannot write '%s'", part);
-}
-
-// rank 0, after every rank wrote its part: one {"traceEvents": [...]} file, the parts removed
-static void trace_merge(const char* path, int world_size) {
-    FILE* out = fopen_check(path, "w");
-    fprintf(out, "{\"traceEvents\": [\n");
-    for (int r = 0; r < world_size; r++) {
-        char part[4200];
-        snprintf(part, sizeof(part), "%s.rank%d", path, r);
-        FILE* f = fopen_check(part, "r");
-        char buf[65536];
-        size_t got;
-        if (r > 0) fprintf(out, ",\n");
-        while ((got = fread(buf, 1, sizeof(buf), f)) > 0) fwrite_check(buf, 1, got, out, path);
-        fclose(f);
-        remove(part);
-    }
-    fprintf(out, "\n]}\n");
-    if (fclose(out) != 0) fatal("cannot write '%s'", path);
 }

@@ -9,6 +9,9 @@
  * and the program exits with EXIT_STOPPED_BY_SIGNAL. Further signals while finishing the step or saving
  * change nothing (the record is only read at the next step boundary, which never comes); a SIGKILL at
  * that point still cannot corrupt the previous checkpoint, as every save is atomic (llmc/atomic_file.h).
+ *
+ * For tests, stop_signal_wait() holds every rank after a given step until a signal has come, so that a
+ * test signals a run at a known step instead of racing a run that may end first (--fault-wait-signal).
  */
 #pragma once
 
@@ -43,6 +46,18 @@ static int stop_signal_agreed(Comm* comm) {
     double sig = (double)stop_signal_received;
     comm_all_reduce_host(comm, &comm->world, &sig, 1, REDUCE_MAX);
     return (int)sig;
+}
+
+// Testing (--fault-wait-signal): every rank waits, after `step`, until a stop signal has reached any of
+// them, and returns its number. The ranks ask together every 10 ms, the same number of times each, so
+// all of them leave the wait after the same agreement (or all give up after max_seconds).
+static int stop_signal_wait(Comm* comm, long long step, double max_seconds) {
+    for (long long i = 0; i < (long long)(max_seconds * 100); i++) {
+        int sig = stop_signal_agreed(comm);
+        if (sig) return sig;
+        usleep(10000);
+    }
+    fatal("--fault-wait-signal: no stop signal reached any rank within %.0f s of step %lld", max_seconds, step);
 }
 
 static const char* stop_signal_name(int sig) {

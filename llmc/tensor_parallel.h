@@ -45,21 +45,24 @@
 #include "model_file.h"
 #include "comm.h"
 #include "encoder.h"
+#include "trace.h"
 
 // ----------------------------------------------------------------------------------------------------
 // f and g (see above): the two all-reduces of a block, each a no-op on a group of one
 
-static void tp_sum(Comm* comm, floatX* x, size_t n) {
+static void tp_sum(Comm* comm, Tracer* tr, const char* name, floatX* x, size_t n) {
     if (comm->tp_group.size == 1) return;
+    double t0 = trace_now_us(tr);
     comm_all_reduce(comm, &comm->tp_group, x, n, DT_FLOATX, REDUCE_SUM);
     comm_join_group(comm, &comm->tp_group);
+    trace_add(tr, "tp", name, -1, t0);
 }
 
 // f's backward: dinp (n) of a column-parallel layer, this rank's part -> the sum over the group
-static void tp_f_backward(Comm* comm, floatX* dinp, size_t n) { tp_sum(comm, dinp, n); }
+static void tp_f_backward(Comm* comm, Tracer* tr, floatX* dinp, size_t n) { tp_sum(comm, tr, "f (backward)", dinp, n); }
 
 // g's forward: out (n) of a row-parallel layer, this rank's partial sum -> the whole sum
-static void tp_g_forward(Comm* comm, floatX* out, size_t n) { tp_sum(comm, out, n); }
+static void tp_g_forward(Comm* comm, Tracer* tr, floatX* out, size_t n) { tp_sum(comm, tr, "g (forward)", out, n); }
 
 // ----------------------------------------------------------------------------------------------------
 // How each file tensor is split. Weights are stored as PyTorch's Linear stores them, (out, in), so a
@@ -279,11 +282,11 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 // TP group; with one rank it is the plain embedding
 
 // out (B,T,C) = wte[inp] + wpe[t]: a g over the ranks' lookups (inp: ids on the device)
-static void vocab_parallel_embedding_forward(Comm* comm, floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
-                                             int B, int T, int C, int Vp) {
+static void vocab_parallel_embedding_forward(Comm* comm, Tracer* tr, floatX* out, const int* inp, const floatX* wte,
+                                             const floatX* wpe, int B, int T, int C, int Vp) {
     VocabSlice slice = vocab_slice(comm, Vp);
     encoder_forward(out, inp, wte, slice.start == 0 ? wpe : NULL, B, T, C, slice.start, slice.rows);  // wpe once, on rank 0
-    tp_g_forward(comm, out, (size_t)B * T * C);
+    tp_g_forward(comm, tr, out, (size_t)B * T * C);
 }
 
 // dwte (+=) for the ids in our rows only, dwpe (+=) the same on every rank: g's backward needs no

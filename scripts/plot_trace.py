@@ -1,11 +1,13 @@
 #!/usr/bin/python3
 """plot_trace.py: renders a trace written by `train_gpt --trace FILE` as a PNG timeline.
 
-One row per rank and one colored bar per span: forward, backward, send/recv, all-reduce and optimizer.
-Forward and backward bars are labeled with their micro-batch. The gaps in the forward/backward rows
-are the pipeline bubble. Needs matplotlib (Debian package python3-matplotlib).
+Two rows per rank: compute (forward and backward bars labeled with their micro-batch, the optimizer)
+and, below it, communication (pipeline sends and receives, data-parallel reductions, tensor-parallel
+f/g sums, the tied-embedding sum). The gaps in the compute rows are the pipeline bubble; the title
+gives the schedule, P, M and the bubble the run measured next to its ideal (P-1)/(M+P-1). Needs
+matplotlib (Debian package python3-matplotlib).
 
-usage: plot_trace.py TRACE.json OUT.png [--title TEXT] [--step N]
+usage: plot_trace.py TRACE.json -o OUT.png [--title TEXT] [--step N]
   --step N: draw only the N-th traced optimizer step (1-based; default: all traced steps)
 """
 import argparse
@@ -19,6 +21,7 @@ COLORS = {
     "recv": "#C8C8C8",
     "sendrecv": "#B0B0B0",
     "allreduce": "#7FBF7F",
+    "tp": "#E0C050",
     "optimizer": "#B07FD0",
 }
 
@@ -26,7 +29,7 @@ COLORS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("trace")
-    parser.add_argument("out")
+    parser.add_argument("-o", "--out", required=True)
     parser.add_argument("--title", default=None)
     parser.add_argument("--step", type=int, default=0)
     args = parser.parse_args()
@@ -43,7 +46,8 @@ def main():
     except (OSError, ValueError) as e:
         sys.exit(f"cannot read trace '{args.trace}': {e}")
     events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
-    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("ph") == "M"}
+    names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "process_name"}
+    run = next((e["args"] for e in data["traceEvents"] if e.get("name") == "run"), None)
     if not events:
         sys.exit("the trace has no spans")
     if args.step > 0:  # the optimizer spans end the steps: keep what lies between the (N-1)-th and N-th
@@ -55,20 +59,27 @@ def main():
         events = [e for e in events if lo < e["ts"] and e["ts"] + e["dur"] <= hi + 1.0]
     t0 = min(e["ts"] for e in events)
     ranks = sorted({e["pid"] for e in events})
-    fig, ax = plt.subplots(figsize=(12, 0.55 * len(ranks) + 1.4))
-    for row, pid in enumerate(ranks):
-        for e in events:
-            if e["pid"] != pid:
-                continue
-            start, width = (e["ts"] - t0) / 1000.0, e["dur"] / 1000.0
-            ax.barh(row, width, left=start, height=0.7, color=COLORS.get(e["cat"], "#666666"), edgecolor="white", linewidth=0.4)
-            if e["cat"] in ("forward", "backward") and width > 0:
-                ax.text(start + width / 2, row, e["name"].split()[-1], ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(ranks)))
-    ax.set_yticklabels([names.get(p, f"rank {p}") for p in ranks], fontsize=8)
+    fig, ax = plt.subplots(figsize=(12, 0.9 * len(ranks) + 1.4))
+    rows = {}  # (pid, lane) -> y: each rank's compute row, and its communication row just below
+    for i, pid in enumerate(ranks):
+        rows[(pid, 0)], rows[(pid, 1)] = 1.5 * i, 1.5 * i + 0.62
+    for e in events:
+        lane = e.get("tid", 0)
+        y, height = rows[(e["pid"], lane)], 0.7 if lane == 0 else 0.42
+        start, width = (e["ts"] - t0) / 1000.0, e["dur"] / 1000.0
+        ax.barh(y, width, left=start, height=height, color=COLORS.get(e["cat"], "#666666"), edgecolor="white", linewidth=0.4)
+        if e["cat"] in ("forward", "backward") and width > 0:
+            ax.text(start + width / 2, y, e["name"].split()[-1], ha="center", va="center", fontsize=7)
+    ax.set_yticks([rows[k] for k in sorted(rows)])
+    ax.set_yticklabels([names.get(p, f"rank {p}") if lane == 0 else "communication" for p, lane in sorted(rows)], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
-    ax.set_title(args.title or args.trace, fontsize=10)
+    title = args.title or args.trace
+    if run and not args.title:
+        schedule = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(run["schedule"], run["schedule"])
+        title = (f"{schedule}, P={run['P']}, M={run['M']}: bubble measured {100 * run['bubble_measured']:.0f}% "
+                 f"(ideal (P-1)/(M+P-1) = {100 * run['bubble_ideal']:.0f}%)")
+    ax.set_title(title, fontsize=10)
     used = sorted({e["cat"] for e in events})
     ax.legend(handles=[Patch(color=COLORS.get(c, "#666666"), label=c) for c in used], loc="upper center",
               bbox_to_anchor=(0.5, -0.25 if len(ranks) < 4 else -0.12), ncol=len(used), fontsize=8, frameon=False)

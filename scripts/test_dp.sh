@@ -14,8 +14,8 @@
 #      watchdog (--comm-timeout) with one line; a slow checkpoint save waits under --io-timeout instead
 #      --keep-last 1 leaves only the newest checkpoint's files (model and every shard)
 #   4. bad input: a world size that is not dp x tp x pp
-#   5. signals: SIGTERM sent to one rank of two (dp 2, ZeRO-1; a SIGUSR1 to the other right after it) when
-#      step 3 is printed, and SIGINT twice to a single rank, stop the run after the step in progress with a
+#   5. signals: SIGTERM sent to one rank of two (dp 2, ZeRO-1; a SIGUSR1 to the other right after it)
+#      after step 3 (the run waits there for them: --fault-wait-signal 3), and SIGINT twice to a single rank, stop the run after the step in progress with a
 #      checkpoint and exit code 3; the resumed run's losses and final model are bit-identical to an
 #      uninterrupted run's
 #   6. ranks started with different flags, data or checkpoints end together with one line naming the
@@ -164,11 +164,9 @@ rank_pid() {
     done
 }
 # signal_case NAME NP "SIGNAL:RANK ..." ARGS...: an uninterrupted run of SIG_STEPS steps, then one that
-# gets the signals (in order, at once) when it prints step 3, then its resume; all with ARGS. A step takes
-# a few ms here, so SIG_STEPS leaves seconds between step 3 and the end, for the script to find the ranks
-# and signal them on a loaded machine (with 60 steps, 0.3 s). On the emulated GPU build, whose steps take
-# far longer, 60 are enough: SIG_STEPS=60 bash scripts/test_dp.sh build/emu-fp32/train_gpt
-SIG_STEPS=${SIG_STEPS:-400}
+# gets the signals (in order, at once) after step 3, then its resume; all with ARGS. The signalled run
+# waits after step 3 until a signal has come (--fault-wait-signal 3), so the test does not race it.
+SIG_STEPS=20
 signal_case() {
     local name=$1 np=$2 signals=$3 launch=("$BIN") i sr p
     shift 3
@@ -177,21 +175,20 @@ signal_case() {
     rm -rf "$TMP/sig_ck" "$TMP/sig_r.jsonl"
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_u.jsonl" --save-model "$TMP/sig_u.bin" >"$TMP/sig.out" 2>&1 \
         || { echo "  FAIL  $name: the uninterrupted run did not complete (exit $?)"; tail -3 "$TMP/sig.out"; fails=$((fails + 1)); return; }
-    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --checkpoint-dir "$TMP/sig_ck" >"$TMP/sig.out" 2>&1 &
+    timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --checkpoint-dir "$TMP/sig_ck" --fault-wait-signal 3 >"$TMP/sig.out" 2>&1 &
     local job=$!
-    # (tail -f follows the output as it is written, and ends with the run)
-    timeout 60 tail --pid=$job -n +1 -f "$TMP/sig.out" | grep -q -m1 "^step     3/"
+    for i in $(seq 600); do grep -q "^step     3/" "$TMP/sig.out" && break; sleep 0.1; done
     for sr in $signals; do
         p=$(rank_pid $job "${sr#*:}")
-        [ -n "$p" ] && kill -"${sr%:*}" "$p" 2>/dev/null  # (a second signal may come after the run ended)
+        [ -n "$p" ] && kill -"${sr%:*}" "$p"
     done
     wait $job
     local rc=$? stopped
     stopped=$(sed -n 's/^stopped by SIG[A-Z0-9]* after step \([0-9]*\):.*/\1/p' "$TMP/sig.out")
-    if [ $rc -eq 3 ] && [ -n "$stopped" ] && [ "$stopped" -ge 3 ] && [ "$stopped" -lt $SIG_STEPS ] && [ -f "$TMP/sig_ck/model_$(printf %08d "$stopped").bin" ]; then
+    if [ $rc -eq 3 ] && [ "$stopped" = 3 ] && [ -f "$TMP/sig_ck/model_$(printf %08d "$stopped").bin" ]; then
         echo "  ok    $name: exit 3, $(grep '^stopped by' "$TMP/sig.out")"
     else
-        echo "  FAIL  $name: exit $rc (want 3), stopped after step '$stopped'"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return
+        echo "  FAIL  $name: exit $rc (want 3), stopped after step '$stopped' (want 3)"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return
     fi
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --resume "$TMP/sig_ck" --save-model "$TMP/sig_r.bin" >"$TMP/sig.out" 2>&1 \
         || { echo "  FAIL  $name: the resume did not run"; tail -5 "$TMP/sig.out"; fails=$((fails + 1)); return; }

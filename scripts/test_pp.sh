@@ -7,8 +7,9 @@
 #      from the rematerialized work set without waiting for the send gives wrong losses)
 #   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run; resuming
 #      that grid from a checkpoint is bit-exact; so is --fused-kernels 1 (device-side losses) against 0
-#   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans, and the
-#      bubble printed
+#   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans on one
+#      clock (every message ends on its receiver after it began on its sender), communication on a lane
+#      of its own (with dp x tp x pp: DP reductions, TP f/g), and the bubble printed
 #   4. --print-schedule: the GPipe timeline equals the diagram in llmc/pipeline.h, a 1F1B case equals
 #      the messages worked out by hand, every printed send has its receive
 #   5. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
@@ -69,21 +70,55 @@ if cmp -s "$TMP/3ds.bin" "$TMP/3dr.bin"; then echo "  ok    2x2x2 ZeRO-1 resumed
 else echo "  FAIL  2x2x2 ZeRO-1 resumed at step 5: final model differs"; fails=$((fails + 1)); fi
 
 echo "3. trace"
-run 2 --pp 2 --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace.json"
-grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
-if "$PY" - "$TMP/trace.json" <<'PYEOF'
-import json, sys
-events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+# Each rank's spans are on its own clock: they must share one origin (llmc/trace.h), or a receive seems
+# to end before its send began. Every message, "act m" (forward) or "grad m" (backward), the k-th of its
+# name in the traced steps, must end on the receiving stage after it started on the sending stage, in
+# both directions (so a shift of either rank's clock is caught). Lanes: compute (tid 0), communication
+# (tid 1); a 2x2x2 trace has the data-parallel reductions and the tensor-parallel f/g sums on the latter.
+check_trace() {  # NAME TRACE.json PP-ONLY(1|0) STRIDE (ranks from one stage to the next: dp x tp)
+    "$PY" - "$@" <<'PYEOF'
+import collections, json, re, sys
+name, path, pp_only, stride = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+trace = json.load(open(path))["traceEvents"]
+events = [e for e in trace if e.get("ph") == "X"]
+err = {e["pid"]: e["args"]["origin_error_us"] for e in trace if e.get("name") == "clock"}
+bad = [] if len(err) == len({e["pid"] for e in events}) else ["no clock alignment error recorded"]
 cats = {(e["pid"], e["cat"]) for e in events}
 need = {(p, c) for p in (0, 1) for c in ("forward", "backward", "optimizer")}
-need |= {(0, "send"), (1, "recv")}
-missing = need - cats
-print(f"  {'ok  ' if not missing else 'FAIL'}  trace: {len(events)} spans on {len({e['pid'] for e in events})} ranks" + (f", missing {missing}" if missing else ""))
-sys.exit(1 if missing else 0)
+need |= {(0, "send"), (1, "recv")} if pp_only else {(p, c) for p in range(8) for c in ("tp", "allreduce")}
+if need - cats: bad.append(f"missing {sorted(need - cats)}")
+lanes = {e["cat"]: e["tid"] for e in events}
+if any((c in ("forward", "backward", "optimizer")) != (t == 0) for c, t in lanes.items()): bad.append(f"lanes {lanes}")
+sends, recvs = collections.defaultdict(list), collections.defaultdict(list)
+for e in sorted(events, key=lambda e: e["ts"]):
+    for kind, what in re.findall(r"(send|recv) ((?:act|grad) \d+)", e["name"]):
+        (sends if kind == "send" else recvs)[(e["pid"], what)].append(e)
+pairs = 0
+for (pid, what), rs in recvs.items():
+    ss = sends[(pid - stride if what.startswith("act") else pid + stride, what)]  # the previous / next stage
+    if len(ss) != len(rs): bad.append(f"rank {pid}: {len(rs)} receives of '{what}', {len(ss)} sends"); continue
+    for s, r in zip(ss, rs):
+        pairs += 1
+        tol = err[pid] + err[s["pid"]]  # the bound on each rank's origin that the trace states
+        if r["ts"] + r["dur"] + tol < s["ts"]:
+            bad.append(f"'{what}' received by rank {pid} at {r['ts'] + r['dur']:.1f} us, sent by rank {s['pid']} from {s['ts']:.1f} us "
+                       f"(clocks aligned to {tol:.1f} us)")
+if pairs == 0: bad.append("no messages")
+print(f"  {'ok  ' if not bad else 'FAIL'}  trace {name}: {len(events)} spans on {len({e['pid'] for e in events})} ranks, "
+      f"{pairs} messages, each received after it was sent (clocks aligned to {max(err.values(), default=0):.1f} us)" + ("".join("\n        " + b for b in bad[:5]) if bad else ""))
+sys.exit(1 if bad else 0)
 PYEOF
-then :; else fails=$((fails + 1)); fi
+}
+for S in gpipe 1f1b; do
+    run 2 --pp 2 --schedule $S --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_$S.json"
+    grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
+    check_trace "pp=2 $S" "$TMP/trace_$S.json" 1 1 || fails=$((fails + 1))
+done
+run 8 --dp 2 --tp 2 --pp 2 --schedule 1f1b --batch-size 4 --micro-batches 4 --steps 3 --trace "$TMP/trace3d.json"
+check_trace "2x2x2 1f1b" "$TMP/trace3d.json" 0 4 || fails=$((fails + 1))
+cp "$TMP/trace_gpipe.json" "$TMP/trace.json"
 if "$PY" -c "import matplotlib" 2>/dev/null; then
-    if "$PY" "$(dirname "$0")/plot_trace.py" "$TMP/trace.json" "$TMP/trace.png" >/dev/null && [ -s "$TMP/trace.png" ]; then echo "  ok    plot_trace.py rendered a PNG"
+    if "$PY" "$(dirname "$0")/plot_trace.py" "$TMP/trace.json" -o "$TMP/trace.png" >/dev/null && [ -s "$TMP/trace.png" ]; then echo "  ok    plot_trace.py rendered a PNG"
     else echo "  FAIL  plot_trace.py"; fails=$((fails + 1)); fi
 fi
 

@@ -1,0 +1,124 @@
+/*
+ * trace.h: --trace FILE, a Chrome/Perfetto timeline of a few training steps, one process per rank and
+ * two lanes in each: "compute" (forward, backward, optimizer) and "communication" (pipeline sends and
+ * receives, data-parallel reductions per gradient bucket, tensor-parallel f/g sums, the tied-embedding
+ * sum). A learner sees there where a rank waits (the pipeline bubble, a receive that blocks) and whether
+ * communication overlaps compute. scripts/plot_trace.py draws the file; ui.perfetto.dev opens it.
+ *
+ * Every rank records its own spans and writes them to FILE.rank<r>; rank 0 merges the parts. The ranks'
+ * timestamps must share one origin, or a receive seems to end before its send began: each rank's clock
+ * is compared with rank 0's (trace_align_clocks, below), so the origin is the same instant on every rank,
+ * whatever each rank's clock reads and however late each rank got there.
+ */
+#pragma once
+
+#include "comm.h"
+#include "device.h"
+
+typedef enum { LANE_COMPUTE = 0, LANE_COMMUNICATION = 1 } TraceLane;
+
+typedef struct {
+    char name[40];
+    const char* cat;  // forward | backward | optimizer  |  send | recv | sendrecv | allreduce | tp
+    double start_us, dur_us;
+} TraceEvent;
+
+typedef struct {
+    int enabled;  // recording now
+    int n, cap;
+    TraceEvent* events;
+    double origin;        // this rank's wall_seconds() at the instant that is time 0 on every rank
+    double origin_error;  // at most this far (seconds) from that instant (trace_align_clocks' bound)
+    double busy_s;        // forward + backward time in the traced steps
+    double pipeline_s;    // wall time of the traced steps' pipelines (first forward to last backward)
+} Tracer;
+
+static TraceLane trace_lane(const char* cat) {
+    return strcmp(cat, "forward") == 0 || strcmp(cat, "backward") == 0 || strcmp(cat, "optimizer") == 0 ? LANE_COMPUTE
+                                                                                                           : LANE_COMMUNICATION;
+}
+
+static double trace_now_us(const Tracer* tr) { return tr ? (wall_seconds() - tr->origin) * 1e6 : 0.0; }
+
+// Records a span from start_us to now. The GPU is synchronized first, so that a span is the time its
+// work took, not the time to queue it (tracing slows a run down a little; it is for looking at).
+// micro >= 0 is appended to the name ("F 3").
+static void trace_add(Tracer* tr, const char* cat, const char* name, int micro, double start_us) {
+    if (tr == NULL || !tr->enabled) return;
+    device_synchronize();
+    if (tr->n == tr->cap) {
+        tr->cap = tr->cap ? 2 * tr->cap : 1024;
+        tr->events = (TraceEvent*)realloc_check(tr->events, tr->cap * sizeof(TraceEvent));
+    }
+    TraceEvent* e = &tr->events[tr->n++];
+    if (micro >= 0) snprintf(e->name, sizeof(e->name), "%s %d", name, micro);
+    else snprintf(e->name, sizeof(e->name), "%s", name);
+    e->cat = cat;
+    e->start_us = start_us;
+    e->dur_us = trace_now_us(tr) - start_us;
+    if (strcmp(cat, "forward") == 0 || strcmp(cat, "backward") == 0) tr->busy_s += e->dur_us * 1e-6;
+}
+
+// Collective over the world, at set-up: sets tr->origin on every rank to one instant, rank 0's clock
+// reading at the last of a few rounds. Each round, rank 0 reads its clock t0 and all-reduces it (the
+// others add 0). On rank r, whose clock reads `enter` before and `leave` after each round: rank 0 read
+// t0 before it entered this round, which ends on rank r only after that (so t0 happened before `leave`),
+// and after it left the previous round, which it could leave only after rank r entered it (so after the
+// previous round's `enter`). Rank r's clock at the instant rank 0 read t0 therefore lies between those
+// two readings; the rounds' intervals are intersected and the middle taken, so the error is at most half
+// the intersection's width (kept in origin_error and written into the trace): microseconds on a quiet
+// machine, more where ranks share busy cores; whatever each node's clock reads.
+static void trace_align_clocks(Tracer* tr, Comm* comm) {
+    double lo = -INFINITY, hi = INFINITY, prev_enter = -INFINITY, t0 = 0.0;
+    for (int round = 0; round < 16; round++) {
+        double enter = wall_seconds();
+        t0 = comm->world_rank == 0 ? enter : 0.0;
+        comm_all_reduce_host(comm, &comm->world, &t0, 1, REDUCE_SUM);
+        double leave = wall_seconds();
+        lo = fmax(lo, prev_enter - t0);  // bounds on (this rank's clock - rank 0's clock)
+        hi = fmin(hi, leave - t0);
+        prev_enter = enter;
+    }
+    tr->origin = comm->world_rank == 0 ? t0 : t0 + 0.5 * (lo + hi);
+    tr->origin_error = comm->world_rank == 0 ? 0.0 : 0.5 * fabs(hi - lo);
+}
+
+// writes this rank's events as a JSON fragment to <path>.rank<r>
+static void trace_write_rank(const Tracer* tr, const char* path, int rank, const char* label) {
+    char part[4200];
+    snprintf(part, sizeof(part), "%s.rank%d", path, rank);
+    FILE* f = fopen_check(part, "w");
+    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"%s\"}}", rank, label);
+    fprintf(f, ",\n{\"name\": \"clock\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"origin_error_us\": %.1f}}", rank,
+            tr->origin_error * 1e6 + 0.1);  // (+ the timestamps' rounding)
+    const char* lanes[2] = {"compute", "communication"};
+    for (int lane = 0; lane < 2; lane++)
+        fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}", rank, lane,
+                lanes[lane]);
+    for (int i = 0; i < tr->n; i++) {
+        const TraceEvent* e = &tr->events[i];
+        fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.1f, \"dur\": %.1f, \"pid\": %d, \"tid\": %d}", e->name,
+                e->cat, e->start_us, e->dur_us, rank, (int)trace_lane(e->cat));
+    }
+    if (fclose(f) != 0) fatal("cannot write '%s'", part);
+}
+
+// rank 0, after every rank wrote its part: one {"traceEvents": [...]} file, the parts removed, ending
+// with a "run" record (run_args: a JSON object describing the run)
+static void trace_merge(const char* path, int world_size, const char* run_args) {
+    FILE* out = fopen_check(path, "w");
+    fprintf(out, "{\"traceEvents\": [\n");
+    for (int r = 0; r < world_size; r++) {
+        char part[4200];
+        snprintf(part, sizeof(part), "%s.rank%d", path, r);
+        FILE* f = fopen_check(part, "r");
+        char buf[65536];
+        size_t got;
+        if (r > 0) fprintf(out, ",\n");
+        while ((got = fread(buf, 1, sizeof(buf), f)) > 0) fwrite_check(buf, 1, got, out, path);
+        fclose(f);
+        remove(part);
+    }
+    fprintf(out, ",\n{\"name\": \"run\", \"ph\": \"M\", \"pid\": 0, \"args\": %s}\n]}\n", run_args);
+    if (fclose(out) != 0) fatal("cannot write '%s'", path);
+}
