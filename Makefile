@@ -103,13 +103,15 @@ references: build/ref/ref_small_debug.bin
 build/ref/ref_small_debug.bin: scripts/gpt2_reference.py
 	$(PYTHON) scripts/gpt2_reference.py --out-dir build/ref
 
-ifeq ($(HAVE_GPU),1)
-train: build/gpu-$(PRECISION_LC)/train_gpt
-	./build/gpu-$(PRECISION_LC)/train_gpt $(TRAIN_FLAGS)
-else
-train: build/cpu/train_gpt
-	./build/cpu/train_gpt $(TRAIN_FLAGS)
-endif
+# the main job, then three things to try next
+TRAIN_BIN = $(if $(HAVE_GPU),build/gpu-$(PRECISION_LC)/train_gpt,build/cpu/train_gpt)
+train: $(TRAIN_BIN)
+	./$(TRAIN_BIN) $(TRAIN_FLAGS)
+	@echo ""
+	@echo "next:"
+	@echo "  make deps && make test     # every test this machine can run (README.md lists them)"
+	@echo "  ./$(TRAIN_BIN) --print-schedule --pp 4 --batch-size 8 --micro-batches 8 --schedule 1f1b   # a pipeline schedule, drawn"
+	@echo "  ./$(TRAIN_BIN) --steps 40 --log run.jsonl --val-every 10 && scripts/plot_log.py run.jsonl -o curves.png   # training curves"
 
 deps:
 	bash scripts/install_deps.sh

@@ -2140,11 +2140,18 @@ static void print_run_summary(const Training* run) {
     }
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
+#ifdef LLMC_CPU
+        size_t scratch = cpu_kernel_scratch(c, &model->place, model->last, tc->B, tc->T);
+#else
+        size_t scratch = gpu_kernel_scratch(c, &model->place, tc->B, tc->T, sizeof(floatX), &model->kernels);
+#endif
+        size_t total = model->bytes_params + model->bytes_grads + model->bytes_optimizer + model->bytes_activations +
+                       model->bytes_workspace + model->bytes_comm + scratch;
         printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
-               "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f\n",
+               "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
                comm->pp_rank, model->place.l0, model->place.l1 - 1, model->bytes_params / 1048576.0, model->bytes_grads / 1048576.0,
                model->bytes_optimizer / 1048576.0, model->bytes_activations / 1048576.0, model->n_slots, model->n_slots > 1 ? "s" : "",
-               model->bytes_workspace / 1048576.0, model->bytes_comm / 1048576.0);
+               model->bytes_workspace / 1048576.0, model->bytes_comm / 1048576.0, scratch / 1048576.0, total / 1048576.0);
     }
 }
 

@@ -167,5 +167,8 @@ static void pipeline_print_schedule(Schedule sched, int P, int M) {
         print_messages(pending, pending_peer, 0, -1);
         printf("\n");
     }
+    // the bubble: every stage is busy 3M of the step's `width` slots (a forward 1, a backward 2)
+    printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(M+P-1) = %.1f%%\n", width - 3 * M, width,
+           100.0 * (width - 3 * M) / width, 100.0 * (P - 1) / (M + P - 1));
     free(acts), free(slots), free(f_end), free(b_end), free(start), free(next), free(free_at);
 }

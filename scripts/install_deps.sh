@@ -66,7 +66,8 @@ PYEOF
     fi
     [ -r "$DEVIL" ] || MISSING+=("dict-devil|The Devil's Dictionary, $DEVIL")
     if ! command -v clang++ >/dev/null 2>&1; then
-        MISSING+=("clang|clang++ (command, for fuzz/)")
+        # (the runtimes are only Recommended by clang's packages, which make deps does not install)
+        MISSING+=("clang|clang++ (command, for fuzz/)" "libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for fuzz/)")
     elif [ ! -f "$(clang++ -print-file-name="libclang_rt.fuzzer-$(uname -m).a")" ]; then
         MISSING+=("libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for fuzz/)")
     fi

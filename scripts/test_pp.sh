@@ -11,7 +11,8 @@
 #      clock (every message ends on its receiver after it began on its sender), communication on a lane
 #      of its own (with dp x tp x pp: DP reductions, TP f/g), and the bubble printed
 #   4. --print-schedule: the GPipe timeline equals the diagram in llmc/pipeline.h, a 1F1B case equals
-#      the messages worked out by hand, every printed send has its receive
+#      the messages worked out by hand, every printed send has its receive, the bubble line gives
+#      3(P-1) idle slots of 3(M+P-1)
 #   5. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
 #      the micro-batches, ZeRO-2 with pipelining
 # usage: scripts/test_pp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
@@ -174,6 +175,17 @@ sys.exit(0 if sent and sent == recv and max(sent.values()) == 1 else 1)
 PYEOF
 done; done; done
 [ $fails -eq $before ] && echo "  ok    every printed send has its receive: gpipe and 1f1b, P 2..4, M 1, 4, 7"
+
+# the closing bubble line: with a forward one slot and a backward two, both schedules leave every
+# stage idle 3(P-1) of 3(M+P-1) slots
+for c in gpipe:2:4 1f1b:4:8 gpipe:3:1 1f1b:3:7; do
+    IFS=: read -r S P M <<< "$c"
+    got=$("$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule $S | tail -n 1)
+    pct=$(awk -v p="$P" -v m="$M" 'BEGIN { printf "%.1f", 100 * (p - 1) / (m + p - 1) }')
+    want="bubble: every stage is idle $((3 * (P - 1))) of the step's $((3 * (M + P - 1))) slots, $pct%; (P-1)/(M+P-1) = $pct%"
+    if [ "$got" = "$want" ]; then echo "  ok    $S P=$P M=$M: $got"
+    else echo "  FAIL  $S P=$P M=$M: '$got', want '$want'"; fails=$((fails + 1)); fi
+done
 
 echo "5. bad configurations"
 expect_mpi_error "more stages than layers" "more pipeline stages than the 5 layers" 6 "$BIN" "${COMMON[@]}" --pp 6 --batch-size 2

@@ -52,6 +52,14 @@ ci_command=$(grep -v '^\s*#\|^\s*$\|^set \|^cd ' .ci/run | tail -n 1)
 grep -q "^$ci_command\( \|$\)" README.md || { echo "test_readme: FAILED: .ci/run runs '$ci_command', which README.md does not show"; exit 1; }
 echo "ok: .ci/run runs the README's test command: $ci_command"
 
+# README's list of what `make test` runs names every test script and make target that run_tests.sh runs
+listed=$(awk '/^`make test` runs `scripts\/run_tests.sh`/ { inside = 1 } /^## Build/ { inside = 0 } inside' README.md)
+while read -r t; do
+    grep -qF -- "$t" <<< "$listed" \
+        || { echo "test_readme: FAILED: scripts/run_tests.sh runs '$t', which README's list of what make test runs does not name"; exit 1; }
+done < <(grep -o 'scripts/[a-z_0-9]*\.\(sh\|py\)\|fuzz/run\.sh\|make -C dev/cuda \(-j2 \)\?[a-z][a-z]*' scripts/run_tests.sh | sed 's/-j2 //' | sort -u)
+echo "ok: README's list of what make test runs names every script it runs"
+
 as_root=$(grep -m1 '^export OMPI_ALLOW_RUN_AS_ROOT=' README.md) || { echo "test_readme: FAILED: README's note for root (export OMPI_ALLOW_RUN_AS_ROOT=...) is missing"; exit 1; }
 if [ "$(id -u)" -eq 0 ]; then
     eval "$as_root"

@@ -32,6 +32,10 @@ __global__ void adamw_float4_kernel(float* master, const float* grad, float* m, 
     }
 }
 
+static const int NV = 2;
+static const char* version_names[NV + 1] = {"", "one thread per parameter (llmc)",
+                                            "float4: one thread per 4 parameters"};
+
 static void run_version(int ver, float* master, const float* grad, float* m, float* v, size_t n, AdamWArgs a) {
     switch (ver) {
         case 1: adamw_update(master, NULL, grad, m, v, n, a); break;
@@ -45,8 +49,7 @@ static void run_version(int ver, float* master, const float* grad, float* m, flo
 }
 
 int main(int argc, char** argv) {
-    const int NV = 2;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const size_t n = EMULATED ? 124475904 / 16 : 124475904;  // GPT-2 124M with the vocabulary padded to 50304
     printf("adamw: %zu parameters\n", n);
     bench_init();
@@ -66,7 +69,7 @@ int main(int argc, char** argv) {
     const double bytes = 7.0 * n * sizeof(float);
     for (int ver = 1; ver <= NV; ver++) {
         if (!version_selected(selected, ver)) continue;
-        printf("version %d\n", ver);
+        printf("version %d: %s\n", ver, version_names[ver]);
         dev_set(d_master, master, n), dev_set(d_m, m, n), dev_set(d_v, v, n);
         run_version(ver, d_master, d_grad, d_m, d_v, n, a);
         check_close("master", d_master, master_ref, n, 1e-7, 1e-5);

@@ -413,7 +413,7 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
 }
 
 int main(int argc, char** argv) {
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     printf("attention_backward\n");
     bench_init();
     cudaCheck(cudaFuncSetAttribute(flash_backward_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)FLASH_BWD_SMEM));

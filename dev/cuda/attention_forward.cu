@@ -362,7 +362,7 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
 }
 
 int main(int argc, char** argv) {
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     printf("attention_forward\n");
     bench_init();
     cudaCheck(cudaFuncSetAttribute(flash_forward_simple_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * 64 * 64 * (int)sizeof(float)));

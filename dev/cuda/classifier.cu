@@ -75,6 +75,11 @@ __global__ void __launch_bounds__(CLS2_THREADS) classifier_float4_kernel(float* 
     }
 }
 
+static const int NV = 3;
+static const char* version_names[NV + 1] = {"", "block of 512 per row, online softmax (llmc)",
+                                            "float4: block of 1024 per row",
+                                            "Pack128, block of 1024 per row (--fused-kernels)"};
+
 static void run_version(int v, float* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
     switch (v) {
         case 1: classifier_forward_backward(logits, losses, targets, dloss, N, V, Vp, 0); break;
@@ -88,8 +93,7 @@ static void run_version(int v, float* logits, float* losses, const int* targets,
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = EMULATED ? 1 : 8, T = 1024, V = 50257, Vp = 50304, N = B * T;
     size_t n = (size_t)N * Vp;
     printf("classifier: B=%d T=%d V=%d (padded %d)\n", B, T, V, Vp);
@@ -109,7 +113,7 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * n * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         dev_set(d_logits, logits, n);
         cudaCheck(cudaMemset(d_losses, 0xff, N * sizeof(float)));
         run_version(v, d_logits, d_losses, d_targets, dloss, N, V, Vp);

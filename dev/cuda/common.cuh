@@ -36,14 +36,16 @@ static const bool EMULATED = false;
 // ----------------------------------------------------------------------------------------------------
 // command line
 
-// 0 = run every version, else the version asked for (1-based)
-static int parse_version(int argc, char** argv, int num_versions) {
+// 0 = run every version, else the version asked for (1-based); names[v] says what version v is
+// (names[0] unused), for the usage message
+static int parse_version(int argc, char** argv, int num_versions, const char* const* names) {
     device_require_gpu();  // every kernel's main starts here: a clear error without a GPU or driver
     if (argc < 2) return 0;
     char* end = NULL;
     long v = strtol(argv[1], &end, 10);
     if (end == argv[1] || *end != '\0' || v < 1 || v > num_versions) {
         fprintf(stderr, "usage: %s [version]   (version 1..%d; no argument runs all)\n", argv[0], num_versions);
+        for (int i = 1; i <= num_versions; i++) fprintf(stderr, "  %d  %s\n", i, names[i]);
         exit(2);
     }
     return (int)v;
@@ -256,15 +258,16 @@ static void print_bandwidth(const char* name, float ms, double bytes) {
     printf("  %-28s %9.4f ms/call  %8.1f GB/s  (%5.1f%% of copy bandwidth)\n", name, ms, gbs, 100.0 * gbs / g_copy_gbs);
 }
 
-// compute-bound
 // The loop of the elementwise kernels: each selected version runs once on a cleared output `out_name`
-// (n floats), is checked against ref and timed (GB/s for `bytes` moved per call). run(v) runs version v.
+// (n floats), is checked against ref and timed (GB/s for `bytes` moved per call). run(v) runs version v;
+// names[v] is printed with its results.
 template <typename Run>
-static void check_and_time_versions(const char* kernel, const char* out_name, int num_versions, int selected, float* d_out,
-                                    const float* ref, size_t n, double atol, double rtol, double bytes, Run run) {
+static void check_and_time_versions(const char* kernel, const char* out_name, int num_versions, const char* const* names,
+                                    int selected, float* d_out, const float* ref, size_t n, double atol, double rtol,
+                                    double bytes, Run run) {
     for (int v = 1; v <= num_versions; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, names[v]);
         cudaCheck(cudaMemset(d_out, 0, n * sizeof(float)));
         run(v);
         check_close(out_name, d_out, ref, n, atol, rtol);
@@ -272,6 +275,7 @@ static void check_and_time_versions(const char* kernel, const char* out_name, in
     }
 }
 
+// compute-bound
 static void print_flops(const char* name, float ms, double flops) {
     if (ms != ms) return;  // not timed (emulated)
     printf("  %-28s %9.4f ms/call  %8.2f TFLOP/s\n", name, ms, flops / (ms * 1e-3) / 1e12);

@@ -80,6 +80,10 @@ struct Grouping {  // positions grouped by token, on the device (version 3)
 
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's grouping (its model owns one)
 
+static const int NV = 3;
+static const char* version_names[NV + 1] = {"", "grouped by token on the host, deterministic (llmc)",
+                                            "atomicAdd: not deterministic", "grouping prepared once, float4 kernels"};
+
 static void run_version(int v, float* dwte, float* dwpe, const float* dout, const int* d_inp, const int* inp, const Grouping& g,
                         int B, int T, int C, int Vp) {
     switch (v) {
@@ -100,8 +104,7 @@ static void run_version(int v, float* dwte, float* dwpe, const float* dout, cons
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = 8, T = 1024, C = 768, V = 50257, Vp = 50304, BT = B * T;
     size_t n = (size_t)BT * C, n_wte = (size_t)Vp * C, n_wpe = (size_t)T * C;
     printf("encoder_backward: B=%d T=%d C=%d V=%d (padded %d)\n", B, T, C, V, Vp);
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
     const double bytes = ((double)n + 2.0 * g.n_unique * C + 2.0 * n_wpe) * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         dev_set(d_dwte, dwte0, n_wte), dev_set(d_dwpe, dwpe0, n_wpe);
         run_version(v, d_dwte, d_dwpe, d_dout, d_inp, inp, g, B, T, C, Vp);
         check_close("dwte", d_dwte, dwte_ref, n_wte, 1e-5, 1e-5);

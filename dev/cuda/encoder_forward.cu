@@ -56,6 +56,10 @@ __global__ void encoder_forward_warp_kernel(float* out, const int* inp, const fl
     }
 }
 
+static const int NV = 3;
+static const char* version_names[NV + 1] = {"", "one thread per element (llmc)", "float4: one thread per 4 channels",
+                                            "float4: warp per position, streaming stores"};
+
 static void run_version(int v, float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C, int Vp) {
     switch (v) {
         case 1: encoder_forward(out, inp, wte, wpe, B, T, C, 0, Vp); break;
@@ -68,8 +72,7 @@ static void run_version(int v, float* out, const int* inp, const float* wte, con
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = 8, T = 1024, C = 768, V = 50257, Vp = 50304;
     size_t n = (size_t)B * T * C;
     printf("encoder_forward: B=%d T=%d C=%d V=%d (padded %d)\n", B, T, C, V, Vp);
@@ -87,7 +90,7 @@ int main(int argc, char** argv) {
     const double bytes = (2.0 * n + (double)T * C) * sizeof(float) + (double)B * T * sizeof(int);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         cudaCheck(cudaMemset(d_out, 0xff, n * sizeof(float)));
         run_version(v, d_out, d_inp, d_wte, d_wpe, B, T, C, Vp);
         check_close("out", d_out, ref, n, 1e-6, 1e-6);

@@ -49,6 +49,11 @@ __global__ void gelu_backward_stream_kernel(float* dinp, const float* inp, const
     }
 }
 
+static const int NV = 4;
+static const char* version_names[NV + 1] = {"", "one thread per element (llmc)", "float4: one thread per 4 elements",
+                                            "float4 x2 per thread, streaming hints",
+                                            "Pack128 per thread (--fused-kernels)"};
+
 static void run_version(int v, float* dinp, const float* inp, const float* dout, size_t n) {
     const int block = 256;
     switch (v) {
@@ -70,8 +75,7 @@ static void run_version(int v, float* dinp, const float* inp, const float* dout,
 }
 
 int main(int argc, char** argv) {
-    const int NV = 4;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = 8, T = 1024, C = 768;
     size_t n = (size_t)B * T * 4 * C;
     printf("gelu_backward: B=%d T=%d 4C=%d (n=%zu)\n", B, T, 4 * C, n);
@@ -84,7 +88,7 @@ int main(int argc, char** argv) {
 
     float *d_inp = dev_upload(inp, n), *d_dout = dev_upload(dout, n), *d_dinp = dev_alloc<float>(n);
     const double bytes = 3.0 * n * sizeof(float);
-    check_and_time_versions("gelu_backward", "dinp", NV, selected, d_dinp, ref, n, 1e-6, 1e-5, bytes,
+    check_and_time_versions("gelu_backward", "dinp", NV, version_names, selected, d_dinp, ref, n, 1e-6, 1e-5, bytes,
                             [&](int v) { run_version(v, d_dinp, d_inp, d_dout, n); });
     cudaCheck(cudaFree(d_inp));
     cudaCheck(cudaFree(d_dout));

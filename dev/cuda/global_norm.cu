@@ -50,9 +50,12 @@ __global__ void sum_partials_kernel(double* out, const float* partial, int count
     if (threadIdx.x == 0) *out = s;
 }
 
+static const int NV = 2;
+static const char* version_names[NV + 1] = {"", "float partials summed on the host (llmc)",
+                                            "float4: partials summed in double on device"};
+
 int main(int argc, char** argv) {
-    const int NV = 2;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const size_t n = 124475904;  // GPT-2 124M parameters (vocabulary padded to 50304)
     printf("global_norm: %zu floats\n", n);
     bench_init();
@@ -65,7 +68,7 @@ int main(int argc, char** argv) {
     const double bytes = (double)n * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         if (v == 1) {
             double got = 0.0;
             Scratch scratch = {NULL, 0};  // the launcher's partial sums (the trainer's model owns one)

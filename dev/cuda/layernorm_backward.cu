@@ -125,6 +125,11 @@ static void launch_fused(float* dinp, float* partial, const float* dout, const f
 
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's partial sums (its model owns one)
 
+static const int NV = 3;
+static const char* version_names[NV + 1] = {"", "3 kernels, inputs read twice (llmc)",
+                                            "fused one pass, sums in registers",
+                                            "fused one pass, sums in shared (--fused-kernels)"};
+
 // runs version v; false when it cannot run at this shape (then there is nothing to check)
 static bool run_version(int v, float* dinp, float* dw, float* db, float* partial, const float* dout, const float* inp,
                         const float* w, const float* mean, const float* rstd, int N, int C) {
@@ -160,7 +165,7 @@ static bool run_version(int v, float* dinp, float* dw, float* db, float* partial
 }
 
 // Checks every selected version at (N, C) against the CPU reference; times them if `timed`.
-static void run_shape(int selected, int NV, int N, int C, bool timed) {
+static void run_shape(int selected, int N, int C, bool timed) {
     size_t n = (size_t)N * C;
     printf("N=%d C=%d%s\n", N, C, timed ? "" : " (check only)");
     float* inp = make_random_normal(n, 31, 1.0f);
@@ -183,7 +188,7 @@ static void run_shape(int selected, int NV, int N, int C, bool timed) {
     const double bytes = 4.0 * n * sizeof(float) + 2.0 * N * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         dev_set(d_dinp, dinp0, n), dev_set(d_dw, dw0, C), dev_set(d_db, db0, C);
         if (!run_version(v, d_dinp, d_dw, d_db, d_partial, d_dout, d_inp, d_w, d_mean, d_rstd, N, C)) continue;
         check_close("dinp", d_dinp, dinp_ref, n, 1e-4, 1e-4);
@@ -202,12 +207,11 @@ static void run_shape(int selected, int NV, int N, int C, bool timed) {
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     printf("layernorm_backward\n");
     bench_init();
-    run_shape(selected, NV, 16 * 1024, 768, true);  // GPT-2 124M, B=16 T=1024
-    run_shape(selected, NV, 37, 772, false);        // odd: fewer rows than warps of one grid, C % 128 != 0
-    run_shape(selected, NV, 2000, 1600, false);     // GPT-2 1.5B's C: the fused kernel needs > 48 KiB shared
+    run_shape(selected, 16 * 1024, 768, true);  // GPT-2 124M, B=16 T=1024
+    run_shape(selected, 37, 772, false);        // odd: fewer rows than warps of one grid, C % 128 != 0
+    run_shape(selected, 2000, 1600, false);     // GPT-2 1.5B's C: the fused kernel needs > 48 KiB shared
     return finish();
 }

@@ -92,6 +92,11 @@ static void launch_reg(float* out, float* mean, float* rstd, const float* inp, c
     layernorm_forward_reg_kernel<VPL><<<ceil_div(N, 8), 256, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C);
 }
 
+static const int NV = 4;
+static const char* version_names[NV + 1] = {"", "naive: one thread per row", "warp per row, 3 passes (llmc)",
+                                            "warp per row, row in registers, float4",
+                                            "warp per row, Pack128 (--fused-kernels)"};
+
 static void run_version(int v, float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N, int C) {
     switch (v) {
         case 1: layernorm_forward_naive_kernel<<<ceil_div(N, 128), 128, 0, main_stream>>>(out, mean, rstd, inp, w, b, N, C); break;
@@ -118,8 +123,7 @@ static void run_version(int v, float* out, float* mean, float* rstd, const float
 }
 
 int main(int argc, char** argv) {
-    const int NV = 4;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = 8, T = 1024, C = 768, N = B * T;
     size_t n = (size_t)N * C;
     printf("layernorm_forward: B=%d T=%d C=%d\n", B, T, C);
@@ -139,7 +143,7 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * n * sizeof(float) + 2.0 * N * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         cudaCheck(cudaMemset(d_out, 0xff, n * sizeof(float)));
         cudaCheck(cudaMemset(d_mean, 0xff, N * sizeof(float)));
         cudaCheck(cudaMemset(d_rstd, 0xff, N * sizeof(float)));

@@ -74,6 +74,10 @@ __global__ void bias_backward_float4_finish_kernel(float* dbias, const float* pa
     dbias[o] += s;
 }
 
+static const int NV = 4;
+static const char* version_names[NV + 1] = {"", "naive: one thread per column", "32x8 blocks, 64 row chunks (llmc)",
+                                            "float4: 128 row chunks", "Pack128, 128 row chunks (--fused-kernels)"};
+
 static void run_version(int v, float* dbias, float* partial, const float* dout, int N, int OC) {
     switch (v) {
         case 1: bias_backward_naive_kernel<<<ceil_div(OC, 128), 128, 0, main_stream>>>(dbias, dout, N, OC); break;
@@ -99,8 +103,7 @@ static void run_version(int v, float* dbias, float* partial, const float* dout, 
 }
 
 int main(int argc, char** argv) {
-    const int NV = 4;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = 8, T = 1024, N = B * T;
     const int OCs[3] = {768, 2304, 3072};
     printf("matmul_bias_backward: N=B*T=%d\n", N);
@@ -121,7 +124,7 @@ int main(int argc, char** argv) {
         float* d_partial = dev_alloc<float>((size_t)max_chunks * OC);
         for (int v = 1; v <= NV; v++) {
             if (!version_selected(selected, v)) continue;
-            printf("version %d\n", v);
+            printf("version %d: %s\n", v, version_names[v]);
             dev_set(d_dbias, dbias0, OC);
             run_version(v, d_dbias, d_partial, d_dout, N, OC);
             check_close("dbias", d_dbias, ref, OC, 1e-3, 1e-4);

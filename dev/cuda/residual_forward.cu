@@ -48,6 +48,10 @@ __global__ void residual_forward_stream_kernel(float* out, const float* a, const
     }
 }
 
+static const int NV = 3;
+static const char* version_names[NV + 1] = {"", "one thread per element (llmc)", "float4: one thread per 4 elements",
+                                            "float4 x2 per thread, streaming hints"};
+
 static void run_version(int v, float* out, const float* a, const float* b, size_t n) {
     const int block = 256;
     switch (v) {
@@ -65,8 +69,7 @@ static void run_version(int v, float* out, const float* a, const float* b, size_
 }
 
 int main(int argc, char** argv) {
-    const int NV = 3;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     const int B = 8, T = 1024, C = 768;
     size_t n = (size_t)B * T * C;
     printf("residual_forward: B=%d T=%d C=%d (n=%zu)\n", B, T, C, n);
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
 
     float *d_a = dev_upload(a, n), *d_b = dev_upload(b, n), *d_out = dev_alloc<float>(n);
     const double bytes = 3.0 * n * sizeof(float);
-    check_and_time_versions("residual_forward", "out", NV, selected, d_out, ref, n, 1e-6, 1e-6, bytes,
+    check_and_time_versions("residual_forward", "out", NV, version_names, selected, d_out, ref, n, 1e-6, 1e-6, bytes,
                             [&](int v) { run_version(v, d_out, d_a, d_b, n); });
     cudaCheck(cudaFree(d_a));
     cudaCheck(cudaFree(d_b));

@@ -20,6 +20,10 @@
 #include "common.cuh"
 #include "../../llmc/layernorm.h"
 
+static const int NV = 2;
+static const char* version_names[NV + 1] = {"", "residual then layernorm, 2 kernels (llmc)",
+                                            "fused one pass, Pack128 (--fused-kernels)"};
+
 static void run_version(int v, float* res, float* out, float* mean, float* rstd, const float* a, const float* b,
                         const float* w, const float* bias, int N, int C) {
     switch (v) {
@@ -35,7 +39,7 @@ static void run_version(int v, float* res, float* out, float* mean, float* rstd,
     cudaCheck(cudaGetLastError());
 }
 
-static void run_shape(int selected, int NV, int N, int C, bool timed) {
+static void run_shape(int selected, int N, int C, bool timed) {
     size_t n = (size_t)N * C;
     printf("N=%d C=%d%s\n", N, C, timed ? "" : " (check only)");
     float* a = make_random_normal(n, 71, 1.0f);
@@ -54,7 +58,7 @@ static void run_shape(int selected, int NV, int N, int C, bool timed) {
     const double bytes = 4.0 * n * sizeof(float) + 2.0 * N * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
-        printf("version %d\n", v);
+        printf("version %d: %s\n", v, version_names[v]);
         cudaCheck(cudaMemset(d_res, 0xff, n * sizeof(float)));
         cudaCheck(cudaMemset(d_out, 0xff, n * sizeof(float)));
         cudaCheck(cudaMemset(d_mean, 0xff, N * sizeof(float)));
@@ -74,11 +78,10 @@ static void run_shape(int selected, int NV, int N, int C, bool timed) {
 }
 
 int main(int argc, char** argv) {
-    const int NV = 2;
-    int selected = parse_version(argc, argv, NV);
+    int selected = parse_version(argc, argv, NV, version_names);
     printf("residual_layernorm_forward\n");
     bench_init();
-    run_shape(selected, NV, 16 * 1024, 768, true);  // GPT-2 124M, B=16 T=1024
-    run_shape(selected, NV, 37, 772, false);
+    run_shape(selected, 16 * 1024, 768, true);  // GPT-2 124M, B=16 T=1024
+    run_shape(selected, 37, 772, false);
     return finish();
 }
