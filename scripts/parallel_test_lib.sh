@@ -7,6 +7,7 @@
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
 #                          1e-5 relative norm
 #   expect_mpi_error NAME PATTERN NP ARGS...   a bad configuration ends every rank with PATTERN
+#   children_of PID        the child processes of PID
 # Every run uses the MPI engine's strict mode (LLMC_COMM_STRICT=1, llmc/comm.h): sends and collectives
 # read their buffers only at the join, as NCCL may, so a buffer reused before its communication was
 # waited for gives wrong losses here rather than only on GPUs.
@@ -72,4 +73,8 @@ expect_mpi_error() {
     else
         echo "  FAIL  $name: exit $rc"; tail -3 "$TMP/bad.out"; fails=$((fails + 1))
     fi
+}
+
+children_of() {  # PID: its child processes, read from /proc (procps' pgrep may be missing on a fresh machine)
+    cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep .
 }

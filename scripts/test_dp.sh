@@ -126,8 +126,8 @@ else echo "  FAIL  diverged on 2 ranks: exit $rc (want 1, one error line, no abo
 timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 100000 --comm-timeout 3 >"$TMP/stop.out" 2>&1 &
 job=$!
 for _ in $(seq 150); do grep -q "^step     3" "$TMP/stop.out" && break; sleep 0.2; done
-launcher=$(pgrep -P $job | head -1)
-victim=$(pgrep -P "$launcher" | tail -1)  # one of the two ranks
+launcher=$(children_of $job | head -1)
+victim=$(children_of "$launcher" | tail -1)  # one of the two ranks
 start=$(date +%s)
 [ -n "$victim" ] && kill -STOP "$victim"
 wait $job
@@ -158,7 +158,7 @@ echo "5. a signal stops the run with a checkpoint; the resumed run equals an uni
 # the process of world rank R among the descendants of PID (timeout -> mpirun -> ranks, or timeout -> trainer)
 rank_pid() {
     local p
-    for p in $(pgrep -P "$1"); do
+    for p in $(children_of "$1"); do
         if [ "$2" = single ] || tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$p"; return; fi
         rank_pid "$p" "$2"
     done

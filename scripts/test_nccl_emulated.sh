@@ -112,7 +112,7 @@ launch_two -- --batch-size 2 --steps 100000 --nccl-id-dir "$TMP/ids2" --comm-tim
 for _ in $(seq 600); do grep -q "^step     3" "$TMP/rank0.out" && break; sleep 0.1; done
 grep -q "^step     3" "$TMP/rank0.out" || { echo "  FAIL  rank 1 killed after step 3: step 3 never came"; fails=$((fails + 1)); }
 exec 3>&2 2>/dev/null  # (bash's "Killed" line for the job)
-pkill -KILL -P "$pid1"  # (the trainer, child of its `timeout`)
+kill -KILL $(children_of "$pid1")  # (the trainer, child of its `timeout`)
 rc=0
 wait "$pid0" || rc=$?
 wait "$pid1"
