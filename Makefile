@@ -104,7 +104,7 @@ build/ref/ref_small_debug.bin: scripts/gpt2_reference.py
 	$(PYTHON) scripts/gpt2_reference.py --out-dir build/ref
 
 # the main job, then three things to try next
-TRAIN_BIN = $(if $(HAVE_GPU),build/gpu-$(PRECISION_LC)/train_gpt,build/cpu/train_gpt)
+TRAIN_BIN = $(if $(filter 1,$(HAVE_GPU)),build/gpu-$(PRECISION_LC)/train_gpt,build/cpu/train_gpt)
 train: $(TRAIN_BIN)
 	./$(TRAIN_BIN) $(TRAIN_FLAGS)
 	@echo ""

@@ -988,7 +988,7 @@ typedef struct {
     const floatX* buf;
     int peer;    // stage index, -1: nothing pending
     int shared;  // buf is shared (dresidual, or the rematerialized work set), which the next action overwrites: wait for the send
-    char what[12];  // "act m" or "grad m"
+    char what[16];  // "act m" or "grad m"
 } PendingSend;
 
 static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, const char* recv_what) {
@@ -1068,7 +1068,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     dataloader_load(loader, batch);  // every stage reads the ids it needs
     memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
     memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
-    char what[12];
+    char what[16];
     snprintf(what, sizeof(what), "act %d", m);
     pipe_exchange(model, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
@@ -1092,7 +1092,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
 static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
     int s = model->place.pp_rank;
     Activations* slot = &model->slots[m % model->n_slots];
-    char what[12];
+    char what[16];
     snprintf(what, sizeof(what), "grad %d", m);
     pipe_exchange(model, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
@@ -1456,6 +1456,7 @@ typedef struct {
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
     double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint
     long long fault_wait_signal; // testing: after this step every rank waits for a stop signal (-1: never)
+    double fault_clock_skew;     // testing: --trace's clock on rank r reads r times this many seconds ahead
     int fault_inf_rank, fault_inf_step;  // testing: this rank puts an inf into a gradient at this step
     LossScaler scaler;   // loss scaling settings (llmc/loss_scaler.h)
     // optimization
@@ -1754,6 +1755,7 @@ static void inject_inf_gradient(GPT2* model) {
 static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
     char label[128], run[256];
     snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
+    comm_barrier_io(comm, &comm->world);  // rank 0 may still be writing the final model
     double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
     comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);
     int P = comm->pp, M = tc->grad_accum;
@@ -1761,11 +1763,12 @@ static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm)
     snprintf(run, sizeof(run), "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"bubble_measured\": %.4f, \"bubble_ideal\": %.4f}",
              tc->pipe_schedule == SCHEDULE_GPIPE ? "gpipe" : "1f1b", P, M, bubble, ideal);
     trace_write_rank(tracer, tc->trace, comm->world_rank, label);
-    comm_barrier(comm, &comm->world);  // every part is written
+    comm_barrier_io(comm, &comm->world);  // every part is written
     if (comm->world_rank == 0) {
         trace_merge(tc->trace, comm->world_size, run);
         printf("wrote trace %s; pipeline bubble: measured %.1f%%, (P-1)/(M+P-1) = %.1f%%\n", tc->trace, 100.0 * bubble, 100.0 * ideal);
     }
+    comm_barrier_io(comm, &comm->world);  // rank 0 has merged (the collective below waits under --comm-timeout)
     comm_print_stats(comm);
 }
 
@@ -1827,6 +1830,7 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_int(&a, "the resume step (--resume)", tc->resume ? state->step : -1);
     agree_add(&a, "the checkpoint resumed from (its run and model)", tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
     agree_int(&a, "--fault-wait-signal", tc->fault_wait_signal);
+    agree_bytes(&a, "--fault-clock-skew", &tc->fault_clock_skew, sizeof(tc->fault_clock_skew), NULL);
     agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
     agree_check(comm, &a);
 }
@@ -2177,10 +2181,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (tc->T > config.maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, config.maxT);
     open_inputs(run);
     allocate_for_schedule(run);
-    if (tc->trace) {
-        trace_align_clocks(&run->tracer, comm);  // every rank's time 0 is the same instant
-        run->model.tracer = &run->tracer;
-    }
+    if (tc->trace) run->model.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
     run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;
@@ -2269,6 +2270,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     double t0 = wall_seconds();
     run->tracer.enabled = tc->trace && step > run->start_step && step <= run->start_step + tc->trace_steps;  // skip the first step
     comm->stats.on = run->tracer.enabled;  // the engine's bytes and time over the same steps (comm_print_stats)
+    if (run->tracer.enabled && step == run->start_step + 1) trace_align_clocks(&run->tracer, comm, tc->fault_clock_skew);
     gpt2_zero_grad(model);
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
@@ -2296,6 +2298,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     }
     device_synchronize();
     r.ms = 1000.0 * (wall_seconds() - t0);
+    run->tracer.enabled = comm->stats.on = 0;  // (evaluation and sampling between steps are not traced)
     return r;
 }
 
@@ -2475,6 +2478,7 @@ static void print_usage(void) {
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
         "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint\n"
         "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
+        "  --fault-clock-skew S  testing: rank r's clock for --trace reads r x S seconds ahead (the trace must not show it)\n"
         "mixed precision\n"
         "  --loss-scale S        dynamic | off | a fixed scale        [%s]\n"
         "  --loss-scale-init X   first dynamic scale                  [65536]\n"
@@ -2607,6 +2611,7 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
     else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
     else if (!strcmp(f, "--fault-wait-signal")) tc->fault_wait_signal = parse_int(f, v, 1, 1 << 30);
+    else if (!strcmp(f, "--fault-clock-skew")) tc->fault_clock_skew = parse_float(f, v, -1e6f, 1e6f);
     else return 0;
     return 1;
 }
@@ -2710,6 +2715,8 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    if (tc->fault_wait_signal >= tc->steps)  // (a signal after the last step stops nothing: the run is done)
+        fatal("--fault-wait-signal %lld must be below --steps %lld", tc->fault_wait_signal, tc->steps);
     if (tc->prompt && (tc->tokenizer == NULL || tc->tokenizer[0] == '\0' || tc->sample_every == 0))
         fatal("--prompt needs sampling on: a --tokenizer and --sample-every above 0");
     tc->arch.Vp = padded_vocab(tc->arch.V);

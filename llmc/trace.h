@@ -27,8 +27,9 @@ typedef struct {
     int enabled;  // recording now
     int n, cap;
     TraceEvent* events;
-    double origin;        // this rank's wall_seconds() at the instant that is time 0 on every rank
+    double origin;        // this rank's trace_clock() at the instant that is time 0 on every rank
     double origin_error;  // at most this far (seconds) from that instant (trace_align_clocks' bound)
+    double skew;          // testing (--fault-clock-skew): added to this rank's clock readings
     double busy_s;        // forward + backward time in the traced steps
     double pipeline_s;    // wall time of the traced steps' pipelines (first forward to last backward)
 } Tracer;
@@ -38,7 +39,8 @@ static TraceLane trace_lane(const char* cat) {
                                                                                                            : LANE_COMMUNICATION;
 }
 
-static double trace_now_us(const Tracer* tr) { return tr ? (wall_seconds() - tr->origin) * 1e6 : 0.0; }
+static double trace_clock(const Tracer* tr) { return wall_seconds() + tr->skew; }
+static double trace_now_us(const Tracer* tr) { return tr ? (trace_clock(tr) - tr->origin) * 1e6 : 0.0; }
 
 // Records a span from start_us to now. The GPU is synchronized first, so that a span is the time its
 // work took, not the time to queue it (tracing slows a run down a little; it is for looking at).
@@ -59,7 +61,8 @@ static void trace_add(Tracer* tr, const char* cat, const char* name, int micro, 
     if (strcmp(cat, "forward") == 0 || strcmp(cat, "backward") == 0) tr->busy_s += e->dur_us * 1e-6;
 }
 
-// Collective over the world, at set-up: sets tr->origin on every rank to one instant, rank 0's clock
+// Collective over the world, when the first traced step begins (close to the spans it aligns, as clocks
+// of different nodes drift apart slowly): sets tr->origin on every rank to one instant, rank 0's clock
 // reading at the last of a few rounds. Each round, rank 0 reads its clock t0 and all-reduces it (the
 // others add 0). On rank r, whose clock reads `enter` before and `leave` after each round: rank 0 read
 // t0 before it entered this round, which ends on rank r only after that (so t0 happened before `leave`),
@@ -67,14 +70,17 @@ static void trace_add(Tracer* tr, const char* cat, const char* name, int micro, 
 // previous round's `enter`). Rank r's clock at the instant rank 0 read t0 therefore lies between those
 // two readings; the rounds' intervals are intersected and the middle taken, so the error is at most half
 // the intersection's width (kept in origin_error and written into the trace): microseconds on a quiet
-// machine, more where ranks share busy cores; whatever each node's clock reads.
-static void trace_align_clocks(Tracer* tr, Comm* comm) {
+// machine, more where ranks share busy cores; whatever each node's clock reads. (An empty intersection
+// could only come from clocks drifting apart during the rounds; its gap is then taken as the error.)
+// skew_s (testing): rank r's clock reads r * skew_s seconds ahead, which the alignment must cancel.
+static void trace_align_clocks(Tracer* tr, Comm* comm, double skew_s) {
+    tr->skew = comm->world_rank * skew_s;
     double lo = -INFINITY, hi = INFINITY, prev_enter = -INFINITY, t0 = 0.0;
     for (int round = 0; round < 16; round++) {
-        double enter = wall_seconds();
+        double enter = trace_clock(tr);
         t0 = comm->world_rank == 0 ? enter : 0.0;
         comm_all_reduce_host(comm, &comm->world, &t0, 1, REDUCE_SUM);
-        double leave = wall_seconds();
+        double leave = trace_clock(tr);
         lo = fmax(lo, prev_enter - t0);  // bounds on (this rank's clock - rank 0's clock)
         hi = fmin(hi, leave - t0);
         prev_enter = enter;

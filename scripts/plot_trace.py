@@ -64,7 +64,7 @@ def main():
     for i, pid in enumerate(ranks):
         rows[(pid, 0)], rows[(pid, 1)] = 1.5 * i, 1.5 * i + 0.62
     for e in events:
-        lane = e.get("tid", 0)
+        lane = min(e.get("tid", 0), 1)
         y, height = rows[(e["pid"], lane)], 0.7 if lane == 0 else 0.42
         start, width = (e["ts"] - t0) / 1000.0, e["dur"] / 1000.0
         ax.barh(y, width, left=start, height=height, color=COLORS.get(e["cat"], "#666666"), edgecolor="white", linewidth=0.4)

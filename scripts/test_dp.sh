@@ -175,12 +175,15 @@ signal_case() {
     rm -rf "$TMP/sig_ck" "$TMP/sig_r.jsonl"
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_u.jsonl" --save-model "$TMP/sig_u.bin" >"$TMP/sig.out" 2>&1 \
         || { echo "  FAIL  $name: the uninterrupted run did not complete (exit $?)"; tail -3 "$TMP/sig.out"; fails=$((fails + 1)); return; }
+    # (sig.out is removed first: the background job truncates it only when it starts, and the loop below
+    # must not find the uninterrupted run's "step 3" in it and signal a run that is not yet listening)
+    rm -f "$TMP/sig.out"
     timeout 120 "${launch[@]}" "${args[@]}" --log "$TMP/sig_r.jsonl" --checkpoint-dir "$TMP/sig_ck" --fault-wait-signal 3 >"$TMP/sig.out" 2>&1 &
     local job=$!
-    for i in $(seq 600); do grep -q "^step     3/" "$TMP/sig.out" && break; sleep 0.1; done
+    for i in $(seq 600); do grep -q "^step     3/" "$TMP/sig.out" || ! kill -0 $job 2>/dev/null && break; sleep 0.1; done
     for sr in $signals; do
         p=$(rank_pid $job "${sr#*:}")
-        [ -n "$p" ] && kill -"${sr%:*}" "$p"
+        [ -n "$p" ] && kill -"${sr%:*}" "$p" 2>/dev/null  # (a second signal may come after the run ended)
     done
     wait $job
     local rc=$? stopped

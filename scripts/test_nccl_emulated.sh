@@ -53,6 +53,7 @@ launch_two() {  # ENV... -- ARGS...: starts ranks 0 and 1 (pids in $pid0 $pid1, 
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
     for r in 0 1; do
+        rm -f "$TMP/rank$r.out"  # (a background job truncates its output only when it starts: no earlier run's lines)
         env "${envs[@]}" WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 timeout 120 "$BIN" "${COMMON[@]}" "$@" \
             >"$TMP/rank$r.out" 2>&1 &
         eval "pid$r=$!"
