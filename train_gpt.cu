@@ -1079,7 +1079,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     trace_add(model->tracer, "forward", "F", m, t0);
     if (!model->last) {
         *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = s + 1, .shared = model->rematerialize};
-        snprintf(pending->what, sizeof(pending->what), "act %d", m);
+        memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
     }
     return loss;
 }
@@ -1102,7 +1102,7 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     trace_add(model->tracer, "backward", "B", m, t0);
     if (!model->first) {
         *pending = (PendingSend){.buf = a->dresidual, .peer = s - 1, .shared = 1};
-        snprintf(pending->what, sizeof(pending->what), "grad %d", m);
+        memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
     }
 }
 

@@ -80,8 +80,10 @@ __device__ static inline floatX round_param(float p, size_t index, int t, int st
     return float_to_floatX(p);
 }
 
-__global__ void adamw_kernel(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n,
-                             AdamWArgs a, float bc1, float bc2_sqrt) {
+// threads per block of both kernels (one element per thread)
+#define ADAMW_THREADS 256
+__global__ void __launch_bounds__(ADAMW_THREADS) adamw_kernel(float* master, floatX* param_copy, const floatX* grad, float* m,
+                                                              float* v, size_t n, AdamWArgs a, float bc1, float bc2_sqrt) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float p = adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
@@ -89,7 +91,8 @@ __global__ void adamw_kernel(float* master, floatX* param_copy, const floatX* gr
 }
 
 // param_copy = round(master), as the update of step t rounded it (used after loading the master weights)
-__global__ void round_params_kernel(floatX* param_copy, const float* master, size_t n, size_t index_base, int t, int stochastic) {
+__global__ void __launch_bounds__(ADAMW_THREADS) round_params_kernel(floatX* param_copy, const float* master, size_t n,
+                                                                     size_t index_base, int t, int stochastic) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) param_copy[i] = round_param(master[i], index_base + i, t, stochastic);
 }
@@ -99,7 +102,7 @@ static void round_params(floatX* param_copy, const float* master, size_t n, size
 #ifdef LLMC_CPU
     (void)param_copy, (void)master, (void)n, (void)index_base, (void)t, (void)stochastic;  // fp32: no copy
 #else
-    round_params_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(param_copy, master, n, index_base, t, stochastic);
+    round_params_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(param_copy, master, n, index_base, t, stochastic);
     launchCheck();
 #endif
 }
@@ -109,7 +112,7 @@ static void adamw_update(float* master, floatX* param_copy, const floatX* grad, 
     adamw_cpu(master, param_copy, grad, m, v, n, a);
 #else
     float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
-    adamw_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(master, param_copy, grad, m, v, n, a, bc1, bc2_sqrt);
+    adamw_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(master, param_copy, grad, m, v, n, a, bc1, bc2_sqrt);
     launchCheck();
 #endif
 }

@@ -137,20 +137,27 @@ __device__ static inline size_t head_row_offset(size_t idx, int T, int NH, int h
     return (b * T + t) * row_stride + offset + h * hs + i;
 }
 
+// threads per block of the four kernels below: one element per thread (split, merge), one warp per row
+// (softmax, ATTENTION_THREADS / 32 rows per block)
+#define ATTENTION_THREADS 256
+
 // dst (B,NH,T,hs) <- src rows
-__global__ void heads_split_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) heads_split_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs,
+                                                                        int row_stride, int offset) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < (size_t)B * NH * T * hs) dst[idx] = src[head_row_offset(idx, T, NH, hs, row_stride, offset)];
 }
 
 // the inverse: dst rows <- src (B,NH,T,hs)
-__global__ void heads_merge_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs, int row_stride, int offset) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) heads_merge_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs,
+                                                                        int row_stride, int offset) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < (size_t)B * NH * T * hs) dst[head_row_offset(idx, T, NH, hs, row_stride, offset)] = src[idx];
 }
 
 // one warp per row of (B*NH*T, T): att = causal softmax(scale * preatt), zeros above the diagonal
-__global__ void causal_softmax_kernel(floatX* att, const floatX* preatt, int rows, int T, float scale) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_kernel(floatX* att, const floatX* preatt, int rows, int T,
+                                                                           float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -168,7 +175,8 @@ __global__ void causal_softmax_kernel(floatX* att, const floatX* preatt, int row
 }
 
 // one warp per row, in place on datt: dpre = scale * att * (datt - sum(att * datt))
-__global__ void causal_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T,
+                                                                                    float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -209,7 +217,7 @@ static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B
     size_t btc = (size_t)B * T * C;
     floatX* q = (floatX*)scratch_get(scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
     floatX *k = q + btc, *v = k + btc, *y = v + btc, *preatt = q + 8 * btc;
-    const int block = 256;
+    const int block = ATTENTION_THREADS;
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(q, qkv, B, T, NH, hs, 3 * C, 0);
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(k, qkv, B, T, NH, hs, 3 * C, C);
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(v, qkv, B, T, NH, hs, 3 * C, 2 * C);
@@ -237,7 +245,7 @@ static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
     floatX* q = (floatX*)scratch_get(scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
     floatX *k = q + btc, *v = k + btc, *dy = v + 2 * btc, *dq = dy + btc, *dk = dq + btc, *dv = dk + btc;
     floatX* datt = q + 8 * btc;
-    const int block = 256;
+    const int block = ATTENTION_THREADS;
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(q, qkv, B, T, NH, hs, 3 * C, 0);
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(k, qkv, B, T, NH, hs, 3 * C, C);
     heads_split_kernel<<<grid_for(btc, block), block, 0, main_stream>>>(v, qkv, B, T, NH, hs, 3 * C, 2 * C);

@@ -92,7 +92,9 @@ static void flash_tc_attention_backward(Tp* dqkv, float* D, const Tp* dout, cons
     }
     float scale = 1.0f / sqrtf((float)FLASH_HS);
     int rows = B * T * NH;
-    flash_tc_backward_dot_kernel<Tp><<<(rows + 7) / 8, 256, 0, stream>>>(D, dout, out, B, T, C, NH);
+    const int rows_per_block = FLASH_DOT_THREADS / 32;  // a warp per row
+    int dot_blocks = (rows + rows_per_block - 1) / rows_per_block;
+    flash_tc_backward_dot_kernel<Tp><<<dot_blocks, FLASH_DOT_THREADS, 0, stream>>>(D, dout, out, B, T, C, NH);
     cudaCheck(cudaGetLastError());
     dim3 grid((T + FLASH_TILE - 1) / FLASH_TILE, B * NH);
     flash_tc_backward_dkdv_kernel<Tp><<<grid, FLASH_THREADS, FLASH_TC_BWD_SMEM, stream>>>(dqkv, qkv, dout, lse, D, T, C, NH,

@@ -10,9 +10,12 @@
 #include "attention_flash_softmax.h"
 
 #ifndef LLMC_CPU
-// a. D[(b*NH + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:] in fp32; one warp per (b, t, h), 2 channels a lane
+// a. D[(b*NH + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:] in fp32; one warp per (b, t, h), 2 channels a lane,
+// FLASH_DOT_THREADS / 32 rows per block
+#define FLASH_DOT_THREADS 256
 template <typename Tp>
-__global__ void flash_tc_backward_dot_kernel(float* D, const Tp* dout, const Tp* out, int B, int T, int C, int NH) {
+__global__ void __launch_bounds__(FLASH_DOT_THREADS) flash_tc_backward_dot_kernel(float* D, const Tp* dout, const Tp* out, int B,
+                                                                                  int T, int C, int NH) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b*T + t)*NH + h
     int lane = threadIdx.x % 32;
     if (row >= B * T * NH) return;  // the whole warp: row is per warp

@@ -56,8 +56,10 @@ static void loss_mean_cpu(float* out, const float* losses, int N) {
 // CUDA kernels
 
 #ifndef LLMC_CPU
-// one block per row; an online max/sum per thread, merged across the block
-__global__ void classifier_kernel(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
+// one block of CLASSIFIER_SCALAR_THREADS per row; an online max/sum per thread, merged across the block
+#define CLASSIFIER_SCALAR_THREADS 512
+__global__ void __launch_bounds__(CLASSIFIER_SCALAR_THREADS) classifier_kernel(floatX* logits, float* losses, const int* targets,
+                                                                               float dloss, int N, int V, int Vp) {
     __shared__ float s_max[32], s_sum[32];
     int n = blockIdx.x;
     floatX* x = logits + (size_t)n * Vp;
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_vec_kernel(floa
 #ifndef LLMC_CPU
 // one block: each thread sums a strided subset in double, then a tree in shared memory (a fixed order)
 #define LOSS_MEAN_THREADS 1024
-__global__ void loss_mean_kernel(float* out, const float* losses, int N) {
+__global__ void __launch_bounds__(LOSS_MEAN_THREADS) loss_mean_kernel(float* out, const float* losses, int N) {
     __shared__ double partial[LOSS_MEAN_THREADS];
     double sum = 0.0;
     for (int i = threadIdx.x; i < N; i += blockDim.x) sum += losses[i];
@@ -195,7 +197,7 @@ static void classifier_forward_backward(floatX* logits, float* losses, const int
     if (fused && Vp % Pack128::size == 0 && aligned16(logits))
         classifier_vec_kernel<<<N, CLASSIFIER_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
     else
-        classifier_kernel<<<N, 512, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
+        classifier_kernel<<<N, CLASSIFIER_SCALAR_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
     launchCheck();
 #endif
 }

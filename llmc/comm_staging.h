@@ -123,12 +123,15 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
 // GPU target: pinned slots, two copy streams, events per slot
 
 
-// rows x w floatX (rows `pitch` apart) <-> rows x w float (contiguous)
-__global__ void stage_widen_kernel(float* dst, const floatX* src, size_t w, size_t pitch, size_t total) {
+// rows x w floatX (rows `pitch` apart) <-> rows x w float (contiguous), one element per thread
+#define STAGE_THREADS 256
+__global__ void __launch_bounds__(STAGE_THREADS) stage_widen_kernel(float* dst, const floatX* src, size_t w, size_t pitch,
+                                                                    size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) dst[i] = floatX_to_float(src[(i / w) * pitch + i % w]);
 }
-__global__ void stage_narrow_kernel(floatX* dst, const float* src, size_t w, size_t pitch, size_t total) {
+__global__ void __launch_bounds__(STAGE_THREADS) stage_narrow_kernel(floatX* dst, const float* src, size_t w, size_t pitch,
+                                                                     size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) dst[(i / w) * pitch + i % w] = float_to_floatX(src[i]);
 }
@@ -199,7 +202,8 @@ static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) 
     if (k >= STAGE_SLOTS && p->up.dev) cudaCheck(cudaStreamWaitEvent(st->down, st->up_done[s], 0));  // chunk k-SLOTS left the slot
     if (p->convert) {
         size_t total = (size_t)d->rows * w;
-        stage_widen_kernel<<<grid_for(total, 256), 256, 0, st->down>>>(stage_wide(st, s), (const floatX*)src, w, d->pitch, total);
+        stage_widen_kernel<<<grid_for(total, STAGE_THREADS), STAGE_THREADS, 0, st->down>>>(stage_wide(st, s), (const floatX*)src, w,
+                                                                                           d->pitch, total);
         launchCheck();
         cudaCheck(cudaMemcpyAsync(host, st->wide[s], total * sizeof(float), cudaMemcpyDeviceToHost, st->down));
     } else if (d->rows == 1) {
@@ -219,7 +223,7 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
     if (p->convert) {
         size_t total = (size_t)u->rows * w;
         cudaCheck(cudaMemcpyAsync(stage_wide(st, s), host, total * sizeof(float), cudaMemcpyHostToDevice, st->up));
-        stage_narrow_kernel<<<grid_for(total, 256), 256, 0, st->up>>>((floatX*)dst, st->wide[s], w, u->pitch, total);
+        stage_narrow_kernel<<<grid_for(total, STAGE_THREADS), STAGE_THREADS, 0, st->up>>>((floatX*)dst, st->wide[s], w, u->pitch, total);
         launchCheck();
     } else if (u->rows == 1) {
         cudaCheck(cudaMemcpyAsync(dst, host, w * p->elem, cudaMemcpyHostToDevice, st->up));

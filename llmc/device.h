@@ -319,7 +319,11 @@ static inline void download_floats(float* dst, const floatX* src, size_t n) {
     free(tmp);
 }
 
-// launch configuration helper for elementwise kernels
+// launch configuration helper for elementwise kernels. Every kernel states its block size with
+// __launch_bounds__(N), N a named constant (GELU_THREADS, ...) that its launcher launches it with too: the
+// compiler then allocates registers for that many threads, and a static report of registers and occupancy
+// (dev/cuda/kernel_report.py) knows the block. A launch with more threads than the bound fails on the GPU
+// ("too many resources requested for launch"), and the CPU emulation refuses it too (dev/cuda/emulate.h).
 #ifndef LLMC_CPU
 static inline int grid_for(size_t n, int block) { return (int)((n + block - 1) / block); }
 #define launchCheck() cudaCheck(cudaGetLastError())

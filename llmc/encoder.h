@@ -87,8 +87,12 @@ static int group_positions_by_token(int* buf, const int* inp, int BT, int vocab_
 // CUDA kernels
 
 #ifndef LLMC_CPU
-__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                                       int vocab_start, int vocab_rows) {
+// threads per block of the three kernels (one element per thread, or a block striding over a row's C)
+#define ENCODER_THREADS 256
+
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte,
+                                                                          const floatX* wpe, int B, int T, int C, int vocab_start,
+                                                                          int vocab_rows) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * T * C) return;
     int c = idx % C;
@@ -100,8 +104,8 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
 }
 
 // one block per distinct token u: dwte[token[u]] += dout rows positions[start[u] .. start[u+1]), in order
-__global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* token, const int* start,
-                                            const int* positions, int C) {
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* token,
+                                                                               const int* start, const int* positions, int C) {
     int u = blockIdx.x;
     floatX* row = dwte + (size_t)token[u] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -112,7 +116,7 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, co
 }
 
 // one thread per (t, c): sum over the batch in order
-__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * C) return;
     float sum = 0.0f;
@@ -129,7 +133,7 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 #ifdef LLMC_CPU
     encoder_forward_cpu(out, inp, wte, wpe, B, T, C, vocab_start, vocab_rows);
 #else
-    const int block = 256;
+    const int block = ENCODER_THREADS;
     encoder_forward_kernel<<<grid_for((size_t)B * T * C, block), block, 0, main_stream>>>(out, inp, wte, wpe, B, T, C, vocab_start, vocab_rows);
     launchCheck();
 #endif
@@ -144,7 +148,7 @@ static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, con
     (void)inp_host, (void)scratch, (void)fused;
     encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C, vocab_start, vocab_rows);
 #else
-    const int block = 256;
+    const int block = ENCODER_THREADS;
     int BT = B * T, n_kept = 0;
     int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
     int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);

@@ -43,8 +43,9 @@ static double sum_squares_cpu(const float* x, size_t n) {
 
 #ifndef LLMC_CPU
 #define NORM_BLOCKS 1024
+#define NORM_THREADS 256  // threads per block; norm_blocks: a block per NORM_THREADS elements, at most NORM_BLOCKS
 // every block sums a grid-strided share of squares into partial[blockIdx.x]
-__global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
+__global__ void __launch_bounds__(NORM_THREADS) sum_squares_kernel(float* partial, const floatX* x, size_t n) {
     __shared__ float s_warp[32];
     float s = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -61,7 +62,7 @@ __global__ void sum_squares_kernel(float* partial, const floatX* x, size_t n) {
     }
 }
 static int norm_blocks(size_t n) {
-    size_t b = (n + 255) / 256;
+    size_t b = (n + NORM_THREADS - 1) / NORM_THREADS;
     return b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
 }
 
@@ -75,7 +76,7 @@ static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* 
     float* partial = (float*)scratch_get(scratch, total_blocks * sizeof(float));
     size_t offset = 0;
     for (int i = 0; i < k; i++) {
-        sum_squares_kernel<<<blocks[i], 256, 0, main_stream>>>(partial + offset, x[i], n[i]);
+        sum_squares_kernel<<<blocks[i], NORM_THREADS, 0, main_stream>>>(partial + offset, x[i], n[i]);
         offset += blocks[i];
     }
     launchCheck();

@@ -87,9 +87,13 @@ static void layernorm_backward_cpu(float* dinp, float* dweight, float* dbias, co
 // CUDA kernels
 
 #ifndef LLMC_CPU
+// threads per block of the kernels below but the partial sums (LN_ROW_LANES) and the fused backward
+// (LNB_WARPS): one warp per row, LN_THREADS / 32 rows per block, or one thread per channel (finish)
+#define LN_THREADS 256
+
 // one warp per row
-__global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
-                                         const floatX* weight, const floatX* bias, int N, int C) {
+__global__ void __launch_bounds__(LN_THREADS) layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                                                       const floatX* weight, const floatX* bias, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -115,8 +119,9 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
 }
 
 // one warp per row: dinp += rstd * (g - mean(g) - norm * mean(g * norm))
-__global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp, const floatX* weight,
-                                               const float* mean, const float* rstd, int N, int C) {
+__global__ void __launch_bounds__(LN_THREADS) layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
+                                                                             const floatX* weight, const float* mean,
+                                                                             const float* rstd, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -140,16 +145,18 @@ __global__ void layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout,
     }
 }
 
-// Column sums for dweight and dbias, in two steps: blocks of (32 channels x 8 row-lanes) each sum a
-// strided subset of rows into partial[chunk] (float), then one thread per channel adds the chunks.
+// Column sums for dweight and dbias, in two steps: blocks of (32 channels x LN_ROW_LANES row-lanes) each
+// sum a strided subset of rows into partial[chunk] (float), then one thread per channel adds the chunks.
 #define LN_CHUNKS 64
-__global__ void layernorm_backward_partial_kernel(float* partial, const floatX* dout, const floatX* inp,
-                                                  const float* mean, const float* rstd, int N, int C) {
-    __shared__ float sw[8][32], sb[8][32];
+#define LN_ROW_LANES 8
+__global__ void __launch_bounds__(32 * LN_ROW_LANES) layernorm_backward_partial_kernel(float* partial, const floatX* dout,
+                                                                                       const floatX* inp, const float* mean,
+                                                                                       const float* rstd, int N, int C) {
+    __shared__ float sw[LN_ROW_LANES][32], sb[LN_ROW_LANES][32];
     int c = blockIdx.x * 32 + threadIdx.x;
     float dw = 0.0f, db = 0.0f;
     if (c < C) {
-        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8) {
+        for (int n = blockIdx.y * LN_ROW_LANES + threadIdx.y; n < N; n += gridDim.y * LN_ROW_LANES) {
             float d = floatX_to_float(dout[(size_t)n * C + c]);
             dw += d * (floatX_to_float(inp[(size_t)n * C + c]) - mean[n]) * rstd[n];
             db += d;
@@ -159,7 +166,7 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const floatX* 
     sb[threadIdx.y][threadIdx.x] = db;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        for (int i = 1; i < 8; i++) {
+        for (int i = 1; i < LN_ROW_LANES; i++) {
             dw += sw[i][threadIdx.x];
             db += sb[i][threadIdx.x];
         }
@@ -168,7 +175,8 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const floatX* 
     }
 }
 
-__global__ void layernorm_backward_finish_kernel(floatX* dweight, floatX* dbias, const float* partial, int chunks, int C) {
+__global__ void __launch_bounds__(LN_THREADS) layernorm_backward_finish_kernel(floatX* dweight, floatX* dbias, const float* partial,
+                                                                               int chunks, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float dw = 0.0f, db = 0.0f;
@@ -184,8 +192,9 @@ __global__ void layernorm_backward_finish_kernel(floatX* dweight, floatX* dbias,
 // written), then out = layernorm(res); with b == NULL the row is a and res is not touched. The statistics
 // are taken over the rounded residual, exactly what a separate layernorm_forward would read back.
 // Needs C % Pack128::size == 0 and 16-byte aligned pointers (the launcher checks).
-__global__ void residual_layernorm_forward_kernel(floatX* res, floatX* out, float* mean, float* rstd, const floatX* a,
-                                                  const floatX* b, const floatX* weight, const floatX* bias, int N, int C) {
+__global__ void __launch_bounds__(LN_THREADS) residual_layernorm_forward_kernel(floatX* res, floatX* out, float* mean, float* rstd,
+                                                                                const floatX* a, const floatX* b, const floatX* weight,
+                                                                                const floatX* bias, int N, int C) {
     const int V = Pack128::size;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -300,7 +309,7 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
     (void)fused;
     layernorm_forward_cpu(out, mean, rstd, inp, weight, bias, N, C);
 #else
-    const int block = 256, rows_per_block = block / 32;
+    const int block = LN_THREADS, rows_per_block = block / 32;
     if (fused && layernorm_fused_ok(out, inp, weight, bias, NULL, C))
         residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(NULL, out, mean, rstd, inp, NULL,
                                                                                                    weight, bias, N, C);
@@ -316,7 +325,7 @@ static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, fl
                                        const floatX* weight, const floatX* bias, int N, int C, int fused) {
 #ifndef LLMC_CPU
     if (fused && layernorm_fused_ok(res, out, a, b, weight, C) && aligned16(bias)) {
-        const int block = 256, rows_per_block = block / 32;
+        const int block = LN_THREADS, rows_per_block = block / 32;
         residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(res, out, mean, rstd, a, b,
                                                                                                    weight, bias, N, C);
         launchCheck();
@@ -349,18 +358,19 @@ static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
             float* partial = (float*)scratch_get(scratch, (size_t)LNB_BLOCKS * 2 * C * sizeof(float));
             layernorm_backward_fused_kernel<<<blocks, 32 * LNB_WARPS, smem, main_stream>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C);
             launchCheck();
-            layernorm_backward_finish_kernel<<<ceil_div(C, 256), 256, 0, main_stream>>>(dweight, dbias, partial, blocks, C);
+            layernorm_backward_finish_kernel<<<ceil_div(C, LN_THREADS), LN_THREADS, 0, main_stream>>>(dweight, dbias, partial, blocks, C);
             launchCheck();
             return;
         }
     }
-    const int block = 256, rows_per_block = block / 32;
+    const int block = LN_THREADS, rows_per_block = block / 32;
     layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     launchCheck();
     float* partial = (float*)scratch_get(scratch, (size_t)LN_CHUNKS * 2 * C * sizeof(float));
-    layernorm_backward_partial_kernel<<<dim3(ceil_div(C, 32), LN_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, inp, mean, rstd, N, C);
+    dim3 partial_grid(ceil_div(C, 32), LN_CHUNKS), partial_block(32, LN_ROW_LANES);
+    layernorm_backward_partial_kernel<<<partial_grid, partial_block, 0, main_stream>>>(partial, dout, inp, mean, rstd, N, C);
     launchCheck();
-    layernorm_backward_finish_kernel<<<ceil_div(C, 256), 256, 0, main_stream>>>(dweight, dbias, partial, LN_CHUNKS, C);
+    layernorm_backward_finish_kernel<<<ceil_div(C, LN_THREADS), LN_THREADS, 0, main_stream>>>(dweight, dbias, partial, LN_CHUNKS, C);
     launchCheck();
 #endif
 }

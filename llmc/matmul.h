@@ -229,23 +229,27 @@ static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const f
     if (plan == &key) matmul_plan_destroy(plan);
 }
 
-// dbias (OC) += column sums of dout (N, OC): blocks of 32 columns x 8 row-lanes, partial sums per
-// block row, then one thread per column adds them up (fixed order, no atomics).
+// dbias (OC) += column sums of dout (N, OC): blocks of 32 columns x BIAS_ROW_LANES row-lanes, partial sums
+// per block row, then one thread per column adds them up (fixed order, no atomics).
 #define BIAS_CHUNKS 64
-__global__ void bias_backward_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
-    __shared__ float s[8][32];
+#define BIAS_ROW_LANES 8
+#define BIAS_FINISH_THREADS 256  // bias_backward_finish_kernel's block (a thread per column)
+__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
+    __shared__ float s[BIAS_ROW_LANES][32];
     int o = blockIdx.x * 32 + threadIdx.x;
     float sum = 0.0f;
     if (o < OC)
-        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8) sum += floatX_to_float(dout[(size_t)n * OC + o]);
+        for (int n = blockIdx.y * BIAS_ROW_LANES + threadIdx.y; n < N; n += gridDim.y * BIAS_ROW_LANES)
+            sum += floatX_to_float(dout[(size_t)n * OC + o]);
     s[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y == 0 && o < OC) {
-        for (int i = 1; i < 8; i++) sum += s[i][threadIdx.x];
+        for (int i = 1; i < BIAS_ROW_LANES; i++) sum += s[i][threadIdx.x];
         partial[(size_t)blockIdx.y * OC + o] = sum;
     }
 }
-__global__ void bias_backward_finish_kernel(floatX* dbias, const float* partial, int chunks, int OC) {
+__global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kernel(floatX* dbias, const float* partial, int chunks,
+                                                                                   int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= OC) return;
     float sum = 0.0f;
@@ -253,19 +257,20 @@ __global__ void bias_backward_finish_kernel(floatX* dbias, const float* partial,
     dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + sum);
 }
 
-// --fused-kernels: the same sums with 16-byte loads. A block of 32 lanes x 8 row-lanes covers 32 packs
-// (32 * Pack128::size columns, 256 in bf16); BIAS_VEC_CHUNKS chunks of rows, each summed into one
+// --fused-kernels: the same sums with 16-byte loads. A block of 32 lanes x BIAS_ROW_LANES row-lanes covers
+// 32 packs (32 * Pack128::size columns, 256 in bf16); BIAS_VEC_CHUNKS chunks of rows, each summed into one
 // partial row, which bias_backward_finish_kernel adds up in order. Needs OC % Pack128::size == 0.
 #define BIAS_VEC_CHUNKS 128
-__global__ void bias_backward_partial_vec_kernel(float* partial, const floatX* dout, int N, int OC) {
+__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec_kernel(float* partial, const floatX* dout, int N,
+                                                                                        int OC) {
     const int P = Pack128::size;
-    __shared__ float s[8][32 * Pack128::size];
+    __shared__ float s[BIAS_ROW_LANES][32 * Pack128::size];
     int pack = blockIdx.x * 32 + threadIdx.x;  // this thread's columns: pack * P .. pack * P + P - 1
     bool active = pack * P < OC;
     float sum[Pack128::size];
     for (int k = 0; k < P; k++) sum[k] = 0.0f;
     if (active) {
-        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8) {
+        for (int n = blockIdx.y * BIAS_ROW_LANES + threadIdx.y; n < N; n += gridDim.y * BIAS_ROW_LANES) {
             Pack128 d = load128(dout + (size_t)n * OC + (size_t)pack * P);
             for (int k = 0; k < P; k++) sum[k] += floatX_to_float(d.v[k]);
         }
@@ -273,7 +278,7 @@ __global__ void bias_backward_partial_vec_kernel(float* partial, const floatX* d
     for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
     __syncthreads();
     if (threadIdx.y == 0 && active) {
-        for (int i = 1; i < 8; i++)
+        for (int i = 1; i < BIAS_ROW_LANES; i++)
             for (int k = 0; k < P; k++) sum[k] += s[i][threadIdx.x * P + k];
         for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
     }
@@ -311,15 +316,19 @@ static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
     if (dbias != NULL && fused && OC % Pack128::size == 0 && aligned16(dout)) {
         float* partial = (float*)scratch_get(scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
         int packs = OC / Pack128::size;
-        bias_backward_partial_vec_kernel<<<dim3(ceil_div(packs, 32), BIAS_VEC_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
+        dim3 grid(ceil_div(packs, 32), BIAS_VEC_CHUNKS), block(32, BIAS_ROW_LANES);
+        bias_backward_partial_vec_kernel<<<grid, block, 0, main_stream>>>(partial, dout, N, OC);
         launchCheck();
-        bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
+        const int finish = BIAS_FINISH_THREADS;
+        bias_backward_finish_kernel<<<ceil_div(OC, finish), finish, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
         launchCheck();
     } else if (dbias != NULL) {
         float* partial = (float*)scratch_get(scratch, (size_t)BIAS_CHUNKS * OC * sizeof(float));
-        bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), BIAS_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
+        dim3 grid(ceil_div(OC, 32), BIAS_CHUNKS), block(32, BIAS_ROW_LANES);
+        bias_backward_partial_kernel<<<grid, block, 0, main_stream>>>(partial, dout, N, OC);
         launchCheck();
-        bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);
+        const int finish = BIAS_FINISH_THREADS;
+        bias_backward_finish_kernel<<<ceil_div(OC, finish), finish, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);
         launchCheck();
     }
 #endif

@@ -13,7 +13,8 @@ static void residual_forward_cpu(float* out, const float* a, const float* b, siz
 }
 
 #ifndef LLMC_CPU
-__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
+#define RESIDUAL_THREADS 256  // threads per block, one element each
+__global__ void __launch_bounds__(RESIDUAL_THREADS) residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = float_to_floatX(floatX_to_float(a[i]) + floatX_to_float(b[i]));
 }
@@ -23,7 +24,7 @@ static void residual_forward(floatX* out, const floatX* a, const floatX* b, size
 #ifdef LLMC_CPU
     residual_forward_cpu(out, a, b, n);
 #else
-    residual_forward_kernel<<<grid_for(n, 256), 256, 0, main_stream>>>(out, a, b, n);
+    residual_forward_kernel<<<grid_for(n, RESIDUAL_THREADS), RESIDUAL_THREADS, 0, main_stream>>>(out, a, b, n);
     launchCheck();
 #endif
 }

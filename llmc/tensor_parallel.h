@@ -199,8 +199,9 @@ static void vocab_ce_finish_cpu(float* logits, float* losses, const float* m, co
 }
 
 #ifndef LLMC_CPU
-// one block per row for each pass
-__global__ void vocab_ce_max_kernel(float* m, const floatX* logits, int Vl, int start, int V) {
+// one block of VOCAB_CE_THREADS per row for each pass
+#define VOCAB_CE_THREADS 256
+__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_max_kernel(float* m, const floatX* logits, int Vl, int start, int V) {
     __shared__ float s_warp[32];
     const floatX* x = logits + (size_t)blockIdx.x * Vl;
     float mx = -INFINITY;
@@ -213,7 +214,8 @@ __global__ void vocab_ce_max_kernel(float* m, const floatX* logits, int Vl, int 
         m[blockIdx.x] = mx;
     }
 }
-__global__ void vocab_ce_sum_kernel(float* st, const floatX* logits, const float* m, const int* targets, int Vl, int start, int V) {
+__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_sum_kernel(float* st, const floatX* logits, const float* m,
+                                                                        const int* targets, int Vl, int start, int V) {
     __shared__ float s_warp[32];
     int n = blockIdx.x;
     const floatX* x = logits + (size_t)n * Vl;
@@ -229,8 +231,9 @@ __global__ void vocab_ce_sum_kernel(float* st, const floatX* logits, const float
         st[2 * n + 1] = t >= 0 && t < Vl ? floatX_to_float(x[t]) : 0.0f;
     }
 }
-__global__ void vocab_ce_finish_kernel(floatX* logits, float* losses, const float* m, const float* st, const int* targets,
-                                       float dloss, int Vl, int start, int V) {
+__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_finish_kernel(floatX* logits, float* losses, const float* m,
+                                                                           const float* st, const int* targets, float dloss, int Vl,
+                                                                           int start, int V) {
     int n = blockIdx.x;
     if (threadIdx.x == 0) losses[n] = logf(st[2 * n]) + m[n] - st[2 * n + 1];
     if (dloss == 0.0f) return;
@@ -256,7 +259,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 #ifdef LLMC_CPU
     vocab_ce_max_cpu(m, logits, N, Vl, start, V);
 #else
-    vocab_ce_max_kernel<<<N, 256, 0, main_stream>>>(m, logits, Vl, start, V);
+    vocab_ce_max_kernel<<<N, VOCAB_CE_THREADS, 0, main_stream>>>(m, logits, Vl, start, V);
     launchCheck();
 #endif
     comm_all_reduce(comm, &comm->tp_group, m, N, DT_FLOAT, REDUCE_MAX);
@@ -264,7 +267,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 #ifdef LLMC_CPU
     vocab_ce_sum_cpu(st, logits, m, targets, N, Vl, start, V);
 #else
-    vocab_ce_sum_kernel<<<N, 256, 0, main_stream>>>(st, logits, m, targets, Vl, start, V);
+    vocab_ce_sum_kernel<<<N, VOCAB_CE_THREADS, 0, main_stream>>>(st, logits, m, targets, Vl, start, V);
     launchCheck();
 #endif
     comm_all_reduce(comm, &comm->tp_group, st, 2 * (size_t)N, DT_FLOAT, REDUCE_SUM);
@@ -272,7 +275,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 #ifdef LLMC_CPU
     vocab_ce_finish_cpu(logits, losses, m, st, targets, dloss, N, Vl, start, V);
 #else
-    vocab_ce_finish_kernel<<<N, 256, 0, main_stream>>>(logits, losses, m, st, targets, dloss, Vl, start, V);
+    vocab_ce_finish_kernel<<<N, VOCAB_CE_THREADS, 0, main_stream>>>(logits, losses, m, st, targets, dloss, Vl, start, V);
     launchCheck();
 #endif
 }
@@ -308,7 +311,9 @@ static void residual_bias_forward_cpu(float* out, const float* a, const float* b
 }
 
 #ifndef LLMC_CPU
-__global__ void residual_bias_forward_kernel(floatX* out, const floatX* a, const floatX* b, const floatX* bias, int N, int C) {
+#define RESIDUAL_BIAS_THREADS 256  // threads per block, one element each
+__global__ void __launch_bounds__(RESIDUAL_BIAS_THREADS) residual_bias_forward_kernel(floatX* out, const floatX* a, const floatX* b,
+                                                                                      const floatX* bias, int N, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
     float v = floatX_to_float(b[i]) + floatX_to_float(bias[i % C]);
@@ -320,7 +325,8 @@ static void residual_bias_forward(floatX* out, const floatX* a, const floatX* b,
 #ifdef LLMC_CPU
     residual_bias_forward_cpu(out, a, b, bias, N, C);
 #else
-    residual_bias_forward_kernel<<<grid_for((size_t)N * C, 256), 256, 0, main_stream>>>(out, a, b, bias, N, C);
+    const int block = RESIDUAL_BIAS_THREADS;
+    residual_bias_forward_kernel<<<grid_for((size_t)N * C, block), block, 0, main_stream>>>(out, a, b, bias, N, C);
     launchCheck();
 #endif
 }

@@ -83,6 +83,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     if nvidia-smi -L >/dev/null 2>&1; then arch=(); else arch=(GPU_ARCH="-gencode arch=compute_90,code=sm_90"); fi
     make -j2 gpu "${arch[@]}"
     make -C dev/cuda -j2 "${arch[@]}"
+    step "the static kernel report (make -C dev/cuda report): registers, spills, occupancy, inner loops, floors at 124M"
+    make -C dev/cuda report
     if nvidia-smi -L >/dev/null 2>&1; then
         for p in fp32 bf16 fp16; do
             step "GPU target: test_gpt $p"

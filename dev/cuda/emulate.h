@@ -30,10 +30,10 @@
  * program, and so does a mask other than the full warp's, which the one barrier cannot model. (A full
  * mask in a warp some of whose lanes have exited is taken as the lanes left, not reported.)
  *
- * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads), grid limits
- * (y, z <= 65535), dynamic shared memory above 48 KiB without cudaFuncSetAttribute's opt-in, and above the
- * device's 227 KiB. Shared memory, dynamic and static, starts each block filled with NaN bytes (0xff), so
- * a read before a write shows up in the result.
+ * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads, and <= the kernel's
+ * __launch_bounds__), grid limits (y, z <= 65535), dynamic shared memory above 48 KiB without
+ * cudaFuncSetAttribute's opt-in, and above the device's 227 KiB. Shared memory, dynamic and static, starts
+ * each block filled with NaN bytes (0xff), so a read before a write shows up in the result.
  * Atomics are plain read-modify-writes: threads never interleave inside one.
  *
  * The runtime calls the programs make (cudaMalloc, cudaMemcpy, events, properties) and their cuBLAS(Lt)
@@ -65,11 +65,12 @@
 // ----------------------------------------------------------------------------------------------------
 // the language: qualifiers and built-in variables
 
-// emulate_source.pl rewrites every __shared__ declaration (into emu::Shared below): one left over is an error
+// emulate_source.pl rewrites every __shared__ declaration (into emu::Shared below) and every
+// __launch_bounds__ (into a check, emu::above_launch_bounds): one left over is an error
 #undef __shared__
 #define __shared__ __shared__declaration_not_rewritten_by_emulate_source_pl
 #undef __launch_bounds__
-#define __launch_bounds__(...)
+#define __launch_bounds__ __launch_bounds__not_rewritten_by_emulate_source_pl
 #undef __forceinline__
 #define __forceinline__ inline
 
@@ -174,6 +175,7 @@ inline unsigned char* dynamic_shared_memory = NULL;
 inline uint64_t block_serial = 0;  // counts the blocks run, so a static shared array knows a new block began
 inline std::map<const void*, int> shared_opt_in;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
 inline cudaError_t last_error = cudaSuccess;
+inline bool launch_refused = false;  // the launch running has been refused by above_launch_bounds
 
 [[noreturn]] inline void die(const char* what) {
     fprintf(stderr, "emulated GPU: %s (block %u,%u,%u thread %u,%u,%u)\n", what, block_index.x, block_index.y, block_index.z,
@@ -316,9 +318,10 @@ struct Launch {
         block_dim = block, grid_dim = grid;
         unsigned char* smem = (unsigned char*)malloc(shared_bytes > 0 ? shared_bytes : 1);
         dynamic_shared_memory = smem;
-        for (unsigned z = 0; z < grid.z; z++)
-            for (unsigned y = 0; y < grid.y; y++)
-                for (unsigned x = 0; x < grid.x; x++) {
+        launch_refused = false;
+        for (unsigned z = 0; z < grid.z && !launch_refused; z++)
+            for (unsigned y = 0; y < grid.y && !launch_refused; y++)
+                for (unsigned x = 0; x < grid.x && !launch_refused; x++) {
                     block_index = make_uint3(x, y, z), block_serial++;
                     memset(smem, 0xff, shared_bytes);
                     run_block(n, (x + grid.x * (y + grid.y * z)) % 2 == 1);
@@ -329,6 +332,22 @@ struct Launch {
 };
 
 inline void* dynamic_shared() { return dynamic_shared_memory; }
+
+// The first statement of a kernel declared with __launch_bounds__(max_threads[, min_blocks[, max_cluster]]),
+// put there by emulate_source.pl: a block of more threads is refused as the GPU refuses the launch (its
+// registers were allocated for max_threads; cudaErrorLaunchOutOfResources, "too many resources requested
+// for launch"). The first thread of block 0 finds it before any thread has run a statement of the kernel;
+// every thread then returns at once and run_grid stops, so the launch does nothing.
+inline bool above_launch_bounds(const char* kernel, unsigned max_threads, unsigned = 0, unsigned = 0) {
+    if (launch_refused) return true;
+    unsigned threads = block_dim.x * block_dim.y * block_dim.z;
+    if (threads <= max_threads) return false;
+    fprintf(stderr, "emulated GPU: launch refused: %s: a block of %u threads, above its __launch_bounds__(%u)\n", kernel, threads,
+            max_threads);
+    last_error = cudaErrorLaunchOutOfResources;
+    launch_refused = true;
+    return true;
+}
 
 // A static __shared__ array (or scalar) of type A, one per declaration (a static local of the kernel, as
 // emulate_source.pl writes it): the threads of a block share it, and the first thread of each block to reach

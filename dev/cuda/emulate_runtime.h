@@ -57,6 +57,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     switch (e) {
         case cudaSuccess: return "cudaSuccess";
         case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
         case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
         case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
         case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";

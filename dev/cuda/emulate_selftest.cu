@@ -11,7 +11,8 @@
  *               the tile right after it and must still get the old values;
  *   2-D index   threadIdx/blockIdx/blockDim/gridDim of a (4, 3) grid of (8, 2, 2) blocks;
  *   limits      a launch above 48 KiB of dynamic shared memory is refused until the kernel opts in,
- *               and a 1025-thread block is refused;
+ *               a 1025-thread block is refused, and so is a block above the kernel's __launch_bounds__
+ *               (cudaErrorLaunchOutOfResources), without running any of it;
  *   poison      shared memory, dynamic and static, starts each block as NaN, so an unwritten read is
  *               visible (the second block of two must not see what the first wrote in a static array);
  *   order       a missing barrier is seen whichever thread reads first: each thread reads the value of
@@ -79,6 +80,9 @@ __global__ void index_kernel(int* out) {
     int b = blockIdx.x + gridDim.x * blockIdx.y;
     out[b * blockDim.x * blockDim.y * blockDim.z + t] = b * 1000 + threadIdx.z * 100 + threadIdx.y * 10 + threadIdx.x;
 }
+
+// declared for 64 threads: a block of 128 must be refused and write nothing
+__global__ void __launch_bounds__(64) bounded_kernel(int* out) { out[threadIdx.x] = 1; }
 
 __global__ void shared_kernel(float* out) {
     extern __shared__ float dyn[];
@@ -189,7 +193,7 @@ int main(int argc, char** argv) {
     check_ints("index", got, want, 12 * 32);
 
     const int big = 64 << 10;
-    printf("  (the two refused launches reported below are part of the test)\n");
+    printf("  (the three refused launches reported below are part of the test)\n");
     fflush(stdout);
     shared_kernel<<<1, 32, big, main_stream>>>(d_out);
     bool refused = cudaGetLastError() != cudaSuccess;
@@ -199,6 +203,15 @@ int main(int argc, char** argv) {
     shared_kernel<<<1, 1025, 0, main_stream>>>(d_out);
     bool refused_block = cudaGetLastError() != cudaSuccess;
     check_scalar("limits", refused && allowed && refused_block, 1.0, 0.0);
+    cudaCheck(cudaMemset(d_int, 0, 192 * sizeof(int)));
+    bounded_kernel<<<1, 64, 0, main_stream>>>(d_int);
+    bool within_bounds = cudaGetLastError() == cudaSuccess;
+    bounded_kernel<<<1, 128, 0, main_stream>>>(d_int + 64);
+    bool above_bounds = cudaGetLastError() == cudaErrorLaunchOutOfResources;
+    check_scalar("limits: __launch_bounds__(64) allows 64 threads, refuses 128", within_bounds && above_bounds, 1.0, 0.0);
+    dev_download(got, d_int, 192);
+    for (int t = 0; t < 192; t++) want[t] = t < 64 ? 1 : 0;
+    check_ints("limits: the refused launch wrote nothing", got, want, 192);
 
     float poison[32];
     dev_download(poison, d_out, 32);

@@ -5,9 +5,12 @@
 #   extern __shared__ [__align__(n)] T name[];     ->  T* name = (T*)emu::dynamic_shared();
 #   __shared__ [__align__(n)] T a[N][M], b;        ->  static emu::Shared<T[N][M], n> a_shared; auto& a = a_shared.fresh();
 #                                                      (the same for b), refilled with NaN for each block
+#   __launch_bounds__(N) kernel(params) {          ->  kernel(params) { if (emu::above_launch_bounds("kernel", N)) return;
+#                                                      (a block of more than N threads is refused, as on the GPU)
 # Everything else is left as written. A declaration must sit on one line; a comment that reads like one
 # on one line is rewritten too (harmless, it stays a comment); one at file scope would not be refilled.
-# A __shared__ left over fails to compile (emulate.h defines it so).
+# A __shared__ or __launch_bounds__ left over (e.g. a bound on a declaration without its body) fails to compile
+# (emulate.h defines them so).
 sub static_shared {
     my ($align, $type, $declarators) = @_;
     my $out = "";
@@ -18,5 +21,6 @@ sub static_shared {
     return $out;
 }
 s/([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\(/emu::Launch($2).run($1, /gs;
+s/__launch_bounds__\s*\(((?:[^()]|\([^()]*\))*)\)\s*(\w+)(\s*\([^()]*\)\s*)\{/$2$3\{ if (emu::above_launch_bounds("$2", $1)) return;/g;
 s/extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w:\s]*?)\s+(\w+)\s*\[\s*\]\s*;/$1* $2 = ($1*)emu::dynamic_shared();/g;
 s/__shared__[ \t]+(?:__align__\((\d+)\)[ \t]+)?([\w:][\w: \t]*?)[ \t]+(\w+[ \t]*(?:\[[^\];\n]*\][ \t]*)*(?:,[ \t]*\w+[ \t]*(?:\[[^\];\n]*\][ \t]*)*)*);/static_shared($1, $2, $3)/ge;

@@ -66,9 +66,9 @@ static void run_version(int v, float* dinp, const float* inp, const float* dout,
             gelu_backward_stream_kernel<<<(int)(blocks > 0 ? blocks : 1), block, 0, main_stream>>>(dinp, inp, dout, n);
             break;
         }
-        case 4:  // the trainer's kernel under --fused-kernels 1
+        case 4:  // the trainer's kernel under --fused-kernels 1, launched as the trainer launches it
             if (!gelu_vec_ok(1, dinp, inp, dout, n)) fatal("version 4 needs n %% 4 == 0 and 16-byte aligned buffers");
-            gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, block), block, 0, main_stream>>>(dinp, inp, dout, n);
+            gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(dinp, inp, dout, n);
             break;
     }
     cudaCheck(cudaGetLastError());

@@ -116,7 +116,8 @@ static void run_version(int v, float* out, float* mean, float* rstd, const float
             break;
         case 4:
             if (!layernorm_fused_ok(out, inp, w, b, NULL, C)) fatal("version 4 needs C %% 4 == 0 and aligned buffers");
-            residual_layernorm_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(NULL, out, mean, rstd, inp, NULL, w, b, N, C);
+            residual_layernorm_forward_kernel<<<ceil_div(N, LN_THREADS / 32), LN_THREADS, 0, main_stream>>>(NULL, out, mean, rstd, inp,
+                                                                                                             NULL, w, b, N, C);
             break;
     }
     cudaCheck(cudaGetLastError());

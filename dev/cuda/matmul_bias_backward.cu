@@ -79,12 +79,14 @@ static const char* version_names[NV + 1] = {"", "naive: one thread per column", 
                                             "float4: 128 row chunks", "Pack128, 128 row chunks (--fused-kernels)"};
 
 static void run_version(int v, float* dbias, float* partial, const float* dout, int N, int OC) {
+    const dim3 lanes(32, BIAS_ROW_LANES);  // the llmc kernels' blocks, as the trainer launches them
+    const int finish = BIAS_FINISH_THREADS;
     switch (v) {
         case 1: bias_backward_naive_kernel<<<ceil_div(OC, 128), 128, 0, main_stream>>>(dbias, dout, N, OC); break;
         case 2:
-            bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), BIAS_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
+            bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), BIAS_CHUNKS), lanes, 0, main_stream>>>(partial, dout, N, OC);
             cudaCheck(cudaGetLastError());
-            bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);
+            bias_backward_finish_kernel<<<ceil_div(OC, finish), finish, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);
             break;
         case 3:
             bias_backward_float4_partial_kernel<<<dim3(ceil_div(OC / 4, 32), MB3_CHUNKS), dim3(32, 8), 0, main_stream>>>(partial, dout, N, OC);
@@ -93,10 +95,10 @@ static void run_version(int v, float* dbias, float* partial, const float* dout, 
             break;
         case 4:
             if (OC % Pack128::size != 0 || !aligned16(dout)) fatal("version 4 needs OC %% 4 == 0 and an aligned dout");
-            bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), BIAS_VEC_CHUNKS), dim3(32, 8), 0, main_stream>>>(
+            bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), BIAS_VEC_CHUNKS), lanes, 0, main_stream>>>(
                 partial, dout, N, OC);
             cudaCheck(cudaGetLastError());
-            bias_backward_finish_kernel<<<ceil_div(OC, 256), 256, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
+            bias_backward_finish_kernel<<<ceil_div(OC, finish), finish, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
             break;
     }
     cudaCheck(cudaGetLastError());

@@ -33,7 +33,8 @@ static void run_version(int v, float* res, float* out, float* mean, float* rstd,
             break;
         case 2:
             if (!layernorm_fused_ok(res, out, a, b, w, C) || !aligned16(bias)) fatal("version 2 needs C %% 4 == 0 and aligned buffers");
-            residual_layernorm_forward_kernel<<<ceil_div(N, 8), 256, 0, main_stream>>>(res, out, mean, rstd, a, b, w, bias, N, C);
+            residual_layernorm_forward_kernel<<<ceil_div(N, LN_THREADS / 32), LN_THREADS, 0, main_stream>>>(res, out, mean, rstd, a, b,
+                                                                                                             w, bias, N, C);
             break;
     }
     cudaCheck(cudaGetLastError());
