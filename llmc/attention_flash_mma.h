@@ -235,13 +235,20 @@ __device__ __forceinline__ void mma_p_x(float acc[8][4], const float p[8][4], co
 }
 
 // rows [row0, row0+64) of one head's 64 channels (row stride `stride` elements) -> tile, asynchronously;
-// rows past T are zero. Every thread of the block takes part (4 chunks of 16 bytes each).
+// rows past T are zero. Every thread of the block takes part: thread t copies 16 bytes at column
+// (t % 8) * 8 of rows t / 8 + 16 j, j = 0..3, so its offsets are worked out once per tile and the four
+// copies differ only by constants (the address arithmetic was the largest part of the forward's loop).
 template <typename Tp>
 __device__ __forceinline__ void load_tile_async(Tp* tile, const Tp* src, int row0, int T, size_t stride) {
-    for (int i = threadIdx.x; i < FLASH_TILE * 8; i += FLASH_THREADS) {
-        int r = i / 8, col = (i % 8) * 8;
-        bool valid = row0 + r < T;
-        cp_async_16(tile + r * FLASH_LDS + col, src + (size_t)(valid ? row0 + r : 0) * stride + col, valid);
+    const int rows_per_pass = FLASH_THREADS / 8;  // 16: 8 threads cover a row's 64 channels
+    const int r = threadIdx.x / 8, col = (threadIdx.x % 8) * 8;
+    Tp* dst = tile + r * FLASH_LDS + col;
+    const Tp* from = src + (size_t)(row0 + r) * stride + col;
+    const size_t step = (size_t)rows_per_pass * stride;
+#pragma unroll
+    for (int j = 0; j < FLASH_TILE / rows_per_pass; j++) {
+        bool valid = row0 + r + j * rows_per_pass < T;
+        cp_async_16(dst + j * rows_per_pass * FLASH_LDS, valid ? from + j * step : src, valid);  // (src: a legal address)
     }
 }
 
