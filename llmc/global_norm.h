@@ -44,40 +44,76 @@ static double sum_squares_cpu(const float* x, size_t n) {
 #ifndef LLMC_CPU
 #define NORM_BLOCKS 1024
 #define NORM_THREADS 256  // threads per block; norm_blocks: a block per NORM_THREADS elements, at most NORM_BLOCKS
-// every block sums a grid-strided share of squares into partial[blockIdx.x]
-__global__ void __launch_bounds__(NORM_THREADS) sum_squares_kernel(float* partial, const floatX* x, size_t n) {
-    __shared__ float s_warp[32];
+// Block `block` of `blocks` sums its grid-strided share of x[i]^2 (n elements); the total is on thread 0.
+// s_warp: the block's shared memory for the warps' sums (32 floats).
+__device__ inline float block_sum_squares(float* s_warp, const floatX* x, size_t n, int block, int blocks) {
     float s = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = (size_t)block * blockDim.x + threadIdx.x; i < n; i += (size_t)blocks * blockDim.x) {
         float v = floatX_to_float(x[i]);
         s += v * v;
     }
     s = warp_sum(s);
     if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = s;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.0f;
+    float total = 0.0f;
+    if (threadIdx.x == 0)
         for (int w = 0; w < blockDim.x / 32; w++) total += s_warp[w];
-        partial[blockIdx.x] = total;
+    return total;
+}
+
+// Many ranges in one launch, each summed by its blocks exactly as its own launch of `blocks` blocks would
+// sum it (so the partial sums, and the norm, are the same bits as with a launch per range). The ranges
+// travel as the kernel's parameter (__grid_constant__: read in place, not copied per thread), under the
+// 4 KiB a launch's parameters may take: NORM_BATCH ranges per launch, all of GPT-2 124M's 148 in one.
+#ifndef NORM_BATCH  // (a test may give a smaller batch, to run several launches)
+#define NORM_BATCH 160
+#endif
+typedef struct {
+    const floatX* x;
+    size_t n;
+    int first_block, blocks;  // this range's blocks in the launch: [first_block, first_block + blocks)
+} NormRange;
+typedef struct {
+    int k;  // ranges
+    NormRange r[NORM_BATCH];
+} NormBatch;
+
+__global__ void __launch_bounds__(NORM_THREADS) sum_squares_batch_kernel(float* partial, const __grid_constant__ NormBatch batch) {
+    __shared__ float s_warp[32];
+    int i = 0;  // the last range whose first block is at or before this one (binary search)
+    for (int lo = 0, hi = batch.k - 1; lo <= hi;) {
+        int mid = (lo + hi) / 2;
+        if (batch.r[mid].first_block <= (int)blockIdx.x) i = mid, lo = mid + 1;
+        else hi = mid - 1;
     }
+    const NormRange* r = &batch.r[i];
+    float total = block_sum_squares(s_warp, r->x, r->n, blockIdx.x - r->first_block, r->blocks);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 static int norm_blocks(size_t n) {
     size_t b = (n + NORM_THREADS - 1) / NORM_THREADS;
     return b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
 }
 
-// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: one kernel per tensor
-// writes its blocks[i] partial sums into `scratch` and a single copy brings them all to host (total
-// blocks floats), so a step synchronizes once, not once per tensor
+// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: the ranges' blocks write
+// their partial sums into `scratch` (range i's blocks[i] after range i-1's), in one launch per NORM_BATCH
+// ranges, and a single copy brings them all to host (total blocks floats), so a step synchronizes once
 static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums,
                             Scratch* scratch) {
     size_t total_blocks = 0;
     for (int i = 0; i < k; i++) total_blocks += blocks[i];
     float* partial = (float*)scratch_get(scratch, total_blocks * sizeof(float));
+    NormBatch batch;
     size_t offset = 0;
-    for (int i = 0; i < k; i++) {
-        sum_squares_kernel<<<blocks[i], NORM_THREADS, 0, main_stream>>>(partial + offset, x[i], n[i]);
-        offset += blocks[i];
+    for (int first = 0; first < k; first += NORM_BATCH) {
+        batch.k = k - first < NORM_BATCH ? k - first : NORM_BATCH;
+        int grid = 0;
+        for (int j = 0; j < batch.k; j++) {
+            batch.r[j] = (NormRange){.x = x[first + j], .n = n[first + j], .first_block = grid, .blocks = blocks[first + j]};
+            grid += blocks[first + j];
+        }
+        sum_squares_batch_kernel<<<grid, NORM_THREADS, 0, main_stream>>>(partial + offset, batch);
+        offset += grid;
     }
     launchCheck();
     copy_to_host(host, partial, total_blocks * sizeof(float));
