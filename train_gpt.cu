@@ -922,15 +922,19 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
     size_t lo, hi, k;
     AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = grad_scale,
                       .t = t, .stochastic = model->stochastic_rounding, .index_base = 0};
+    AdamWRange ranges[ADAMW_BATCH];  // (passed on ADAMW_BATCH at a time: a launch each on the GPU)
+    int n = 0;
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
-        args.weight_decay = s->decay ? o->weight_decay : 0.0f;
-        args.index_base = lo;
-        adamw_update(master_of_bucket(model, s->bucket) + in_bucket, master_is_params(model) ? NULL : model->params_memory + lo,
-                     grads_of_bucket(model, s->bucket) + in_bucket, model->m + k, model->v + k, hi - lo, args);
+        ranges[n++] = (AdamWRange){.master = master_of_bucket(model, s->bucket) + in_bucket,
+                                   .param_copy = master_is_params(model) ? NULL : model->params_memory + lo,
+                                   .grad = grads_of_bucket(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
+                                   .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
+        if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args), n = 0;
     }
+    if (n > 0) adamw_update_ranges(ranges, n, args);
 }
 
 // The optimizer step: clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0

@@ -25,6 +25,21 @@ typedef struct {
     size_t index_base; // the buffer index of element 0 (the seed of its random bits)
 } AdamWArgs;
 
+// One tensor's part of an optimizer step; adamw_update_ranges takes up to ADAMW_BATCH at once (one
+// launch on the GPU: see adamw_batch_kernel)
+#ifndef ADAMW_BATCH  // (a test may give a smaller batch, to run more launches)
+#define ADAMW_BATCH 56
+#endif
+typedef struct {
+    float* master;
+    floatX* param_copy;  // NULL: the master is the parameter (FP32)
+    const floatX* grad;
+    float *m, *v;
+    size_t n, index_base;  // elements; the buffer index of element 0 (AdamWArgs.index_base)
+    float weight_decay;    // AdamWArgs.weight_decay for this tensor (0: biases, LayerNorms)
+    int first_block;       // the range's blocks in its launch start here (set by adamw_update_ranges)
+} AdamWRange;
+
 #ifdef LLMC_CPU
 #define ADAMW_FN static inline
 #else
@@ -90,6 +105,31 @@ __global__ void __launch_bounds__(ADAMW_THREADS) adamw_kernel(float* master, flo
     if (param_copy != NULL) param_copy[i] = round_param(p, a.index_base + i, a.t, a.stochastic);
 }
 
+// Many tensors' updates in one launch (the optimizer step: one range per tensor this rank owns). A
+// range's blocks update its elements exactly as its own launch would (the same bits); the ranges travel
+// as the kernel's parameter (__grid_constant__, read in place) under the 4 KiB a launch's parameters may
+// take: ADAMW_BATCH per launch, so GPT-2 124M's 148 tensors take 3 launches instead of 148.
+typedef struct {
+    int k;
+    AdamWRange r[ADAMW_BATCH];
+} AdamWBatch;
+
+__global__ void __launch_bounds__(ADAMW_THREADS) adamw_batch_kernel(const __grid_constant__ AdamWBatch batch, AdamWArgs a, float bc1,
+                                                                    float bc2_sqrt) {
+    int j = 0;  // the last range whose first block is at or before this one (binary search)
+    for (int lo = 0, hi = batch.k - 1; lo <= hi;) {
+        int mid = (lo + hi) / 2;
+        if (batch.r[mid].first_block <= (int)blockIdx.x) j = mid, lo = mid + 1;
+        else hi = mid - 1;
+    }
+    const AdamWRange* r = &batch.r[j];
+    size_t i = (size_t)(blockIdx.x - r->first_block) * blockDim.x + threadIdx.x;
+    if (i >= r->n) return;
+    a.weight_decay = r->weight_decay;
+    float p = adamw_element(r->master + i, r->m + i, r->v + i, floatX_to_float(r->grad[i]), a, bc1, bc2_sqrt);
+    if (r->param_copy != NULL) r->param_copy[i] = round_param(p, r->index_base + i, a.t, a.stochastic);
+}
+
 // param_copy = round(master), as the update of step t rounded it (used after loading the master weights)
 __global__ void __launch_bounds__(ADAMW_THREADS) round_params_kernel(floatX* param_copy, const float* master, size_t n,
                                                                      size_t index_base, int t, int stochastic) {
@@ -103,6 +143,30 @@ static void round_params(floatX* param_copy, const float* master, size_t n, size
     (void)param_copy, (void)master, (void)n, (void)index_base, (void)t, (void)stochastic;  // fp32: no copy
 #else
     round_params_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(param_copy, master, n, index_base, t, stochastic);
+    launchCheck();
+#endif
+}
+
+// AdamW step a.t on k ranges (each with its own weight decay and index base; a's are ignored)
+static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a) {
+#ifdef LLMC_CPU
+    for (int j = 0; j < k; j++) {
+        a.weight_decay = r[j].weight_decay, a.index_base = r[j].index_base;
+        adamw_cpu(r[j].master, r[j].param_copy, r[j].grad, r[j].m, r[j].v, r[j].n, a);
+    }
+#else
+    float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
+    AdamWBatch batch;
+    for (int first = 0; first < k; first += ADAMW_BATCH) {
+        batch.k = k - first < ADAMW_BATCH ? k - first : ADAMW_BATCH;
+        int grid = 0;
+        for (int j = 0; j < batch.k; j++) {
+            batch.r[j] = r[first + j];
+            batch.r[j].first_block = grid;
+            grid += grid_for(batch.r[j].n, ADAMW_THREADS);
+        }
+        adamw_batch_kernel<<<grid, ADAMW_THREADS, 0, main_stream>>>(batch, a, bc1, bc2_sqrt);
+    }
     launchCheck();
 #endif
 }

@@ -10,6 +10,9 @@
  *   2  float4: one thread per 4 parameters, 16-byte loads and stores of all four arrays (the tail,
  *      n % 4, per element). The arithmetic is adamw_element from llmc/adamw.h, applied to each lane of
  *      the float4, so the results are bitwise the same as version 1.
+ *   3  the trainer's optimizer step (llmc/adamw.h adamw_update_ranges): the parameters as 148 tensors of
+ *      uneven sizes (GPT-2 124M has 148), ADAMW_BATCH of them per launch of adamw_batch_kernel; each
+ *      element as in version 1.
  *
  * CPU reference: adamw_cpu (llmc/adamw.h) at step t = 5 from random m, v. Tolerances (the device
  * contracts a*b+c into FMAs, the host does not): master 1e-7 abs, m 1e-9 abs, v 1e-12 abs, 1e-5 rel.
@@ -32,9 +35,9 @@ __global__ void adamw_float4_kernel(float* master, const float* grad, float* m, 
     }
 }
 
-static const int NV = 2;
-static const char* version_names[NV + 1] = {"", "one thread per parameter (llmc)",
-                                            "float4: one thread per 4 parameters"};
+static const int NV = 3;
+static const char* version_names[NV + 1] = {"", "one thread per parameter (llmc)", "float4: one thread per 4 parameters",
+                                            "148 tensors, batched launches (llmc step)"};
 
 static void run_version(int ver, float* master, const float* grad, float* m, float* v, size_t n, AdamWArgs a) {
     switch (ver) {
@@ -42,6 +45,19 @@ static void run_version(int ver, float* master, const float* grad, float* m, flo
         case 2: {
             float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
             adamw_float4_kernel<<<grid_for((n + 3) / 4, 256), 256, 0, main_stream>>>(master, grad, m, v, n, a, bc1, bc2_sqrt);
+            break;
+        }
+        case 3: {
+            const int k = 148;
+            AdamWRange r[k];
+            size_t start = 0, avg = n / k;
+            for (int j = 0; j < k; j++) {
+                size_t len = j == k - 1 ? n - start : avg / 2 + avg * (j % 3) / 2;  // 0.5, 1, 1.5 x the mean: uneven
+                r[j] = (AdamWRange){.master = master + start, .param_copy = NULL, .grad = grad + start, .m = m + start,
+                                    .v = v + start, .n = len, .index_base = start, .weight_decay = a.weight_decay};
+                start += len;
+            }
+            adamw_update_ranges(r, k, a);
             break;
         }
     }

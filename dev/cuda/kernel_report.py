@@ -224,7 +224,8 @@ def floors(X, consts):
         ("encoder_backward_wpe_kernel", "both", 1, BTC * X + 2 * T * C * X, 0, ""),
         ("sum_squares_batch_kernel", "both", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
          f"every gradient once ({2 + 12 * L + 2} tensors, {consts['NORM_BATCH']} per launch)"),
-        ("adamw_kernel", "both", 2 + 12 * L + 2, P * (24 + 2 * X), 0, "master, m, v in and out; grad in, param out"),
+        ("adamw_batch_kernel", "both", -(-(2 + 12 * L + 2) // consts["ADAMW_BATCH"]), P * (24 + 2 * X), 0,
+         f"master, m, v in and out; grad in, param out ({consts['ADAMW_BATCH']} tensors per launch)"),
     ]
     # cuBLAS(Lt): forward qkv, attproj, fc, fcproj and the classifier; backward twice that (dinp and dweight)
     mm_fwd = 2 * BT * 12 * C * C * L + 2 * BT * C * Vp
