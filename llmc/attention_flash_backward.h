@@ -37,9 +37,12 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* D_s, const f
     else if (i < 128) D_s[i - 64] = row0 + i - 64 < T ? D[row0 + i - 64] : 0.0f;
 }
 
-// b. dK, dV. grid (ceil(T/64) key tiles, B*NH), block 128
+// b. dK, dV. grid (ceil(T/64) key tiles, B*NH), block 128. This warp's K and V fragments (kf, vf) are
+// loaded from shared memory again for every query tile instead of living in registers: 32 registers
+// fewer, so the kernel fits 168 without spilling and three blocks share an SM instead of two (the
+// __launch_bounds__ minimum; make -C dev/cuda report shows both), for 8 more ldmatrix per 128 mma.
 template <typename Tp>
-__global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dkdv_kernel(Tp* dqkv, const Tp* qkv, const Tp* dout,
+__global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kernel(Tp* dqkv, const Tp* qkv, const Tp* dout,
                                                                                const float* lse, const float* D, int T, int C,
                                                                                int NH, float scale, float scale_log2) {
     extern __shared__ __align__(16) unsigned char flash_smem[];
@@ -79,7 +82,6 @@ __global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dkdv_kernel(T
         int buf = (qt - kt) & 1, q0 = qt * FLASH_TILE;
         cp_async_wait_all();
         __syncthreads();  // query tile qt has landed, and the other buffer is no longer read
-        if (qt == kt) load_a_frags(kf, Ks, warp * 16), load_a_frags(vf, Vs, warp * 16);
         if (qt + 1 < ntiles) {
             load_tile_async(Qs + (buf ^ 1) * FLASH_TILE_ELEMS, base, q0 + FLASH_TILE, T, stride);
             load_tile_async(dOs + (buf ^ 1) * FLASH_TILE_ELEMS, dbase, q0 + FLASH_TILE, T, (size_t)C);
@@ -94,7 +96,9 @@ __global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dkdv_kernel(T
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) st[nt][e] = 0.0f, dpt[nt][e] = 0.0f;
+        load_a_frags(kf, Ks, warp * 16);
         mma_a_xt<Tp>(st, kf, Qb);    // S^T = K Q^T
+        load_a_frags(vf, Vs, warp * 16);
         mma_a_xt<Tp>(dpt, vf, dOb);  // dP^T = V dO^T
         bool edge = qt == kt || q0 + FLASH_TILE > T;  // the diagonal or the sequence tail
         flash_bwd_ds_t(st, dpt, lse_s + buf * FLASH_TILE, D_s + buf * FLASH_TILE, lane, k0 + warp * 16, q0, T, edge, scale_log2);
