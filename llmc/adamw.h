@@ -107,13 +107,15 @@ __global__ void __launch_bounds__(ADAMW_THREADS) adamw_kernel(float* master, flo
 
 // Many tensors' updates in one launch (the optimizer step: one range per tensor this rank owns). A
 // range's blocks update its elements exactly as its own launch would (the same bits); the ranges travel
-// as the kernel's parameter (__grid_constant__, read in place) under the 4 KiB a launch's parameters may
-// take: ADAMW_BATCH per launch, so GPT-2 124M's 148 tensors take 3 launches instead of 148.
+// as the kernel's parameter (read in place; __grid_constant__: never written) under the 4 KiB a launch's
+// parameters may take: ADAMW_BATCH per launch, so GPT-2 124M's 148 tensors take 3 launches instead of 148.
 typedef struct {
     int k;
     AdamWRange r[ADAMW_BATCH];
 } AdamWBatch;
 
+static_assert(sizeof(AdamWBatch) + sizeof(AdamWArgs) + 2 * sizeof(float) <= 4096,
+              "adamw_batch_kernel's parameters exceed the 4 KiB of a launch: lower ADAMW_BATCH");
 __global__ void __launch_bounds__(ADAMW_THREADS) adamw_batch_kernel(const __grid_constant__ AdamWBatch batch, AdamWArgs a, float bc1,
                                                                     float bc2_sqrt) {
     int j = 0;  // the last range whose first block is at or before this one (binary search)

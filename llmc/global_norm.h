@@ -63,7 +63,7 @@ __device__ inline float block_sum_squares(float* s_warp, const floatX* x, size_t
 
 // Many ranges in one launch, each summed by its blocks exactly as its own launch of `blocks` blocks would
 // sum it (so the partial sums, and the norm, are the same bits as with a launch per range). The ranges
-// travel as the kernel's parameter (__grid_constant__: read in place, not copied per thread), under the
+// travel as the kernel's parameter (read in place; __grid_constant__: never written), under the
 // 4 KiB a launch's parameters may take: NORM_BATCH ranges per launch, all of GPT-2 124M's 148 in one.
 #ifndef NORM_BATCH  // (a test may give a smaller batch, to run several launches)
 #define NORM_BATCH 160
@@ -78,6 +78,7 @@ typedef struct {
     NormRange r[NORM_BATCH];
 } NormBatch;
 
+static_assert(sizeof(float*) + sizeof(NormBatch) <= 4096, "sum_squares_batch_kernel's parameters exceed the 4 KiB of a launch: lower NORM_BATCH");
 __global__ void __launch_bounds__(NORM_THREADS) sum_squares_batch_kernel(float* partial, const __grid_constant__ NormBatch batch) {
     __shared__ float s_warp[32];
     int i = 0;  // the last range whose first block is at or before this one (binary search)

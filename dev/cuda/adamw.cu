@@ -11,8 +11,9 @@
  *      n % 4, per element). The arithmetic is adamw_element from llmc/adamw.h, applied to each lane of
  *      the float4, so the results are bitwise the same as version 1.
  *   3  the trainer's optimizer step (llmc/adamw.h adamw_update_ranges): the parameters as 148 tensors of
- *      uneven sizes (GPT-2 124M has 148), ADAMW_BATCH of them per launch of adamw_batch_kernel; each
- *      element as in version 1.
+ *      uneven sizes (GPT-2 124M has 148), every other one without weight decay (as biases and
+ *      LayerNorms), ADAMW_BATCH of them per launch of adamw_batch_kernel; each element as in version 1.
+ *      Its reference is adamw_cpu over the same tensors.
  *
  * CPU reference: adamw_cpu (llmc/adamw.h) at step t = 5 from random m, v. Tolerances (the device
  * contracts a*b+c into FMAs, the host does not): master 1e-7 abs, m 1e-9 abs, v 1e-12 abs, 1e-5 rel.
@@ -39,6 +40,19 @@ static const int NV = 3;
 static const char* version_names[NV + 1] = {"", "one thread per parameter (llmc)", "float4: one thread per 4 parameters",
                                             "148 tensors, batched launches (llmc step)"};
 
+// version 3's tensors over the n parameters: uneven sizes (0.5, 1, 1.5 x the mean), every other one
+// without weight decay
+static const int TENSORS = 148;
+static void tensors(AdamWRange* r, float* master, const float* grad, float* m, float* v, size_t n, float weight_decay) {
+    size_t start = 0, avg = n / TENSORS;
+    for (int j = 0; j < TENSORS; j++) {
+        size_t len = j == TENSORS - 1 ? n - start : avg / 2 + avg * (j % 3) / 2;
+        r[j] = (AdamWRange){.master = master + start, .param_copy = NULL, .grad = grad + start, .m = m + start, .v = v + start,
+                            .n = len, .index_base = start, .weight_decay = j % 2 ? weight_decay : 0.0f};
+        start += len;
+    }
+}
+
 static void run_version(int ver, float* master, const float* grad, float* m, float* v, size_t n, AdamWArgs a) {
     switch (ver) {
         case 1: adamw_update(master, NULL, grad, m, v, n, a); break;
@@ -48,16 +62,9 @@ static void run_version(int ver, float* master, const float* grad, float* m, flo
             break;
         }
         case 3: {
-            const int k = 148;
-            AdamWRange r[k];
-            size_t start = 0, avg = n / k;
-            for (int j = 0; j < k; j++) {
-                size_t len = j == k - 1 ? n - start : avg / 2 + avg * (j % 3) / 2;  // 0.5, 1, 1.5 x the mean: uneven
-                r[j] = (AdamWRange){.master = master + start, .param_copy = NULL, .grad = grad + start, .m = m + start,
-                                    .v = v + start, .n = len, .index_base = start, .weight_decay = a.weight_decay};
-                start += len;
-            }
-            adamw_update_ranges(r, k, a);
+            AdamWRange r[TENSORS];
+            tensors(r, master, grad, m, v, n, a.weight_decay);
+            adamw_update_ranges(r, TENSORS, a);
             break;
         }
     }
@@ -79,6 +86,14 @@ int main(int argc, char** argv) {
     a.grad_scale = 0.8f, a.t = 5, a.stochastic = 0, a.index_base = 0;
     float *master_ref = host_copy(master, n), *m_ref = host_copy(m, n), *v_ref = host_copy(v, n);
     adamw_cpu(master_ref, NULL, grad, m_ref, v_ref, n, a);
+    float *master_ref3 = host_copy(master, n), *m_ref3 = host_copy(m, n), *v_ref3 = host_copy(v, n);  // version 3's
+    AdamWRange r3[TENSORS];
+    tensors(r3, master_ref3, grad, m_ref3, v_ref3, n, a.weight_decay);
+    for (int j = 0; j < TENSORS; j++) {
+        AdamWArgs aj = a;
+        aj.weight_decay = r3[j].weight_decay;
+        adamw_cpu(r3[j].master, NULL, r3[j].grad, r3[j].m, r3[j].v, r3[j].n, aj);
+    }
 
     float* d_grad = dev_upload(grad, n);
     float *d_master = dev_alloc<float>(n), *d_m = dev_alloc<float>(n), *d_v = dev_alloc<float>(n);
@@ -88,13 +103,13 @@ int main(int argc, char** argv) {
         printf("version %d: %s\n", ver, version_names[ver]);
         dev_set(d_master, master, n), dev_set(d_m, m, n), dev_set(d_v, v, n);
         run_version(ver, d_master, d_grad, d_m, d_v, n, a);
-        check_close("master", d_master, master_ref, n, 1e-7, 1e-5);
-        check_close("m", d_m, m_ref, n, 1e-9, 1e-5);
-        check_close("v", d_v, v_ref, n, 1e-12, 1e-5);
+        check_close("master", d_master, ver == 3 ? master_ref3 : master_ref, n, 1e-7, 1e-5);
+        check_close("m", d_m, ver == 3 ? m_ref3 : m_ref, n, 1e-9, 1e-5);
+        check_close("v", d_v, ver == 3 ? v_ref3 : v_ref, n, 1e-12, 1e-5);
         float ms = benchmark_ms([&] { run_version(ver, d_master, d_grad, d_m, d_v, n, a); });
         print_bandwidth("adamw", ms, bytes);
     }
     cudaCheck(cudaFree(d_grad)), cudaCheck(cudaFree(d_master)), cudaCheck(cudaFree(d_m)), cudaCheck(cudaFree(d_v));
-    free(master), free(grad), free(m), free(v), free(master_ref), free(m_ref), free(v_ref);
+    free(master), free(grad), free(m), free(v), free(master_ref), free(m_ref), free(v_ref), free(master_ref3), free(m_ref3), free(v_ref3);
     return finish();
 }

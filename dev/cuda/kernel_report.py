@@ -8,14 +8,16 @@ shared memory) and once to PTX (the kernel's instructions before ptxas schedules
 
 1. per kernel: threads per block (from its __launch_bounds__, in the PTX as .maxntid), registers, spill
    bytes, static and dynamic shared memory, and the resulting blocks and warps per SM on an H100
-   (65,536 registers, 228 KiB of shared memory, 2,048 threads, 32 blocks per SM), with what limits them;
+   (65,536 registers, 228 KiB of shared memory, 2,048 threads, 32 blocks per SM; --arch sm_80: an A100,
+   164 KiB), with what limits them;
 2. for the flash-attention kernels and the classifier, the instruction mix of the inner loop (the
    smallest loop of the PTX holding the most mma, or for the classifier the most ex2): mma, ldmatrix,
    cp.async, ex2, loads/stores, conversions and moves, compares/branches/barriers/shuffles, and the
    remaining float and integer (mostly address) arithmetic; instructions per mma is the number to push down;
 3. per kernel at GPT-2 124M, B=16, T=1024: the fewest bytes each must move and the FLOPs it must do in
-   one training step, and the floor in microseconds at 3.0 TB/s and at cuBLAS's measured 790 TFLOP/s
-   (BF16 on an H100), next to the cuBLAS matmuls' floor: a kernel timed later has a floor to be compared with.
+   one training step, and the floor in microseconds at an H100's practical 3.0 TB/s and 790 TFLOP/s
+   (large BF16 cuBLAS matmuls), next to the cuBLAS matmuls' floor: a kernel timed later has a floor to be
+   compared with (BF16 and FP16 builds).
 
 The minimum bytes are each input read once and each output written once (a read-modify-write counts
 twice); FLOPs count multiply-adds as two. Calls per step are those of the fast path (--fused-kernels 1
@@ -35,11 +37,18 @@ import tempfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-# An H100 SXM (sm_90) per SM. Registers are allocated per warp in units of 256; each block also holds
-# 1 KiB of shared memory for the system (cudaOccupancy's reserved shared memory).
-SM = dict(regs=65536, reg_unit=256, smem=228 * 1024, smem_reserved=1024, smem_unit=128, threads=2048, blocks=32)
-HBM_BYTES_PER_S = 3.0e12      # a measured device-to-device copy rate on an H100 SXM (peak 3.35 TB/s)
-CUBLAS_FLOPS_PER_S = 790e12   # cuBLAS BF16 matmuls measured on an H100 SXM (dense peak 989 TFLOP/s)
+# Per SM (cuda_occupancy.h's rules): registers are allocated per warp in units of 256 from each of the 4
+# sub-partitions' quarter of the register file; each block also holds 1 KiB of shared memory for the
+# system. The H100 (sm_90) and the A100 (sm_80), the two architectures the trainer builds for.
+SMS = {
+    "sm_90": dict(gpu="H100", regs=65536, reg_unit=256, smem=228 * 1024, smem_reserved=1024, smem_unit=128, threads=2048, blocks=32),
+    "sm_80": dict(gpu="A100", regs=65536, reg_unit=256, smem=164 * 1024, smem_reserved=1024, smem_unit=128, threads=2048, blocks=32),
+}
+SM = SMS["sm_90"]
+# An H100 SXM's practical rates, for the floors: about 3.0 TB/s for a large device copy (peak 3.35) and
+# about 790 TFLOP/s for large BF16 cuBLAS matmuls (dense peak 989). A floor is only as good as these.
+HBM_BYTES_PER_S = 3.0e12
+CUBLAS_FLOPS_PER_S = 790e12
 
 
 def run(cmd):
@@ -50,17 +59,12 @@ def run(cmd):
 
 
 def demangle(names):
-    """Itanium C++ names -> 'kernel_name' (no namespace, template arguments or parameters)."""
-    filt = shutil.which("c++filt")
-    out = names
-    if filt:
-        out = subprocess.run([filt], input="\n".join(names), stdout=subprocess.PIPE, text=True).stdout.split("\n")[: len(names)]
+    """Itanium C++ names of free functions, '_Z<length><name>...' -> 'name' (the kernels are neither in a
+    namespace nor members, so the first name is theirs)."""
     short = []
-    for n in out:
-        n = re.sub(r"^void ", "", n)
-        n = n.split("(")[0]
-        n = re.sub(r"<.*>$", "", n)
-        short.append(n)
+    for n in names:
+        m = re.match(r"_Z(\d+)", n)
+        short.append(n[m.end(): m.end() + int(m.group(1))] if m else n)
     return short
 
 
@@ -107,6 +111,9 @@ def instructions(lines):
     out = []
     for line in lines:
         s = line.strip()
+        m = re.match(r"^\{\s*(.+?;)\s*\}$", s)  # an inline-asm block on one line: { cvt.rn.bf16x2.f32 ...; }
+        if m:
+            s = m.group(1)
         if not s or s.startswith(("//", ".", "{", "}", "$")) or s.endswith(":"):
             continue
         s = re.sub(r"^@!?%\w+\s+", "", s)  # a predicate guard
@@ -234,10 +241,10 @@ def floors(X, consts):
 
 
 def occupancy(threads, regs, smem):
-    """(blocks per SM, what limits them) on an H100."""
+    """(blocks per SM, what limits them) on the GPU of SM."""
     warps = math.ceil(threads / 32)
     regs_per_warp = math.ceil(regs * 32 / SM["reg_unit"]) * SM["reg_unit"]
-    by_regs = SM["regs"] // (regs_per_warp * warps) if regs else SM["blocks"]
+    by_regs = (SM["regs"] // 4 // regs_per_warp) * 4 // warps if regs else SM["blocks"]  # warps fit per sub-partition
     per_block_smem = math.ceil((smem + SM["smem_reserved"]) / SM["smem_unit"]) * SM["smem_unit"]
     by_smem = SM["smem"] // per_block_smem
     by_threads = SM["threads"] // (warps * 32)
@@ -255,6 +262,10 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(args.nvcc) and not shutil.which(args.nvcc):
         sys.exit(f"kernel_report: nvcc not found ({args.nvcc}); install the CUDA toolkit or pass --nvcc")
+    if args.arch not in SMS:
+        sys.exit(f"kernel_report: --arch {args.arch}: the report knows {' and '.join(SMS)} (the architectures the trainer builds for)")
+    global SM
+    SM = SMS[args.arch]
     cc = args.arch.replace("sm_", "")
     define = {"bf16": ["-DENABLE_BF16"], "fp16": ["-DENABLE_FP16"], "fp32": []}[args.precision]
     X = 4 if args.precision == "fp32" else 2
@@ -279,6 +290,10 @@ def main():
     mangled = sorted(set(info) | set(entries))
     short = dict(zip(mangled, demangle(mangled)))
     consts = header_constants()
+    expected = {"encoder_forward_kernel"} | ({"flash_tc_forward_kernel"} if X == 2 else set())  # (flash: 16-bit builds only)
+    if not expected <= set(short.values()):
+        sys.exit(f"kernel_report: {', '.join(sorted(expected - set(short.values())))} not among the kernels read: has the code or "
+                 "the compiler's output changed?")
     dynamic = {  # the dynamic shared memory each launcher asks for, at C = 768 (llmc/attention_flash.h, layernorm.h)
         "flash_tc_backward_dkdv_kernel": consts.get("FLASH_TC_BWD_SMEM"),
         "flash_tc_backward_dq_kernel": consts.get("FLASH_TC_BWD_SMEM"),
@@ -287,7 +302,8 @@ def main():
 
     print(f"kernel report: train_gpt.cu for {args.arch}, {args.precision.upper()} ({os.path.basename(args.nvcc)} "
           f"{run([args.nvcc, '--version']).strip().split(chr(10))[-1]})")
-    print("\n1. resources and occupancy on an H100 (65,536 registers, 228 KiB shared memory, 2,048 threads, 32 blocks per SM)")
+    print(f"\n1. resources and occupancy on an {SM['gpu']} ({SM['regs']:,} registers, {SM['smem'] // 1024} KiB shared memory, "
+          f"{SM['threads']:,} threads, {SM['blocks']} blocks per SM)")
     hdr = f"  {'kernel':36s} {'threads':>7s} {'regs':>5s} {'spill B':>7s} {'smem':>6s} {'dyn smem':>9s} {'blocks/SM':>9s} {'warps/SM':>8s} {'occup.':>6s}  limited by"
     print(hdr)
     spills, unbounded, flash_regs = [], [], []
@@ -321,6 +337,10 @@ def main():
             sys.exit(f"kernel_report: no loop of {k} holds an {key} instruction: has the kernel or the PTX changed?")
         print(f"  {k:32s} " + " ".join(f"{mix[c]:8d}" for c, _ in CATEGORIES) + f" {mix['total']:6d}  {mix['total'] / mix[key]:5.1f} {key}")
 
+    if X != 2:
+        print("\n3. floors: for the BF16 and FP16 builds only (their rates are 16-bit tensor-core rates)")
+        print_targets(spills, flash_regs, unbounded)
+        return
     rows, mm_flops, attention_classic, P = floors(X, consts)
     print(f"\n3. floors of one training step at GPT-2 124M (B=16, T=1024, {P:,} parameters, {X}-byte activations):"
           f" bytes at {HBM_BYTES_PER_S / 1e12:.1f} TB/s, FLOPs at {CUBLAS_FLOPS_PER_S / 1e12:.0f} TFLOP/s, the larger")
@@ -331,6 +351,8 @@ def main():
         us = 1e6 * max(nbytes / HBM_BYTES_PER_S, flops / CUBLAS_FLOPS_PER_S)
         mark = "" if k in known else "  (not in this build)"
         print(f"  {k:36s} {path:>7s} {calls:5d} {nbytes / 1e6:9.1f} {flops / 1e9:10.1f} {us:9.1f}  {note}{mark}")
+        if mark:
+            continue
         for p in total:
             if path in ("both", p) or (p == "fused" and path == "flash"):
                 total[p] += us
@@ -343,6 +365,10 @@ def main():
     print(f"  a step's floor: {fast:.1f} ms on the fast path (--fused-kernels 1 --attention flash), {classic:.1f} ms on the"
           f" classic one; of it the kernels above: {total['fused'] / 1000:.1f} and {total['classic'] / 1000:.1f} ms")
 
+    print_targets(spills, flash_regs, unbounded)
+
+
+def print_targets(spills, flash_regs, unbounded):
     print("\ntargets (dev/cuda/README.md): no spills; every flash kernel at <= 168 registers (3 blocks of 128 threads per SM)")
     print("  spills: " + ("; ".join(spills) if spills else "none"))
     over = [f"{k} {r}" for k, r in flash_regs if r > 168]
