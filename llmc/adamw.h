@@ -118,13 +118,7 @@ static_assert(sizeof(AdamWBatch) + sizeof(AdamWArgs) + 2 * sizeof(float) <= 4096
               "adamw_batch_kernel's parameters exceed the 4 KiB of a launch: lower ADAMW_BATCH");
 __global__ void __launch_bounds__(ADAMW_THREADS) adamw_batch_kernel(const __grid_constant__ AdamWBatch batch, AdamWArgs a, float bc1,
                                                                     float bc2_sqrt) {
-    int j = 0;  // the last range whose first block is at or before this one (binary search)
-    for (int lo = 0, hi = batch.k - 1; lo <= hi;) {
-        int mid = (lo + hi) / 2;
-        if (batch.r[mid].first_block <= (int)blockIdx.x) j = mid, lo = mid + 1;
-        else hi = mid - 1;
-    }
-    const AdamWRange* r = &batch.r[j];
+    const AdamWRange* r = &batch.r[range_of_block(batch.r, batch.k)];
     size_t i = (size_t)(blockIdx.x - r->first_block) * blockDim.x + threadIdx.x;
     if (i >= r->n) return;
     a.weight_decay = r->weight_decay;

@@ -340,6 +340,20 @@ __device__ static inline float warp_max(float v) {
     return v;
 }
 
+// Kernels that handle many ranges in one launch (the global norm, AdamW) give each range a run of
+// blocks; the range of this block is the last of the k whose first_block (ascending, the first 0) is at
+// or before blockIdx.x: a binary search
+template <typename Range>
+__device__ static inline int range_of_block(const Range* r, int k) {
+    int found = 0;
+    for (int lo = 0, hi = k - 1; lo <= hi;) {
+        int mid = (lo + hi) / 2;
+        if (r[mid].first_block <= (int)blockIdx.x) found = mid, lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return found;
+}
+
 // 16 bytes of floatX as one value (8 bf16/fp16 or 4 float), for 128-bit loads and stores. Only for
 // addresses that are 16-byte aligned: every launcher that uses it checks with aligned16() and otherwise
 // falls back to its scalar kernel.

@@ -81,13 +81,7 @@ typedef struct {
 static_assert(sizeof(float*) + sizeof(NormBatch) <= 4096, "sum_squares_batch_kernel's parameters exceed the 4 KiB of a launch: lower NORM_BATCH");
 __global__ void __launch_bounds__(NORM_THREADS) sum_squares_batch_kernel(float* partial, const __grid_constant__ NormBatch batch) {
     __shared__ float s_warp[32];
-    int i = 0;  // the last range whose first block is at or before this one (binary search)
-    for (int lo = 0, hi = batch.k - 1; lo <= hi;) {
-        int mid = (lo + hi) / 2;
-        if (batch.r[mid].first_block <= (int)blockIdx.x) i = mid, lo = mid + 1;
-        else hi = mid - 1;
-    }
-    const NormRange* r = &batch.r[i];
+    const NormRange* r = &batch.r[range_of_block(batch.r, batch.k)];
     float total = block_sum_squares(s_warp, r->x, r->n, blockIdx.x - r->first_block, r->blocks);
     if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
