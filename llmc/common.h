@@ -144,10 +144,15 @@ static inline void check_writable_dir(const char* dir, const char* what, int cre
 }
 
 // The same for a file that will be written at `path` later: its folder must be writable, and the path
-// must not be a folder itself.
+// must not be a folder, nor anything else that is not a regular file. Such a file is written by renaming
+// a finished temporary file over the path (llmc/atomic_file.h), which would replace a device node (as
+// root, /dev/null), a FIFO or a symbolic link with a plain file: refused, not done.
 static inline void check_writable_file(const char* path, const char* what) {
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) fatal("%s '%s' is a folder, not a file", what, path);
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) fatal("%s '%s' is a folder, not a file", what, path);
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        fatal("%s '%s' exists and is not a regular file (%s): saving renames a new file over it; give another path", what, path,
+              S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
     char dir[4200];
     snprintf(dir, sizeof(dir), "%s", path);
     char* slash = strrchr(dir, '/');

@@ -253,6 +253,21 @@ expect_error "--checkpoint-dir read-only" "cannot create files in '/sys/kernel'"
 check "--checkpoint-dir read-only: before training" no_step_ran
 expect_error "--trace into no folder" "--trace: folder '.*/nodir'" "${TINY[@]}" "${GOOD[@]}" --trace "$TMP/nodir/t.json"
 check "--trace into no folder: before training" no_step_ran
+# a file saved by renaming over its path replaced a FIFO, a symbolic link or (as root) /dev/null with a
+# plain file; such paths are refused before training and left as they were
+mkfifo "$TMP/out_fifo"
+touch "$TMP/link_target" && ln -s "$TMP/link_target" "$TMP/link"
+expect_error "--save-model a FIFO" "--save-model '.*/out_fifo' exists and is not a regular file (a FIFO)" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/out_fifo"
+check "--save-model a FIFO: before training" no_step_ran
+check "--save-model a FIFO: still a FIFO" test -p "$TMP/out_fifo"
+expect_error "--save-model a symlink" "is not a regular file (a symbolic link)" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/link"
+check "--save-model a symlink: still a link" test -L "$TMP/link"
+# a device node of our own (root can make one; /dev/null itself is not put at risk by a test)
+if mknod "$TMP/null" c 1 3 2>/dev/null; then
+    expect_error "--save-model a device" "is not a regular file (a device or socket)" "${TINY[@]}" "${GOOD[@]}" --save-model "$TMP/null"
+    check "--save-model a device: still a device" test -c "$TMP/null"
+fi
+expect_error "--trace a FIFO" "--trace '.*/out_fifo' exists and is not a regular file" "${TINY[@]}" "${GOOD[@]}" --trace "$TMP/out_fifo"
 expect_error "--log /dev/full" "cannot write the log '/dev/full'" "${TINY[@]}" "${GOOD[@]}" --log /dev/full
 
 echo "divergence (nothing non-finite is ever applied or written)"
