@@ -907,7 +907,7 @@ static void gpt2_init_norm_parts(GPT2* model) {
 static double gpt2_grad_sumsq(GPT2* model) {
     Comm* comm = model->comm;
     double sums[2];  // [replicated, split by TP]
-    norm_parts_sum(&model->norm_parts, sums, &model->kernel_scratch.norm);
+    norm_parts_sum(&model->norm_parts, sums, &model->kernel_scratch.norm, model->kernels.fused);
     if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
     double sumsq = sums[1] + sums[0];
     comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
@@ -922,7 +922,7 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
     size_t lo, hi, k;
     AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = grad_scale,
                       .t = t, .stochastic = model->stochastic_rounding, .index_base = 0};
-    AdamWRange ranges[ADAMW_BATCH];  // (passed on ADAMW_BATCH at a time: a launch each on the GPU)
+    AdamWRange ranges[ADAMW_BATCH];  // (passed on ADAMW_BATCH at a time: with --fused-kernels 1 a launch each on the GPU)
     int n = 0;
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
@@ -932,9 +932,9 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
                                    .param_copy = master_is_params(model) ? NULL : model->params_memory + lo,
                                    .grad = grads_of_bucket(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
                                    .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
-        if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args), n = 0;
+        if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args, model->kernels.fused), n = 0;
     }
-    if (n > 0) adamw_update_ranges(ranges, n, args);
+    if (n > 0) adamw_update_ranges(ranges, n, args, model->kernels.fused);
 }
 
 // The optimizer step: clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0
@@ -1559,6 +1559,13 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     return (32 << 20) + attention + reductions + embedding;
 }
 
+// The kernel scratch of one rank with elements of `elem_bytes`: the CPU target's own (its build precision)
+// or the GPU's
+static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int last, int B, int T, size_t elem_bytes,
+                                   const KernelChoice* kernels) {
+    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
+}
+
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
@@ -1573,7 +1580,7 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     int cpu = plan_is_cpu(elem_bytes);
     MemoryPlan p = {.params = model.bytes_params, .grads = model.bytes_grads, .optimizer = model.bytes_optimizer,
                     .activations = model.bytes_activations, .workspace = model.bytes_workspace, .comm = model.bytes_comm,
-                    .kernel_scratch = cpu ? cpu_kernel_scratch(c, pl, model.last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels),
+                    .kernel_scratch = kernel_scratch_bytes(c, pl, model.last, B, T, elem_bytes, kernels),
                     .host = 0};
     if (cpu && phases >= 0) p.host = plan_host_copies(&model, phases, p.activations + p.kernel_scratch);
     gpt2_free(&model);
@@ -2148,11 +2155,7 @@ static void print_run_summary(const Training* run) {
     }
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
-#ifdef LLMC_CPU
-        size_t scratch = cpu_kernel_scratch(c, &model->place, model->last, tc->B, tc->T);
-#else
-        size_t scratch = gpu_kernel_scratch(c, &model->place, tc->B, tc->T, sizeof(floatX), &model->kernels);
-#endif
+        size_t scratch = kernel_scratch_bytes(c, &model->place, model->last, tc->B, tc->T, sizeof(floatX), &model->kernels);
         size_t total = model->bytes_params + model->bytes_grads + model->bytes_optimizer + model->bytes_activations +
                        model->bytes_workspace + model->bytes_comm + scratch;
         printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "

@@ -143,14 +143,31 @@ static void round_params(floatX* param_copy, const float* master, size_t n, size
 #endif
 }
 
-// AdamW step a.t on k ranges (each with its own weight decay and index base; a's are ignored)
-static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a) {
+static void adamw_update(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n, AdamWArgs a) {
 #ifdef LLMC_CPU
-    for (int j = 0; j < k; j++) {
-        a.weight_decay = r[j].weight_decay, a.index_base = r[j].index_base;
-        adamw_cpu(r[j].master, r[j].param_copy, r[j].grad, r[j].m, r[j].v, r[j].n, a);
-    }
+    adamw_cpu(master, param_copy, grad, m, v, n, a);
 #else
+    float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
+    adamw_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(master, param_copy, grad, m, v, n, a, bc1, bc2_sqrt);
+    launchCheck();
+#endif
+}
+
+// AdamW step a.t on k ranges (each with its own weight decay and index base; a's are ignored): a launch
+// per range (adamw_kernel, the default, which has run on a GPU), or (`batched`, --fused-kernels 1, not yet
+// run on a GPU) one per ADAMW_BATCH ranges; the same bits either way
+static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a, int batched) {
+#ifdef LLMC_CPU
+    batched = 0;  // (the CPU loops over the ranges)
+#endif
+    if (!batched) {
+        for (int j = 0; j < k; j++) {
+            a.weight_decay = r[j].weight_decay, a.index_base = r[j].index_base;
+            adamw_update(r[j].master, r[j].param_copy, r[j].grad, r[j].m, r[j].v, r[j].n, a);
+        }
+        return;
+    }
+#ifndef LLMC_CPU
     float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
     AdamWBatch batch;
     for (int first = 0; first < k; first += ADAMW_BATCH) {
@@ -167,12 +184,3 @@ static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a) {
 #endif
 }
 
-static void adamw_update(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n, AdamWArgs a) {
-#ifdef LLMC_CPU
-    adamw_cpu(master, param_copy, grad, m, v, n, a);
-#else
-    float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
-    adamw_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(master, param_copy, grad, m, v, n, a, bc1, bc2_sqrt);
-    launchCheck();
-#endif
-}

@@ -61,7 +61,15 @@ __device__ inline float block_sum_squares(float* s_warp, const floatX* x, size_t
     return total;
 }
 
-// Many ranges in one launch, each summed by its blocks exactly as its own launch of `blocks` blocks would
+// every block sums a grid-strided share of squares into partial[blockIdx.x] (a launch per range: the
+// default, the kernel that has run on a GPU)
+__global__ void __launch_bounds__(NORM_THREADS) sum_squares_kernel(float* partial, const floatX* x, size_t n) {
+    __shared__ float s_warp[32];
+    float total = block_sum_squares(s_warp, x, n, blockIdx.x, gridDim.x);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// --fused-kernels 1 (not yet run on a GPU): many ranges in one launch, each summed by its blocks exactly as its own launch of `blocks` blocks would
 // sum it (so the partial sums, and the norm, are the same bits as with a launch per range). The ranges
 // travel as the kernel's parameter (read in place; __grid_constant__: never written), under the
 // 4 KiB a launch's parameters may take: NORM_BATCH ranges per launch, all of GPT-2 124M's 148 in one.
@@ -91,16 +99,19 @@ static int norm_blocks(size_t n) {
 }
 
 // sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: the ranges' blocks write
-// their partial sums into `scratch` (range i's blocks[i] after range i-1's), in one launch per NORM_BATCH
-// ranges, and a single copy brings them all to host (total blocks floats), so a step synchronizes once
+// their partial sums into `scratch` (range i's blocks[i] after range i-1's), in a launch per range or
+// (`batched`) one per NORM_BATCH ranges, the same bits either way, and a single copy brings them all to
+// host (total blocks floats), so a step synchronizes once
 static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums,
-                            Scratch* scratch) {
+                            Scratch* scratch, int batched) {
     size_t total_blocks = 0;
     for (int i = 0; i < k; i++) total_blocks += blocks[i];
     float* partial = (float*)scratch_get(scratch, total_blocks * sizeof(float));
     NormBatch batch;
     size_t offset = 0;
-    for (int first = 0; first < k; first += NORM_BATCH) {
+    for (int i = 0; i < k && !batched; offset += blocks[i++])
+        sum_squares_kernel<<<blocks[i], NORM_THREADS, 0, main_stream>>>(partial + offset, x[i], n[i]);
+    for (int first = 0; first < k && batched; first += NORM_BATCH) {
         batch.k = k - first < NORM_BATCH ? k - first : NORM_BATCH;
         int grid = 0;
         for (int j = 0; j < batch.k; j++) {
@@ -131,7 +142,7 @@ static double sum_squares(const floatX* x, size_t n, Scratch* scratch) {
     int blocks = norm_blocks(n);
     float host[NORM_BLOCKS];
     double s;
-    sum_squares_gpu(&x, &n, &blocks, 1, host, &s, scratch);
+    sum_squares_gpu(&x, &n, &blocks, 1, host, &s, scratch, 0);
     return s;
 #endif
 }
@@ -183,13 +194,13 @@ static void norm_parts_finish(NormParts* p) {
 }
 
 // group_sums[g] = the sum of squares of the ranges of group g (g = 0, 1), the ranges added in order
-// (`scratch`: the GPU's partial sums, grown on the first step)
-static void norm_parts_sum(NormParts* p, double group_sums[2], Scratch* scratch) {
+// (`scratch`: the GPU's partial sums, grown on the first step; `batched`: --fused-kernels' batched launches)
+static void norm_parts_sum(NormParts* p, double group_sums[2], Scratch* scratch, int batched) {
 #ifdef LLMC_CPU
-    (void)scratch;
+    (void)scratch, (void)batched;
     for (int i = 0; i < p->n; i++) p->sums[i] = sum_squares_cpu_into(p->x[i], p->len[i], p->chunks);
 #else
-    sum_squares_gpu(p->x, p->len, p->blocks, p->n, p->host, p->sums, scratch);
+    sum_squares_gpu(p->x, p->len, p->blocks, p->n, p->host, p->sums, scratch, batched);
 #endif
     group_sums[0] = group_sums[1] = 0.0;
     for (int i = 0; i < p->n; i++) group_sums[p->group[i]] += p->sums[i];

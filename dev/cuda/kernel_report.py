@@ -229,10 +229,12 @@ def floors(X, consts):
         ("bias_backward_finish_kernel", "both", 4 * L, 0, 0, "(C-sized partial sums: negligible)"),
         ("encoder_backward_wte_kernel", "both", 1, BTC * X, 0, "dout in (+ the touched rows of dwte)"),
         ("encoder_backward_wpe_kernel", "both", 1, BTC * X + 2 * T * C * X, 0, ""),
-        ("sum_squares_batch_kernel", "both", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
+        ("sum_squares_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
          f"every gradient once ({2 + 12 * L + 2} tensors, {consts['NORM_BATCH']} per launch)"),
-        ("adamw_batch_kernel", "both", -(-(2 + 12 * L + 2) // consts["ADAMW_BATCH"]), P * (24 + 2 * X), 0,
+        ("sum_squares_kernel", "classic", 2 + 12 * L + 2, P * X, 0, "the same, a launch per tensor"),
+        ("adamw_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["ADAMW_BATCH"]), P * (24 + 2 * X), 0,
          f"master, m, v in and out; grad in, param out ({consts['ADAMW_BATCH']} tensors per launch)"),
+        ("adamw_kernel", "classic", 2 + 12 * L + 2, P * (24 + 2 * X), 0, "the same, a launch per tensor"),
     ]
     # cuBLAS(Lt): forward qkv, attproj, fc, fcproj and the classifier; backward twice that (dinp and dweight)
     mm_fwd = 2 * BT * 12 * C * C * L + 2 * BT * C * Vp
