@@ -499,8 +499,12 @@ static void test_pipeline_memory(const KernelChoice* kernels) {
 
 // Recomputation: 10 training steps give bit-identical losses and final parameters at every --recompute
 // level (backward recomputes with the same operations on the same inputs), and the activation memory
-// falls at each level by exactly what that level stops keeping for the layers beyond the first.
-static void test_recompute(const KernelChoice* kernels, const char* dir, const char* name, int B, int T, int V) {
+// falls at each level by exactly what that level stops keeping for the layers beyond the first. Level 0
+// runs GELU in its own kernel here, as the other levels do (see KernelChoice.separate_gelu).
+static void test_recompute(const KernelChoice* run_kernels, const char* dir, const char* name, int B, int T, int V) {
+    KernelChoice same_gelu = *run_kernels;
+    same_gelu.separate_gelu = 1;
+    const KernelChoice* kernels = &same_gelu;
     printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T, kernels->flash_attention ? ", flash attention" : "");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));

@@ -714,8 +714,10 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
         layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C, fused);
     }
     // MLP block: output = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    matmul_forward(la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul, fused);  // TP: column-parallel, our hidden units
-    gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl, fused);
+    // fc and GELU (TP: column-parallel, our hidden units); with --fused-kernels GELU in the product's
+    // epilogue, unless backward recomputes it (recompute_layer: with the GELU kernel, so forward uses it too)
+    int gelu_epilogue = fused && model->recompute == 0 && !model->kernels.separate_gelu;
+    matmul_forward_gelu(la->fch_gelu, la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul, fused, gelu_epilogue);
     row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
 }
 
@@ -842,9 +844,9 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
-        matmul_backward(a->dwide, dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, fused);  // dfch_gelu =
-        gelu_backward(a->dwide, la.fch, a->dwide, BT * 4 * Cl, fused);                                              // dfch = (in place)
-        matmul_backward(a->scratch, dw->fcw, dw->fcb, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, fused); // dln2 =
+        matmul_backward_gelu(a->dwide, dw->fcprojw, dw->fcprojb, dw->fcb, a->dresidual, la.fch_gelu, la.fch, w->fcprojw, BT, 4 * Cl, C,
+                             &ks->matmul, fused);                                                                 // dfch =, dfcb +=
+        matmul_backward(a->scratch, dw->fcw, NULL, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, fused);  // dln2 = (dfcb: above)
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual2 +=
@@ -2502,10 +2504,10 @@ static void print_usage(void) {
         "  --device-memory SIZE  with --plan: also the largest micro-batch that fits, e.g. 80GiB\n"
         "  --precision P         with --plan: bf16 | fp16 | fp32      [this build's]\n"
         "GPU speed\n"
-        "  --fused-kernels 0|1   GPU: fused LayerNorm (residual add + forward; one-pass backward), 16-byte GELU,\n"
-        "                        bias-gradient and classifier kernels, cuBLASLt plans kept per shape, micro-step\n"
-        "                        inputs copied without waiting, a step's losses summed on the device and copied\n"
-        "                        once. Off until verified on a GPU (scripts/check_gpu.sh).\n"
+        "  --fused-kernels 0|1   GPU: fused LayerNorm (residual add + forward; one-pass backward), 16-byte\n"
+        "                        classifier kernels, GELU and bias gradients in cuBLASLt epilogues, plans kept\n"
+        "                        per shape, micro-step inputs copied without waiting, a step's losses summed on\n"
+        "                        the device and copied once. Off until verified on a GPU (scripts/check_gpu.sh).\n"
         "                        CPU target: accepted, the same reference loops, identical results [0]\n"
         "optimization\n"
         "  --steps N             optimizer steps                      [%lld]\n"

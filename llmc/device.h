@@ -87,7 +87,8 @@ static cudaStream_t main_stream = 0;
 typedef struct {
     // --fused-kernels 1 (README): the GPU target uses the fused and vectorized kernels of the layer headers
     // (LayerNorm backward in one pass, residual + LayerNorm forward, 16-byte GELU, bias-gradient and
-    // classifier kernels), cached cuBLASLt plans, no host synchronization for the inputs of a micro-step,
+    // classifier kernels), cached cuBLASLt plans and their epilogues (GELU and bias gradients inside the
+    // products, llmc/matmul.h), no host synchronization for the inputs of a micro-step,
     // and a step's losses summed on the device (one copy per step, llmc/classifier.h loss_mean). Off by
     // default until check_gpu.sh has passed with it. The CPU target accepts it and runs the same reference
     // loops (identical results).
@@ -95,6 +96,11 @@ typedef struct {
     // --attention flash (llmc/attention.h; 0: classic attention). The activations follow it (the (B, NH, T)
     // logsumexp instead of the (B, NH, T, T) probabilities), and so does the memory plan.
     int flash_attention;
+    // Not a flag: 1 keeps GELU in its own kernel where --fused-kernels would put it in the fc product's
+    // epilogue (which a run without --recompute does). The epilogue computes GELU from the unrounded sum,
+    // so its output may differ in the last bit from the kernel's, which recomputation uses; the test of
+    // recomputation sets this to compare every level with level 0 bit for bit.
+    int separate_gelu;
 } KernelChoice;
 
 // The name of the device this rank computes on (for the log): the GPU's, or the CPU's model name.

@@ -12,12 +12,19 @@
  * is one dot product summed in index order, so CPU results do not depend on the thread count. The three
  * products above map onto it after transposing one operand into a scratch buffer.
  * With --fused-kernels 1 the GPU keeps each shape's cuBLASLt plan (descriptor, layouts, algorithm) instead
- * of making it per call, and sums the bias gradient with 16-byte loads.
- * (An optimized BLAS would be faster still; this one stays short, readable and deterministic.)
+ * of making it per call, and lets cuBLASLt's epilogues do what otherwise takes a pass over memory of its own:
+ *   bias gradient      dbias = column sums of dout, read while the dweight product reads dout (BGRADB)
+ *   GELU after fc      matmul_forward_gelu:  pre = inp . weight^T + bias, out = gelu(pre), one pass (GELU_AUX_BIAS)
+ *   GELU before fcproj matmul_backward_gelu: dpre = (dout . weight) * gelu'(pre), and fc's bias gradient as
+ *                      its column sums, in the dinp product (DGELU_BGRAD)
+ * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and one small kernel adds it.
+ * Where cuBLASLt has no algorithm for an epilogue, the same launcher takes the separate kernels instead.
+ * (An optimized BLAS would be faster still on the CPU; this one stays short, readable and deterministic.)
  */
 #pragma once
 
 #include "device.h"
+#include "gelu.h"
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
@@ -91,20 +98,27 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* weight
     }
 }
 
+// dbias (OC) += column sums of dout (N, OC), each summed in row order (so not dependent on the thread
+// count). Blocks of 64 columns run in parallel, each streaming through dout row by row.
+#define BIAS_CPU_COLUMNS 64
+static void bias_backward_cpu(float* dbias, const float* dout, int N, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < OC; o0 += BIAS_CPU_COLUMNS) {
+        int w = OC - o0 < BIAS_CPU_COLUMNS ? OC - o0 : BIAS_CPU_COLUMNS;
+        float sum[BIAS_CPU_COLUMNS] = {};
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < w; j++) sum[j] += dout[(size_t)n * OC + o0 + j];
+        for (int j = 0; j < w; j++) dbias[o0 + j] += sum[j];
+    }
+}
+
 static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                 const float* weight, int N, int IC, int OC, Scratch* scratch) {
     gemm_cpu(dinp, dout, weight, N, IC, OC, 0);  // (N,OC) . (OC,IC)
     float* doutT = (float*)scratch_get(scratch, (size_t)N * OC * sizeof(float));
     transpose_cpu(doutT, dout, N, OC);  // (OC, N)
     gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
-    if (dbias != NULL) {
-#pragma omp parallel for
-        for (int o = 0; o < OC; o++) {
-            float sum = 0.0f;
-            for (int n = 0; n < N; n++) sum += doutT[(size_t)o * N + n];
-            dbias[o] += sum;
-        }
-    }
+    if (dbias != NULL) bias_backward_cpu(dbias, dout, N, OC);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -134,28 +148,55 @@ static uint32_t pointer_alignment(const void* p) {
     return align;
 }
 
+// What cuBLASLt does after the product, in the column-major terms of matmul_cublaslt below (D is m x n):
+typedef enum {
+    EPI_NONE,           // D = op(A) op(B) [+ D]
+    EPI_BIAS,           // D = op(A) op(B) + bias (m), broadcast over the n columns
+    EPI_GELU_AUX_BIAS,  // aux = op(A) op(B) + bias (m); D = gelu(aux)       (aux: m x n, like D)
+    EPI_DGELU_BGRAD,    // D = op(A) op(B) * gelu'(aux); vec (m) = sums of D over its n columns
+    EPI_BGRADB,         // D = op(A) op(B) [+ D]; vec (n) = sums of op(B) over its k rows
+} Epilogue;
+
 // Everything cuBLASLt needs for one product shape: the descriptor (transposes, epilogue), the three
-// layouts and the algorithm its heuristic chose for the stated pointer alignments.
+// layouts and the algorithm its heuristic chose for the stated pointer alignments. `usable` is 0 where
+// cuBLASLt offers no algorithm (only an epilogue beyond the bias may be refused; the launchers then
+// take the separate kernels).
 typedef struct {
-    int m, n, k, trans_a, trans_b, has_bias;
-    uint32_t align[3];  // of a, b, d
+    int m, n, k, trans_a, trans_b;
+    Epilogue epilogue;
+    uint32_t align[5];  // of a, b, d, vec (the bias or bias gradient), aux
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
+    int usable;
 } MatmulPlan;
 
-static void matmul_plan_create(MatmulPlan* p, const floatX* bias) {
+// points the descriptor at this call's bias (or bias gradient) vector and GELU input
+static void matmul_plan_point(MatmulPlan* p, const void* vec, const void* aux) {
+    if (p->epilogue != EPI_NONE)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
+    if (p->epilogue == EPI_GELU_AUX_BIAS || p->epilogue == EPI_DGELU_BGRAD)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+}
+
+static void matmul_plan_create(MatmulPlan* p, const void* vec, const void* aux) {
     cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_a = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (p->has_bias) {
-        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        cudaDataType_t bias_type = CUDA_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    const cublasLtEpilogue_t lt_epilogue[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+                                              CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADB};
+    cublasLtEpilogue_t epilogue = lt_epilogue[p->epilogue];
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (p->epilogue != EPI_NONE) {  // the vector is of the output's type (a bias gradient can be no other)
+        cudaDataType_t vec_type = CUDA_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type, sizeof(vec_type)));
     }
+    if (p->epilogue == EPI_GELU_AUX_BIAS || p->epilogue == EPI_DGELU_BGRAD) {  // the GELU input: m x n like D
+        int64_t aux_ld = p->m;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
+    matmul_plan_point(p, vec, aux);  // the heuristic reads the alignment of these pointers
     int m = p->m, n = p->n, k = p->k;
     cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUDA_FLOATX, p->trans_a ? k : m, p->trans_a ? m : k, p->trans_a ? k : m));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUDA_FLOATX, p->trans_b ? n : k, p->trans_b ? k : n, p->trans_b ? n : k));
@@ -174,10 +215,14 @@ static void matmul_plan_create(MatmulPlan* p, const floatX* bias) {
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &aligns[i], sizeof(aligns[i])));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heuristic, &found));
-    if (found == 0) fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, p->trans_a, p->trans_b, p->has_bias);
-    p->algo = heuristic.algo;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heuristic, &found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    p->usable = status == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p->usable) p->algo = heuristic.algo;
+    else if (p->epilogue == EPI_NONE || p->epilogue == EPI_BIAS) {  // the products every run needs
+        cublasCheck(status);
+        fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, p->trans_a, p->trans_b, p->epilogue == EPI_BIAS);
+    }
 }
 
 static void matmul_plan_destroy(MatmulPlan* p) {
@@ -187,53 +232,62 @@ static void matmul_plan_destroy(MatmulPlan* p) {
     cublasCheck(cublasLtMatmulDescDestroy(p->desc));
 }
 
-// --fused-kernels: plans are made once per shape and kept (a training step has about ten shapes; the
-// table is generous, and a shape beyond it simply gets a plan made for the call as before). A cache of
-// what cuBLASLt chose for a shape on this device, process-wide: any caller with the same shape may reuse it.
+// --fused-kernels: plans are made once per shape and kept (a training step has about fifteen shapes and
+// epilogues; the table is generous, and a shape beyond it simply gets a plan made for the call as before).
+// A cache of what cuBLASLt chose for a shape on this device, process-wide: any caller with the same shape
+// may reuse it.
 #define MATMUL_PLAN_CACHE 64
 static MatmulPlan matmul_plan_cache[MATMUL_PLAN_CACHE];
 static int matmul_plan_cached = 0;
-static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const floatX* bias) {
+static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const void* vec, const void* aux) {
     for (int i = 0; i < matmul_plan_cached; i++) {
         MatmulPlan* p = &matmul_plan_cache[i];
         if (p->m == key->m && p->n == key->n && p->k == key->k && p->trans_a == key->trans_a && p->trans_b == key->trans_b &&
-            p->has_bias == key->has_bias && !memcmp(p->align, key->align, sizeof(p->align)))
+            p->epilogue == key->epilogue && !memcmp(p->align, key->align, sizeof(p->align))) {
+            if (p->usable) matmul_plan_point(p, vec, aux);
             return p;
+        }
     }
     if (matmul_plan_cached == MATMUL_PLAN_CACHE) return NULL;
     MatmulPlan* p = &matmul_plan_cache[matmul_plan_cached++];
     *p = *key;
-    matmul_plan_create(p, bias);
+    matmul_plan_create(p, vec, aux);
     return p;
 }
 
-// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ bias (m) broadcast over n].
-// A row-major matrix seen column-major is its transpose, which is how the row-major products above map
-// onto this call (see matmul_forward / matmul_backward). `cached_plan` (--fused-kernels): keep the plan
-// in the cache above for the next call of this shape, else make it for this call only.
-static void matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
-                            bool trans_a, bool trans_b, bool accumulate, int cached_plan) {
+// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate], then the epilogue with its vector
+// `vec` and GELU input `aux` (see Epilogue). A row-major matrix seen column-major is its transpose, which
+// is how the row-major products above map onto this call (see matmul_forward / matmul_backward).
+// `cached_plan` (--fused-kernels): keep the plan in the cache above for the next call of this shape, else
+// make it for this call only. Returns false, having done nothing, where cuBLASLt has no algorithm for
+// the epilogue.
+static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a, bool trans_b,
+                            bool accumulate, int cached_plan, Epilogue epilogue = EPI_NONE, const void* vec = NULL,
+                            const void* aux = NULL) {
     matmul_init();
-    MatmulPlan key = {.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .has_bias = bias != NULL,
-                      .align = {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d)}};
-    MatmulPlan* plan = cached_plan ? matmul_plan_lookup(&key, bias) : NULL;
+    MatmulPlan key = {.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .epilogue = epilogue,
+                      .align = {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d), pointer_alignment(vec),
+                                pointer_alignment(aux)}};
+    MatmulPlan* plan = cached_plan ? matmul_plan_lookup(&key, vec, aux) : NULL;
     if (plan == NULL) {  // made for this call only
         plan = &key;
-        matmul_plan_create(plan, bias);
-    } else if (bias != NULL) {  // a kept plan: point it at this call's bias
-        cublasCheck(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        matmul_plan_create(plan, vec, aux);
     }
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, d, plan->ld, d, plan->ld,
-                               &plan->algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+    bool ran = plan->usable;
+    if (ran) {
+        const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+        cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, d, plan->ld, d, plan->ld,
+                                   &plan->algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+    }
     if (plan == &key) matmul_plan_destroy(plan);
+    return ran;
 }
 
 // dbias (OC) += column sums of dout (N, OC): blocks of 32 columns x BIAS_ROW_LANES row-lanes, partial sums
 // per block row, then one thread per column adds them up (fixed order, no atomics).
 #define BIAS_CHUNKS 64
 #define BIAS_ROW_LANES 8
-#define BIAS_FINISH_THREADS 256  // bias_backward_finish_kernel's block (a thread per column)
+#define BIAS_FINISH_THREADS 256  // bias_backward_finish_kernel's and bias_accumulate_kernel's block (a thread per column)
 __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
     __shared__ float s[BIAS_ROW_LANES][32];
     int o = blockIdx.x * 32 + threadIdx.x;
@@ -255,6 +309,11 @@ __global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kern
     float sum = 0.0f;
     for (int i = 0; i < chunks; i++) sum += partial[(size_t)i * OC + o];
     dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + sum);
+}
+// dbias (OC) += grad (OC): the bias gradient an epilogue wrote, added to the accumulated one
+__global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_accumulate_kernel(floatX* dbias, const floatX* grad, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o < OC) dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + floatX_to_float(grad[o]));
 }
 
 // --fused-kernels: the same sums with 16-byte loads. A block of 32 lanes x BIAS_ROW_LANES row-lanes covers
@@ -283,13 +342,46 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec
         for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
     }
 }
+
+// dbias (OC) += column sums of dout (N, OC) by the kernels above; `scratch` holds the partial sums
+static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, Scratch* scratch, int fused) {
+    bool vec = fused && OC % Pack128::size == 0 && aligned16(dout);
+    int chunks = vec ? BIAS_VEC_CHUNKS : BIAS_CHUNKS;
+    float* partial = (float*)scratch_get(scratch, (size_t)chunks * OC * sizeof(float));
+    dim3 block(32, BIAS_ROW_LANES);
+    if (vec) bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
+    else bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
+    launchCheck();
+    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, chunks, OC);
+    launchCheck();
+}
+
+static void bias_accumulate(floatX* dbias, const floatX* grad, int OC) {
+    bias_accumulate_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, grad, OC);
+    launchCheck();
+}
+
+// the weight and bias gradients of matmul_backward: dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC), and
+// dbias += column sums of dout, with --fused-kernels read by the same product (BGRADB)
+static void matmul_backward_weight_gpu(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N, int IC, int OC,
+                                       Scratch* scratch, int fused) {
+    if (dbias != NULL && fused) {
+        floatX* grad = (floatX*)scratch_get(scratch, (size_t)OC * sizeof(floatX));
+        if (matmul_cublaslt(dweight, inp, dout, IC, OC, N, false, true, true, fused, EPI_BGRADB, grad)) {
+            bias_accumulate(dbias, grad, OC);
+            return;
+        }
+    }
+    matmul_cublaslt(dweight, inp, dout, IC, OC, N, false, true, true, fused);
+    if (dbias != NULL) bias_backward_gpu(dbias, dout, N, OC, scratch, fused);
+}
 #endif
 
 // ----------------------------------------------------------------------------------------------------
 // launchers
 
 // `scratch`: the CPU target's transposed operand (the GPU path needs none); `fused`: the run's
-// --fused-kernels (KernelChoice.fused): on the GPU cached cuBLASLt plans, in backward the 16-byte bias gradient
+// --fused-kernels (KernelChoice.fused): on the GPU cached cuBLASLt plans and their epilogues
 static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC,
                            Scratch* scratch, int fused) {
 #ifdef LLMC_CPU
@@ -298,7 +390,7 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
 #else
     (void)scratch;
     // column-major: out^T (OC,N) = weight (stored (IC,OC), transposed) . inp^T (IC,N)
-    matmul_cublaslt(out, weight, inp, bias, OC, N, IC, true, false, false, fused);
+    matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, fused, bias != NULL ? EPI_BIAS : EPI_NONE, bias);
 #endif
 }
 
@@ -310,26 +402,49 @@ static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
     matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
 #else
     // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
-    matmul_cublaslt(dinp, weight, dout, NULL, IC, N, OC, false, false, false, fused);
-    // dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC)
-    matmul_cublaslt(dweight, inp, dout, NULL, IC, OC, N, false, true, true, fused);
-    if (dbias != NULL && fused && OC % Pack128::size == 0 && aligned16(dout)) {
-        float* partial = (float*)scratch_get(scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
-        int packs = OC / Pack128::size;
-        dim3 grid(ceil_div(packs, 32), BIAS_VEC_CHUNKS), block(32, BIAS_ROW_LANES);
-        bias_backward_partial_vec_kernel<<<grid, block, 0, main_stream>>>(partial, dout, N, OC);
-        launchCheck();
-        const int finish = BIAS_FINISH_THREADS;
-        bias_backward_finish_kernel<<<ceil_div(OC, finish), finish, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
-        launchCheck();
-    } else if (dbias != NULL) {
-        float* partial = (float*)scratch_get(scratch, (size_t)BIAS_CHUNKS * OC * sizeof(float));
-        dim3 grid(ceil_div(OC, 32), BIAS_CHUNKS), block(32, BIAS_ROW_LANES);
-        bias_backward_partial_kernel<<<grid, block, 0, main_stream>>>(partial, dout, N, OC);
-        launchCheck();
-        const int finish = BIAS_FINISH_THREADS;
-        bias_backward_finish_kernel<<<ceil_div(OC, finish), finish, 0, main_stream>>>(dbias, partial, BIAS_CHUNKS, OC);
-        launchCheck();
+    matmul_cublaslt(dinp, weight, dout, IC, N, OC, false, false, false, fused);
+    matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
+#endif
+}
+
+// A linear layer followed by GELU (the MLP's fc): pre (N,OC) = inp . weight^T + bias, out = gelu(pre).
+// Both are kept: backward needs pre for GELU's derivative and out for the next layer's weight gradient.
+// `gelu_epilogue`: on the GPU, GELU in the product's epilogue (one pass instead of three); it computes
+// GELU from the unrounded sum, so its out may differ from gelu_forward(pre) in the last bit, and a run
+// that recomputes out (--recompute) must not use it.
+static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC,
+                                int OC, Scratch* scratch, int fused, int gelu_epilogue) {
+#ifndef LLMC_CPU
+    // the GELU input's leading dimension must be a multiple of 8 (cuBLASLt)
+    if (gelu_epilogue && bias != NULL && OC % 8 == 0 &&
+        matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, fused, EPI_GELU_AUX_BIAS, bias, pre))
+        return;
+#endif
+    (void)gelu_epilogue;
+    matmul_forward(pre, inp, weight, bias, N, IC, OC, scratch, fused);
+    gelu_forward(out, pre, (size_t)N * OC, fused);
+}
+
+// Backward of a linear layer whose input was gelu(pre) (the MLP's fcproj, after matmul_forward_gelu):
+// matmul_backward, then through GELU: dpre (N,IC) = (dout . weight) * gelu'(pre), and dbias_pre (IC) +=
+// column sums of dpre, the bias gradient of the layer that made pre (so that layer's matmul_backward
+// gets no dbias). With --fused-kernels on the GPU the dinp product does both in its epilogue.
+static void matmul_backward_gelu(floatX* dpre, floatX* dweight, floatX* dbias, floatX* dbias_pre, const floatX* dout, const floatX* inp,
+                                 const floatX* pre, const floatX* weight, int N, int IC, int OC, Scratch* scratch, int fused) {
+#ifdef LLMC_CPU
+    (void)fused;
+    matmul_backward_cpu(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
+    gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC);
+    bias_backward_cpu(dbias_pre, dpre, N, IC);
+#else
+    floatX* grad = fused ? (floatX*)scratch_get(scratch, (size_t)IC * sizeof(floatX)) : NULL;
+    if (fused && IC % 8 == 0 && matmul_cublaslt(dpre, weight, dout, IC, N, OC, false, false, false, fused, EPI_DGELU_BGRAD, grad, pre)) {
+        bias_accumulate(dbias_pre, grad, IC);
+        matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
+        return;
     }
+    matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, fused);
+    gelu_backward(dpre, pre, dpre, (size_t)N * IC, fused);
+    bias_backward_gpu(dbias_pre, dpre, N, IC, scratch, fused);
 #endif
 }

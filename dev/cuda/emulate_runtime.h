@@ -122,9 +122,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { retu
 
 // ----------------------------------------------------------------------------------------------------
 // cuBLAS and cuBLASLt, as far as llmc calls them: the handles, the strided batched product of the
-// classic attention and cuBLASLt's matmul with the BIAS epilogue, as plain loops in float over
-// column-major matrices (the products cuBLAS defines; not its summation order). An attribute or an
-// epilogue llmc does not use is refused with CUBLAS_STATUS_NOT_SUPPORTED, so nothing passes unnoticed.
+// classic attention and cuBLASLt's matmul with the epilogues llmc uses (BIAS, GELU_AUX_BIAS, DGELU_BGRAD,
+// BGRADB), as plain loops in float over column-major matrices (the products and epilogues cuBLASLt
+// documents; not its summation order). An attribute or an epilogue llmc does not use is refused with
+// CUBLAS_STATUS_NOT_SUPPORTED, so nothing passes unnoticed.
 
 namespace emu {
 inline float load_element(const void* p, size_t i, cudaDataType type) {
@@ -143,8 +144,10 @@ inline int handle_storage;  // what the handles point at
 struct LtDesc {  // behind a cublasLtMatmulDesc_t
     int32_t trans_a, trans_b;  // cublasOperation_t
     int32_t epilogue;          // cublasLtEpilogue_t
-    const void* bias;
-    int32_t bias_type;  // cudaDataType
+    const void* bias;          // the bias, or where a bias gradient goes
+    int32_t bias_type;         // cudaDataType
+    const void* aux;           // the GELU input: written by GELU_AUX_BIAS, read by DGELU_BGRAD (of D's type)
+    int64_t aux_ld;
 };
 struct LtLayout {  // behind a cublasLtMatrixLayout_t
     cudaDataType type;
@@ -154,7 +157,28 @@ struct LtLayout {  // behind a cublasLtMatrixLayout_t
 // element (i, l) of op(X) for a column-major X of leading dimension ld
 inline size_t op_index(bool trans, size_t i, size_t l, int64_t ld) { return trans ? l + i * ld : i + l * ld; }
 
-// D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C [+ bias (m) broadcast over n], column-major;
+// GELU as cuBLASLt's epilogues define it: the tanh form GPT-2 uses, and its derivative
+inline float gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+inline float gelu_grad(float x) {
+    float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// What follows the product (cublasLtEpilogue_t, llmc's subset): `vec` is the bias (read) or the bias
+// gradient (written), of type vec_type; `aux` the GELU input, of D's type.
+struct Epilogue {
+    int32_t kind;  // cublasLtEpilogue_t
+    const void* vec;
+    cudaDataType vec_type;
+    const void* aux;
+    int64_t aux_ld;
+};
+
+// D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C, column-major, then the epilogue:
+//   BIAS           D += bias (m), broadcast over the n columns
+//   GELU_AUX_BIAS  aux = D + bias (stored in D's type); D = gelu(D + bias), from the unrounded sum
+//   DGELU_BGRAD    D = D * gelu'(aux); bias gradient (m) = sums of D over its n columns, before rounding
+//   BGRADB         bias gradient (n) = sums of op(B) over its k rows
 // C is not read when beta = 0. The operands are first copied to float rows, so the products are
 // contiguous dot products.
 struct Operand {
@@ -163,22 +187,42 @@ struct Operand {
     int64_t ld;
 };
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, Operand A, Operand B, float beta, Operand C,
-                 void* D, cudaDataType d_type, int64_t ldd, const void* bias, cudaDataType bias_type) {
+                 void* D, cudaDataType d_type, int64_t ldd, Epilogue epi = {CUBLASLT_EPILOGUE_DEFAULT, NULL, CUDA_R_32F, NULL, 0}) {
     float* rows_a = (float*)malloc((size_t)(m * k + n * k + 1) * sizeof(float));  // op(A) row i | op(B) column j
     float* cols_b = rows_a + m * k;
     for (int64_t i = 0; i < m; i++)
         for (int64_t l = 0; l < k; l++) rows_a[i * k + l] = load_element(A.p, op_index(ta, i, l, A.ld), A.type);
     for (int64_t j = 0; j < n; j++)
         for (int64_t l = 0; l < k; l++) cols_b[j * k + l] = load_element(B.p, op_index(tb, l, j, B.ld), B.type);
+    bool dgelu = epi.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    float* dgelu_out = dgelu ? (float*)malloc((size_t)(m * n) * sizeof(float)) : NULL;  // D before rounding, for the bias gradient
 #pragma omp parallel for
     for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < m; i++) {
             float sum = 0.0f;
             for (int64_t l = 0; l < k; l++) sum += rows_a[i * k + l] * cols_b[j * k + l];
             float out = alpha * sum + (beta != 0.0f ? beta * load_element(C.p, i + j * C.ld, C.type) : 0.0f);
-            if (bias != NULL) out += load_element(bias, i, bias_type);
+            if (epi.kind == CUBLASLT_EPILOGUE_BIAS || epi.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) out += load_element(epi.vec, i, epi.vec_type);
+            if (epi.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+                store_element((void*)epi.aux, i + j * epi.aux_ld, d_type, out);
+                out = gelu(out);
+            }
+            if (dgelu) dgelu_out[i + j * m] = out = out * gelu_grad(load_element(epi.aux, i + j * epi.aux_ld, d_type));
             store_element(D, i + j * ldd, d_type, out);
         }
+    if (dgelu)  // the bias gradient of the layer that made the GELU input
+        for (int64_t i = 0; i < m; i++) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < n; j++) s += dgelu_out[i + j * m];
+            store_element((void*)epi.vec, i, epi.vec_type, s);
+        }
+    if (epi.kind == CUBLASLT_EPILOGUE_BGRADB)
+        for (int64_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (int64_t l = 0; l < k; l++) s += cols_b[j * k + l];
+            store_element((void*)epi.vec, j, epi.vec_type, s);
+        }
+    free(dgelu_out);
     free(rows_a);
 }
 }  // namespace emu
@@ -198,7 +242,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t tran
     for (int b = 0; b < batch; b++)
         emu::gemm(transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, *(const float*)alpha, {(const char*)A + b * strideA * emu::elem(Atype), Atype, lda},
                   {(const char*)B + b * strideB * emu::elem(Btype), Btype, ldb}, *(const float*)beta, {(const char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc},
-                  (char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc, NULL, CUDA_R_32F);
+                  (char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc);
     return CUBLAS_STATUS_SUCCESS;
 }
 }
@@ -206,7 +250,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t tran
 extern "C" {
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
     if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    *desc = (cublasLtMatmulDesc_t) new emu::LtDesc{CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, CUDA_R_32F};
+    *desc = (cublasLtMatmulDesc_t) new emu::LtDesc{CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, CUDA_R_32F, NULL, 0};
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) { return delete (emu::LtDesc*)desc, CUBLAS_STATUS_SUCCESS; }
@@ -217,8 +261,11 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
                   : attr == CUBLASLT_MATMUL_DESC_EPILOGUE ? (void*)&d->epilogue
                   : attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? (void*)&d->bias
                   : attr == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ? (void*)&d->bias_type
+                  : attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER ? (void*)&d->aux
+                  : attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD ? (void*)&d->aux_ld
                   : NULL;
-    size_t want = attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? sizeof(void*) : 4;
+    size_t want = attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER || attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER ? sizeof(void*)
+                  : attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD ? sizeof(int64_t) : 4;
     if (field == NULL || bytes != want) return CUBLAS_STATUS_NOT_SUPPORTED;
     memcpy(field, buf, bytes);
     return CUBLAS_STATUS_SUCCESS;
@@ -254,10 +301,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     uint64_t m = o->rows, n = o->cols, k = ta ? a->rows : a->cols;
     if ((ta ? a->cols : a->rows) != m || (tb ? b->cols : b->rows) != k || (tb ? b->rows : b->cols) != n || c->rows != m || c->cols != n)
         return CUBLAS_STATUS_INVALID_VALUE;
-    bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS;
-    if (!bias && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
+    int32_t e = d->epilogue;
+    if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+        e != CUBLASLT_EPILOGUE_DGELU_BGRAD && e != CUBLASLT_EPILOGUE_BGRADB)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    bool gelu = e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    // what cuBLASLt requires of the epilogue's operands: a vector, and a GELU input with an ld that is a
+    // multiple of 8 and covers D's rows
+    if (e != CUBLASLT_EPILOGUE_DEFAULT && d->bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    if (gelu && (d->aux == NULL || d->aux_ld % 8 != 0 || d->aux_ld < (int64_t)m)) return CUBLAS_STATUS_INVALID_VALUE;
     emu::gemm(ta, tb, m, n, k, *(const float*)alpha, {A, a->type, a->ld}, {B, b->type, b->ld}, *(const float*)beta, {C, c->type, c->ld}, D,
-              o->type, o->ld, bias ? d->bias : NULL, (cudaDataType)d->bias_type);
+              o->type, o->ld, {e, d->bias, (cudaDataType)d->bias_type, d->aux, d->aux_ld});
     return CUBLAS_STATUS_SUCCESS;
 }
 

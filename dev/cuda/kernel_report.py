@@ -22,6 +22,8 @@ shared memory) and once to PTX (the kernel's instructions before ptxas schedules
 The minimum bytes are each input read once and each output written once (a read-modify-write counts
 twice); FLOPs count multiply-adds as two. Calls per step are those of the fast path (--fused-kernels 1
 --attention flash) or, for the kernels only the classic path uses, of that path: the "path" column says.
+"fallbk": a --fused-kernels kernel that runs only where cuBLASLt's epilogue does not (with --recompute,
+or where it offers no algorithm); "(epilogue ...)": the bytes an epilogue adds to its product.
 dev/cuda/README.md explains how to read the report.
 
 usage: kernel_report.py [--nvcc NVCC] [--arch sm_90] [--precision bf16|fp16|fp32] [--keep DIR]
@@ -203,7 +205,8 @@ def floors(X, consts):
          "a + b -> residual and its LayerNorm (the first: no add)"),
         ("layernorm_forward_kernel", "classic", 2 * L + 1, (2 * L + 1) * (2 * BTC * X + stats), 0, ""),
         ("residual_forward_kernel", "classic", 2 * L, 2 * L * 3 * BTC * X, 0, ""),
-        ("gelu_forward_vec_kernel", "fused", L, L * 2 * 4 * BTC * X, 0, "(B,T,4C) in and out"),
+        ("gelu_forward_vec_kernel", "fallbk", L, L * 2 * 4 * BTC * X, 0, "(B,T,4C) in and out"),
+        ("(epilogue GELU_AUX_BIAS)", "fused", L, L * 4 * BTC * X, 0, "in fc's product: its GELU input, written too"),
         ("gelu_forward_kernel", "classic", L, L * 2 * 4 * BTC * X, 0, ""),
         ("flash_tc_forward_kernel", "flash", L, L * (4 * BTC * X + 4 * B * NH * T), L * 2 * mm, "QK^T and PV, causal"),
         ("heads_split_kernel", "classic", 7 * L, 7 * L * 2 * BTC * X, 0, "3 forward, 4 backward"),
@@ -217,16 +220,19 @@ def floors(X, consts):
         ("layernorm_backward_finish_kernel", "both", 2 * L + 1, 0, 0, "(C-sized partial sums: negligible)"),
         ("layernorm_backward_dinp_kernel", "classic", 2 * L + 1, (2 * L + 1) * (4 * BTC * X + stats), 0, ""),
         ("layernorm_backward_partial_kernel", "classic", 2 * L + 1, (2 * L + 1) * (2 * BTC * X + stats), 0, ""),
-        ("gelu_backward_vec_kernel", "fused", L, L * 3 * 4 * BTC * X, 0, ""),
+        ("gelu_backward_vec_kernel", "fallbk", L, L * 3 * 4 * BTC * X, 0, ""),
+        ("(epilogue DGELU_BGRAD)", "fused", L, L * 4 * BTC * X, 0, "in fcproj's dinp product: the GELU input, read"),
         ("gelu_backward_kernel", "classic", L, L * 3 * 4 * BTC * X, 0, ""),
         ("flash_tc_backward_dot_kernel", "flash", L, L * (2 * BTC * X + 4 * B * NH * T), 0, "D = rowsum(dO * O)"),
         ("flash_tc_backward_dkdv_kernel", "flash", L, L * (6 * BTC * X + 8 * B * NH * T), L * 4 * mm,
          "QK^T, dO V^T, P^T dO, dS^T Q"),
         ("flash_tc_backward_dq_kernel", "flash", L, L * (5 * BTC * X + 8 * B * NH * T), L * 3 * mm, "QK^T, dO V^T, dS K"),
         ("causal_softmax_backward_kernel", "classic", L, L * 3 * B * NH * causal * X, 0, ""),
-        ("bias_backward_partial_vec_kernel", "fused", 4 * L, L * 9 * C * BT * X, 0, "dout of qkv, attproj, fc, fcproj"),
+        ("bias_backward_partial_vec_kernel", "fallbk", 4 * L, L * 9 * C * BT * X, 0, "dout of qkv, attproj, fc, fcproj"),
         ("bias_backward_partial_kernel", "classic", 4 * L, L * 9 * C * BT * X, 0, ""),
-        ("bias_backward_finish_kernel", "both", 4 * L, 0, 0, "(C-sized partial sums: negligible)"),
+        ("bias_backward_finish_kernel", "classic", 4 * L, 0, 0, "(C-sized partial sums: negligible)"),
+        ("(epilogue BGRADB)", "fused", 3 * L, 0, 0, "qkv, attproj, fcproj: dout's column sums as dweight reads it"),
+        ("bias_accumulate_kernel", "fused", 4 * L, 0, 0, "an epilogue's bias gradient added (C-sized: negligible)"),
         ("encoder_backward_wte_kernel", "both", 1, BTC * X, 0, "dout in (+ the touched rows of dwte)"),
         ("encoder_backward_wpe_kernel", "both", 1, BTC * X + 2 * T * C * X, 0, ""),
         ("sum_squares_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
@@ -351,7 +357,7 @@ def main():
     total = {"fused": 0.0, "classic": 0.0}
     for k, path, calls, nbytes, flops, note in rows:
         us = 1e6 * max(nbytes / HBM_BYTES_PER_S, flops / CUBLAS_FLOPS_PER_S)
-        mark = "" if k in known else "  (not in this build)"
+        mark = "" if k in known or k.startswith("(") else "  (not in this build)"
         print(f"  {k:36s} {path:>7s} {calls:5d} {nbytes / 1e6:9.1f} {flops / 1e9:10.1f} {us:9.1f}  {note}{mark}")
         if mark:
             continue

@@ -15,8 +15,9 @@
  *      kernel as version 2.
  * Versions 3 and 4 need OC % 4 == 0.
  *
- * CPU reference: a plain loop summing each column in double (the llmc CPU reference does this inside
- * matmul_backward_cpu together with the weight gradient). dbias starts from random values.
+ * CPU reference: a plain loop summing each column in double (llmc's bias_backward_cpu sums in float).
+ * dbias starts from random values. With --fused-kernels the trainer takes the sums from cuBLASLt's BGRADB
+ * epilogue of the weight-gradient product instead (llmc/matmul.h), where cuBLASLt offers it.
  * Tolerance 1e-3 abs + 1e-4 rel (sums of 8192 values of size ~1, in float on the GPU).
  * Checked and timed for the OC of GPT-2 124M's linear layers: 768 (attproj, fcproj), 2304 (qkv),
  * 3072 (fc).
@@ -26,7 +27,7 @@
 
 #define MB3_CHUNKS 128
 
-static void bias_backward_cpu(float* dbias, const float* dout, int N, int OC) {
+static void bias_backward_double(float* dbias, const float* dout, int N, int OC) {
 #pragma omp parallel for
     for (int o = 0; o < OC; o++) {
         double s = 0.0;
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
         float* dout = make_random_normal(n, 91 + k, 1.0f);
         float* dbias0 = make_random_uniform(OC, 95 + k, -1.0f, 1.0f);
         float* ref = host_copy(dbias0, OC);
-        bias_backward_cpu(ref, dout, N, OC);
+        bias_backward_double(ref, dout, N, OC);
         float* d_dout = dev_upload(dout, n);
         float* d_dbias = dev_alloc<float>(OC);
         float* d_partial = dev_alloc<float>((size_t)max_chunks * OC);
