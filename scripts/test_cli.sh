@@ -164,6 +164,15 @@ mkdir -p "$TMP/kl" && touch "$TMP/kl/model_00000001.bin.tmp" "$TMP/kl/notes.txt"
 timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 5 --save-every 1 --keep-last 2 --checkpoint-dir "$TMP/kl" >/dev/null 2>&1
 check "--keep-last 2 keeps steps 4 and 5 only" test "$(ls "$TMP/kl" | tr '\n' ' ')" = \
     "model_00000004.bin model_00000005.bin notes.txt state_00000004_00000.bin state_00000005_00000.bin "
+# only resumable checkpoints count as kept: with step 2's state forged out of range (a resume refuses it),
+# --keep-last 3 after a resume to step 4 keeps 4, 3 and 1 (it counted step 2 and deleted step 1), and
+# leaves step 2 (newer than the oldest kept) alone
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --save-every 1 --checkpoint-dir "$TMP/kl3" >/dev/null 2>&1
+"${FORGE[@]}" "$TMP/kl3/state_00000002_00000.bin" "$TMP/kl3/state_00000002_00000.bin" shuffle=7
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/kl3" --batch-size 2 --seq-len 8 --steps 4 --save-every 1 --keep-last 3 --val-every 0 \
+    --sample-every 0 >/dev/null 2>&1
+check "--keep-last 3 passes over an unresumable step 2: step 1 kept" test "$(ls "$TMP/kl3" | tr '\n' ' ')" = \
+    "model_00000001.bin model_00000002.bin model_00000003.bin model_00000004.bin state_00000001_00000.bin state_00000002_00000.bin state_00000003_00000.bin state_00000004_00000.bin "
 expect_error "--resume and --resume-if-present" "give --resume or --resume-if-present, not both" "${GOOD[@]}" --resume "$TMP/rq" --resume-if-present "$TMP/rq"
 expect_error "--keep-last 0" "--keep-last must be between 1" "${TINY[@]}" "${GOOD[@]}" --keep-last 0
 
