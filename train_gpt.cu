@@ -2360,6 +2360,14 @@ static void training_finish(Training* run) {
         float* buf = (float*)malloc_check(model->num_parameters * sizeof(float));
         gpt2_export_master(model, buf);
         check_finite_before_save(run->comm, &model->config, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
+        char where[160], msg[4400];
+        if (tc->save_model_version == 5 && find_bf16_overflow_param(&model->config, buf, where, sizeof(where))) {
+            // a finite model that bf16 cannot hold: refused as a non-finite one is (the same on every rank),
+            // and whatever file is at the path stays as it was
+            snprintf(msg, sizeof(msg), "--save-model-dtype bf16: parameter %s is beyond bf16's range (it would round to "
+                     "infinity); '%s' was not written (--save-model-dtype fp32 can hold it)", where, tc->save_model);
+            end_every_rank(run->comm, msg);
+        }
         if (run->main_rank) {
             model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);

@@ -349,6 +349,37 @@ ok = ok and (back != p32).mean() > 0.5
 sys.exit(0 if ok else 1)
 PYEOF
 expect_error "--save-model-dtype fp8" "--save-model-dtype must be fp32 or bf16" "${TINY[@]}" "${GOOD[@]}" --save-model-dtype fp8
+# A finite fp32 parameter beyond bf16's range (|x| >= 0x7F7F8000 = 3.3961e38 rounds to inf) makes the bf16
+# save fail, naming it, with the file already at that path left as it was (no inf is ever written). Just
+# below that bound (3.39e38) it rounds to bf16's largest finite value and is saved; the fp32 save of the
+# huge model is fine, its values are finite.
+"$PY" - "$TMP" <<'PYEOF'
+import struct, sys
+import numpy as np
+d = sys.argv[1]
+maxT, V, L, NH, C, Vp = 16, 512, 1, 2, 16, 512  # TINY's sizes
+n = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+fcw = Vp * C + maxT * C + 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C  # fcw's offset (llm.c order)
+for name, value in (("huge", -3.4e38), ("edge", 3.39e38)):
+    p = np.random.default_rng(1).normal(0, 0.02, n).astype("<f4")
+    p[fcw + 5 * C + 7] = value  # fcw[5][7]
+    with open(f"{d}/{name}.bin", "wb") as f:
+        f.write(struct.pack("<256i", *([20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248)))
+        f.write(p.tobytes())
+PYEOF
+LOAD0=("${GOOD[@]}" --batch-size 2 --seq-len 8 --steps 0 --val-every 0 --sample-every 0)
+cp "$TMP/m16.bin" "$TMP/keep16.bin"
+expect_error "bf16 save, value beyond bf16" "--save-model-dtype bf16: parameter fcw\[5\]\[7\] = -3.4e+38 is beyond bf16's range" \
+    --model "$TMP/huge.bin" "${LOAD0[@]}" --save-model "$TMP/keep16.bin" --save-model-dtype bf16
+check "bf16 save refused: the old file is untouched, no temporary left" \
+    eval 'cmp -s "$TMP/m16.bin" "$TMP/keep16.bin" && test ! -e "$TMP/keep16.bin.tmp"'
+timeout 60 "$BIN" --model "$TMP/huge.bin" "${LOAD0[@]}" --save-model "$TMP/huge32.bin" >/dev/null 2>&1
+check "the same model saved as fp32: written, finite" eval 'cmp -s "$TMP/huge.bin" "$TMP/huge32.bin" && finite_model "$TMP/huge32.bin"'
+timeout 60 "$BIN" --model "$TMP/edge.bin" "${LOAD0[@]}" --save-model "$TMP/edge16.bin" --save-model-dtype bf16 >/dev/null 2>&1
+check "3.39e38 saved as bf16's largest finite value (0x7F7F)" "$PY" -c '
+import sys, numpy as np
+b = np.fromfile(sys.argv[1], "<u2", offset=1024)
+sys.exit(0 if b[9600 + 5 * 16 + 7] == 0x7F7F else 1)  # fcw[5][7]' "$TMP/edge16.bin"
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
 
