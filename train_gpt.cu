@@ -1181,18 +1181,26 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
 // ----------------------------------------------------------------------------------------------------
 // 4. checkpoints and sampling
 
-// The run diverged (a non-finite loss, gradient norm or parameter). Every rank reaches the same verdict
-// from the same reduced values, so every rank ends here together, without saving and without an abort:
-// rank 0 says why in one line, and the newest checkpoint stays the last good one.
-[[noreturn]] static void end_diverged(Comm* comm, long long step, const char* what, int applied) {
+// Ends the run on a verdict that every rank reaches alike from the same values: every rank ends here
+// together, without an abort, and rank 0 says why in one line ("error: <msg>").
+[[noreturn]] static void end_every_rank(Comm* comm, const char* msg) {
     fflush(stdout);
     if (comm->world_rank == 0) {
-        fprintf(stderr, "error: training diverged at step %lld: %s; %snothing after step %lld was saved\n", step, what,
-                applied ? "" : "the step was not applied and ", step - 1);
+        fprintf(stderr, "error: %s\n", msg);
         fflush(stderr);
     }
     comm_finalize(comm);
     exit(1);
+}
+
+// The run diverged (a non-finite loss, gradient norm or parameter). Every rank reaches the same verdict
+// from the same reduced values, so every rank ends here together, without saving: the newest checkpoint
+// stays the last good one.
+[[noreturn]] static void end_diverged(Comm* comm, long long step, const char* what, int applied) {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "training diverged at step %lld: %s; %snothing after step %lld was saved", step, what,
+             applied ? "" : "the step was not applied and ", step - 1);
+    end_every_rank(comm, msg);
 }
 
 // Before any model file is written: the whole model after `step` steps (the same on every rank) must be
@@ -1211,6 +1219,13 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     Comm* comm = model->comm;
     const ZeroPlan* z = &model->zero;
     int writes_model = comm->world_rank == 0;
+    // a checkpoint that a resume would refuse is not written at all (the state is the same on every rank):
+    // written, it would become the newest, and --keep-last would delete the good ones before it
+    char why[256], msg[400];
+    if (run_state_error(state, why, sizeof(why))) {
+        snprintf(msg, sizeof(msg), "the checkpoint of step %lld was not written: a resume would refuse its state (%s)", state->step, why);
+        end_every_rank(comm, msg);
+    }
     if (writes_model && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
     comm_barrier_io(comm, &comm->world);  // the folder exists for everyone
     char path[4200];
@@ -2347,6 +2362,14 @@ static void training_finish(Training* run) {
         float* buf = (float*)malloc_check(model->num_parameters * sizeof(float));
         gpt2_export_master(model, buf);
         check_finite_before_save(run->comm, &model->config, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
+        char where[160], msg[4400];
+        if (tc->save_model_version == 5 && find_bf16_overflow_param(&model->config, buf, where, sizeof(where))) {
+            // a finite model that bf16 cannot hold: refused as a non-finite one is (the same on every rank),
+            // and whatever file is at the path stays as it was
+            snprintf(msg, sizeof(msg), "--save-model-dtype bf16: parameter %s is beyond bf16's range (it would round to "
+                     "infinity); '%s' was not written (--save-model-dtype fp32 can hold it)", where, tc->save_model);
+            end_every_rank(run->comm, msg);
+        }
         if (run->main_rank) {
             model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
@@ -2489,8 +2512,8 @@ static void print_usage(void) {
         "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
         "  --fault-clock-skew S  testing: rank r's clock for --trace reads r x S seconds ahead (the trace must not show it)\n"
         "mixed precision\n"
-        "  --loss-scale S        dynamic | off | a fixed scale        [%s]\n"
-        "  --loss-scale-init X   first dynamic scale                  [65536]\n"
+        "  --loss-scale S        dynamic | off | a fixed scale (1 to 2^24) [%s]\n"
+        "  --loss-scale-init X   first dynamic scale (1 to 2^24)      [65536]\n"
         "  --loss-scale-growth X  --loss-scale-backoff X  --loss-scale-interval N  --loss-scale-hysteresis N [2 0.5 2000 1]\n"
         "  --stochastic-rounding 0|1  BF16: round parameter updates stochastically [1 in BF16 builds]\n"
         "  --fault-inf-rank R --fault-inf-step S   testing: rank R makes a gradient inf at step S\n"
@@ -2538,7 +2561,7 @@ static void print_usage(void) {
         "  --resume DIR          continue from the newest checkpoint in DIR (and save there: --checkpoint-dir's default)\n"
         "  --resume-if-present DIR  the same if DIR holds a complete checkpoint, else start fresh (from --model or\n"
         "                        from scratch), saving into DIR: one command line for a job that is requeued\n"
-        "  --keep-last N         after each save keep the N newest checkpoints, delete older ones [all kept]\n"
+        "  --keep-last N         after each save keep the N newest resumable checkpoints, delete older ones [all kept]\n"
         "  --save-model FILE     write the final model (llm.c format)\n"
         "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even; what llm.c's GPU builds read) [fp32]\n"
         "  --log FILE            one JSON object per line per step and evaluation\n"
@@ -2724,6 +2747,8 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    char why[256];
+    if (loss_scaler_settings_error(&tc->scaler, why, sizeof(why))) fatal("%s", why);
     if (tc->fault_wait_signal >= tc->steps)  // (a signal after the last step stops nothing: the run is done)
         fatal("--fault-wait-signal %lld must be below --steps %lld", tc->fault_wait_signal, tc->steps);
     if (tc->prompt && (tc->tokenizer == NULL || tc->tokenizer[0] == '\0' || tc->sample_every == 0))

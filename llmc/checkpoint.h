@@ -65,6 +65,23 @@ static int checkpoint_complete(const char* dir, long long step) {
     return 1;
 }
 
+// Whether the checkpoint of `step` in dir is complete and its first state shard's run fields are in
+// range (run_state_error: what a resume checks of them), so that a resume would not refuse it for its
+// header. One header read, cheap enough for --keep-last to ask of every checkpoint it keeps.
+static int checkpoint_resumable(const char* dir, long long step) {
+    if (!checkpoint_complete(dir, step)) return 0;
+    char path[4200], why[256];
+    int header[HEADER_INTS];
+    long long size;
+    snprintf(path, sizeof(path), "%s/state_%08lld_00000.bin", dir, step);
+    FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
+    fclose(f);
+    RunState s;
+    uint64_t n, n_ranges;
+    state_header_decode(header, &s, &n, &n_ranges);
+    return run_state_error(&s, why, sizeof(why)) == NULL;
+}
+
 // The step of the newest complete checkpoint in dir, or -1 if there is none (or no such folder).
 static long long newest_complete_checkpoint(const char* dir) {
     long long* steps;
@@ -90,16 +107,23 @@ static long long checkpoint_file_step(const char* name) {
     return strcmp(end, ".bin") == 0 || strcmp(end, ".bin.tmp") == 0 ? step : -1;
 }
 
-// --keep-last: after the checkpoint of step `saved` is complete, keeps it and the keep-1 newest complete
-// checkpoints before it, and deletes every checkpoint file of an older step (all its shards, and what
-// an interrupted save left). Newer steps (left by a run that crashed before a resume) are not touched.
-// A file that cannot be deleted is reported and training goes on: it costs space, not correctness.
+// --keep-last: after the checkpoint of step `saved` is complete, keeps it and the keep-1 newest
+// resumable checkpoints before it, and deletes every checkpoint file of an older step (all its shards,
+// and what an interrupted save left). Newer steps (left by a run that crashed before a resume) are not
+// touched. Only resumable checkpoints count as kept, and nothing is deleted unless the one just saved
+// reads back as resumable: pruning never removes the last checkpoint a resume would accept. A file that
+// cannot be deleted is reported and training goes on: it costs space, not correctness.
 static void prune_checkpoints(const char* dir, long long saved, int keep) {
+    if (!checkpoint_resumable(dir, saved)) {  // (a save checks its state first: this is the read-back)
+        fprintf(stderr, "warning: --keep-last: the checkpoint of step %lld in '%s' does not read back as resumable; nothing deleted\n",
+                saved, dir);
+        return;
+    }
     long long* steps;
     int n = checkpoint_steps(dir, &steps), kept = 1;  // the one just saved
     long long oldest_kept = saved;
     for (int i = 0; i < n && kept < keep; i++)  // newest first
-        if (steps[i] < saved && checkpoint_complete(dir, steps[i])) oldest_kept = steps[i], kept++;
+        if (steps[i] < saved && checkpoint_resumable(dir, steps[i])) oldest_kept = steps[i], kept++;
     free(steps);
     DIR* d = opendir(dir);
     if (d == NULL) fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));

@@ -92,13 +92,9 @@ static size_t gpt2_num_parameters(const GPT2Config* c) {
 
 static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
 
-// Finds the first non-finite (NaN or infinite) value of a whole model in file order. Returns 0 if every
-// value is finite; otherwise 1, with the tensor and element written into `where`, e.g. "wte[500][3]"
-// (row, column) or "ln1w of layer 2 [7]".
-static int find_nonfinite_param(const GPT2Config* c, const float* params, char* where, size_t where_len) {
-    size_t n = gpt2_num_parameters(c), i = 0;
-    while (i < n && isfinite(params[i])) i++;
-    if (i == n) return 0;
+// Writes the tensor and element of parameter i (file order) and its value into `where`, e.g.
+// "wte[500][3] = nan" (row, column) or "ln1w of layer 2 [7] = inf".
+static void describe_param(const GPT2Config* c, const float* params, size_t i, char* where, size_t where_len) {
     size_t pos = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
         int layers = tensor_is_per_layer(kind) ? c->L : 1;
@@ -114,8 +110,17 @@ static int find_nonfinite_param(const GPT2Config* c, const float* params, char* 
         if (layers > 1) snprintf(layer_s, sizeof(layer_s), " of layer %zu ", layer);
         if (tensor_is_matrix(kind)) snprintf(where, where_len, "%s%s[%zu][%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e / cols, e % cols, params[i]);
         else snprintf(where, where_len, "%s%s[%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e, params[i]);
-        return 1;
+        return;
     }
+}
+
+// Finds the first non-finite (NaN or infinite) value of a whole model in file order. Returns 0 if every
+// value is finite; otherwise 1, with the tensor and element written into `where` (describe_param).
+static int find_nonfinite_param(const GPT2Config* c, const float* params, char* where, size_t where_len) {
+    size_t n = gpt2_num_parameters(c), i = 0;
+    while (i < n && isfinite(params[i])) i++;
+    if (i == n) return 0;
+    describe_param(c, params, i, where, where_len);
     return 1;
 }
 
@@ -152,9 +157,33 @@ static uint16_t float_to_bf16_bits(float f) {
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Writes params (llm.c order, float32) as a model file of `version` 3 (float32) or 5 (bf16, rounded to
-// nearest even); returns the file's FNV-1a hash.
+static float bf16_bits_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+// Finds the first finite fp32 value that bf16 cannot hold: beyond its largest finite value, 3.3895e38,
+// by at least half a step (|x| >= 3.3961e38, bits 0x7F7F8000), it rounds to infinity. Returns 0 if there
+// is none; otherwise 1, with the tensor and element written into `where` (describe_param). The test is
+// the conversion itself, so it holds exactly for what a version 5 file would get.
+static int find_bf16_overflow_param(const GPT2Config* c, const float* params, char* where, size_t where_len) {
+    size_t n = gpt2_num_parameters(c), i = 0;
+    while (i < n && (!isfinite(params[i]) || isfinite(bf16_bits_to_float(float_to_bf16_bits(params[i]))))) i++;
+    if (i == n) return 0;
+    describe_param(c, params, i, where, where_len);
+    return 1;
+}
+
+// Writes params (llm.c order, float32, finite) as a model file of `version` 3 (float32) or 5 (bf16,
+// rounded to nearest even); returns the file's FNV-1a hash. A value that bf16 would round to infinity
+// stops a version 5 save before anything is written (callers check first, to end every rank alike; this
+// is the writer's own guarantee that no version 5 file holds an inf that its fp32 master did not).
 static uint64_t model_file_write_version(const char* path, const GPT2Config* c, const float* params, int version) {
+    char where[160];
+    if (version == 5 && find_bf16_overflow_param(c, params, where, sizeof(where)))
+        fatal("'%s' not written: parameter %s is beyond bf16's range (it would round to infinity)", path, where);
     int header[HEADER_INTS];
     model_file_header(c, header, version);
     AtomicFile a;
@@ -188,13 +217,6 @@ static uint64_t model_file_hash(const GPT2Config* c, const float* params) {
     model_file_header(c, header, 3);
     uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
     return fnv1a_update(hash, params, gpt2_num_parameters(c) * sizeof(float));
-}
-
-static float bf16_bits_to_float(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
 }
 
 // Reads a model file: its config, and (if params != NULL) a malloc'ed float array in llm.c order.

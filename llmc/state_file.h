@@ -168,6 +168,25 @@ static void state_header_decode(const int* header, RunState* s, uint64_t* n, uin
     s->scale_hysteresis_left = header[32];
 }
 
+// The run's fields that a reader range-checks (all but the sizes and the shard): NULL if they are in
+// range, else what is wrong, written into msg. A reader refuses a file that fails it; a save checks its
+// state with it before writing anything, so that no checkpoint is written that a resume would refuse.
+static const char* run_state_error(const RunState* s, char* msg, size_t len) {
+    const long long MAX_STEP = 1LL << 40;  // what --steps accepts
+    if (s->step < 0 || s->step > MAX_STEP) snprintf(msg, len, "step %lld is out of range (0 to %lld)", s->step, MAX_STEP);
+    else if (s->updates < 0 || s->updates > s->step) snprintf(msg, len, "%lld optimizer updates in %lld steps is impossible", s->updates, s->step);
+    else if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 || s->grad_accum > (1 << 20))
+        snprintf(msg, len, "batch shape B=%d T=%d grad_accum=%d is out of range", s->B, s->T, s->grad_accum);
+    else if (s->shuffle != 0 && s->shuffle != 1) snprintf(msg, len, "shuffle flag %d is neither 0 nor 1", s->shuffle);
+    else if (s->zero_stage < 0 || s->zero_stage > 2 || s->dp < 1 || s->dp > (1 << 20))
+        snprintf(msg, len, "ZeRO stage %d or dp %d is out of range", s->zero_stage, s->dp);
+    else if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 || s->scale_hysteresis_left < 0)
+        snprintf(msg, len, "loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range", s->loss_scale,
+                 s->scale_good_steps, s->scale_hysteresis_left);
+    else return NULL;
+    return msg;
+}
+
 // Refuses a decoded header whose sizes differ from the model's or whose fields are out of range, so that
 // a forged or damaged header cannot steer the run (a negative step would mean a negative learning rate,
 // an absurd batch an absurd allocation). size: the file's length in bytes.
@@ -181,17 +200,8 @@ static void state_header_check(const char* path, const GPT2Config* model, const 
     if (n != gpt2_num_parameters(&s->config)) fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
     if (s->num_shards < 1 || s->num_shards > (1 << 24) || s->shard < 0 || s->shard >= s->num_shards)
         fatal("'%s': bad shard %d of %d", path, s->shard, s->num_shards);
-    const long long MAX_STEP = 1LL << 40;  // what --steps accepts
-    if (s->step < 0 || s->step > MAX_STEP) fatal("'%s': step %lld is out of range (0 to %lld)", path, s->step, MAX_STEP);
-    if (s->updates < 0 || s->updates > s->step) fatal("'%s': %lld optimizer updates in %lld steps is impossible", path, s->updates, s->step);
-    if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 || s->grad_accum > (1 << 20))
-        fatal("'%s': batch shape B=%d T=%d grad_accum=%d is out of range", path, s->B, s->T, s->grad_accum);
-    if (s->shuffle != 0 && s->shuffle != 1) fatal("'%s': shuffle flag %d is neither 0 nor 1", path, s->shuffle);
-    if (s->zero_stage < 0 || s->zero_stage > 2 || s->dp < 1 || s->dp > (1 << 20))
-        fatal("'%s': ZeRO stage %d or dp %d is out of range", path, s->zero_stage, s->dp);
-    if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 || s->scale_hysteresis_left < 0)
-        fatal("'%s': loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range", path, s->loss_scale,
-              s->scale_good_steps, s->scale_hysteresis_left);
+    char why[256];
+    if (run_state_error(s, why, sizeof(why))) fatal("'%s': %s", path, why);
     if (n_ranges > n + 1024 || (long long)(1024 + 16 * n_ranges) > size) fatal("'%s' is truncated or corrupt (%llu ranges)", path, (unsigned long long)n_ranges);
 }
 

@@ -164,6 +164,15 @@ mkdir -p "$TMP/kl" && touch "$TMP/kl/model_00000001.bin.tmp" "$TMP/kl/notes.txt"
 timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 5 --save-every 1 --keep-last 2 --checkpoint-dir "$TMP/kl" >/dev/null 2>&1
 check "--keep-last 2 keeps steps 4 and 5 only" test "$(ls "$TMP/kl" | tr '\n' ' ')" = \
     "model_00000004.bin model_00000005.bin notes.txt state_00000004_00000.bin state_00000005_00000.bin "
+# only resumable checkpoints count as kept: with step 2's state forged out of range (a resume refuses it),
+# --keep-last 3 after a resume to step 4 keeps 4, 3 and 1 (it counted step 2 and deleted step 1), and
+# leaves step 2 (newer than the oldest kept) alone
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --save-every 1 --checkpoint-dir "$TMP/kl3" >/dev/null 2>&1
+"${FORGE[@]}" "$TMP/kl3/state_00000002_00000.bin" "$TMP/kl3/state_00000002_00000.bin" shuffle=7
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/kl3" --batch-size 2 --seq-len 8 --steps 4 --save-every 1 --keep-last 3 --val-every 0 \
+    --sample-every 0 >/dev/null 2>&1
+check "--keep-last 3 passes over an unresumable step 2: step 1 kept" test "$(ls "$TMP/kl3" | tr '\n' ' ')" = \
+    "model_00000001.bin model_00000002.bin model_00000003.bin model_00000004.bin state_00000001_00000.bin state_00000002_00000.bin state_00000003_00000.bin state_00000004_00000.bin "
 expect_error "--resume and --resume-if-present" "give --resume or --resume-if-present, not both" "${GOOD[@]}" --resume "$TMP/rq" --resume-if-present "$TMP/rq"
 expect_error "--keep-last 0" "--keep-last must be between 1" "${TINY[@]}" "${GOOD[@]}" --keep-last 0
 
@@ -340,6 +349,37 @@ ok = ok and (back != p32).mean() > 0.5
 sys.exit(0 if ok else 1)
 PYEOF
 expect_error "--save-model-dtype fp8" "--save-model-dtype must be fp32 or bf16" "${TINY[@]}" "${GOOD[@]}" --save-model-dtype fp8
+# A finite fp32 parameter beyond bf16's range (|x| >= 0x7F7F8000 = 3.3961e38 rounds to inf) makes the bf16
+# save fail, naming it, with the file already at that path left as it was (no inf is ever written). Just
+# below that bound (3.39e38) it rounds to bf16's largest finite value and is saved; the fp32 save of the
+# huge model is fine, its values are finite.
+"$PY" - "$TMP" <<'PYEOF'
+import struct, sys
+import numpy as np
+d = sys.argv[1]
+maxT, V, L, NH, C, Vp = 16, 512, 1, 2, 16, 512  # TINY's sizes
+n = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+fcw = Vp * C + maxT * C + 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C  # fcw's offset (llm.c order)
+for name, value in (("huge", -3.4e38), ("edge", 3.39e38)):
+    p = np.random.default_rng(1).normal(0, 0.02, n).astype("<f4")
+    p[fcw + 5 * C + 7] = value  # fcw[5][7]
+    with open(f"{d}/{name}.bin", "wb") as f:
+        f.write(struct.pack("<256i", *([20240326, 3, maxT, V, L, NH, C, Vp] + [0] * 248)))
+        f.write(p.tobytes())
+PYEOF
+LOAD0=("${GOOD[@]}" --batch-size 2 --seq-len 8 --steps 0 --val-every 0 --sample-every 0)
+cp "$TMP/m16.bin" "$TMP/keep16.bin"
+expect_error "bf16 save, value beyond bf16" "--save-model-dtype bf16: parameter fcw\[5\]\[7\] = -3.4e+38 is beyond bf16's range" \
+    --model "$TMP/huge.bin" "${LOAD0[@]}" --save-model "$TMP/keep16.bin" --save-model-dtype bf16
+check "bf16 save refused: the old file is untouched, no temporary left" \
+    eval 'cmp -s "$TMP/m16.bin" "$TMP/keep16.bin" && test ! -e "$TMP/keep16.bin.tmp"'
+timeout 60 "$BIN" --model "$TMP/huge.bin" "${LOAD0[@]}" --save-model "$TMP/huge32.bin" >/dev/null 2>&1
+check "the same model saved as fp32: written, finite" eval 'cmp -s "$TMP/huge.bin" "$TMP/huge32.bin" && finite_model "$TMP/huge32.bin"'
+timeout 60 "$BIN" --model "$TMP/edge.bin" "${LOAD0[@]}" --save-model "$TMP/edge16.bin" --save-model-dtype bf16 >/dev/null 2>&1
+check "3.39e38 saved as bf16's largest finite value (0x7F7F)" "$PY" -c '
+import sys, numpy as np
+b = np.fromfile(sys.argv[1], "<u2", offset=1024)
+sys.exit(0 if b[9600 + 5 * 16 + 7] == 0x7F7F else 1)  # fcw[5][7]' "$TMP/edge16.bin"
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
 

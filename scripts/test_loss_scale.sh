@@ -57,5 +57,36 @@ for name, ok in checks:
     print(f"  {'ok  ' if ok else 'FAIL'}  {name}")
 sys.exit(0 if all(ok for _, ok in checks) else 1)
 PYEOF
+
+# The scale stops growing at its maximum, 2^24 (llmc/loss_scaler.h). --loss-scale-interval 1 doubles it
+# after every clean step and fp32 gradients never overflow here, so uncapped it reached inf at about step
+# 118: from then on every step was skipped (exit 0), every checkpoint held scale inf, which a resume
+# refuses, and --keep-last 2 deleted the resumable ones. Here: 150 steps, none skipped, the two kept
+# checkpoints hold 2^24, and the run resumes from the newest.
+run 2 --steps 150 --loss-scale-interval 1 --save-every 10 --keep-last 2 --checkpoint-dir "$TMP/ckg" --log "$TMP/g.jsonl"
+run 2 --steps 151 --loss-scale-interval 1 --resume "$TMP/ckg"
+grep -q "resuming from step 150 of" "$TMP/run.out" && echo "  ok    --loss-scale-interval 1: resumed from step 150" \
+    || { echo "  FAIL  --loss-scale-interval 1: no resume from step 150"; fails=$((fails + 1)); }
+"$PY" - "$TMP" <<'PYEOF' || fails=$((fails + 1))
+import json, os, struct, sys
+d = sys.argv[1]
+recs = [json.loads(l) for l in open(f"{d}/g.jsonl")]
+applied = [r["step"] for r in recs if "loss" in r and not r.get("skipped")]
+skipped = [r["step"] for r in recs if r.get("skipped")]
+def scale(step):  # header int 30 of the first state shard: the loss scale (float32)
+    return struct.unpack_from("<f", open(f"{d}/ckg/state_{step:08d}_00000.bin", "rb").read(), 30 * 4)[0]
+checks = [("--loss-scale-interval 1, 150 steps: none skipped", skipped == [] and applied == list(range(1, 151))),
+          ("--keep-last 2 kept steps 140 and 150", sorted(os.listdir(f"{d}/ckg")) == [f"model_{s:08d}.bin" for s in (140, 150)] +
+           [f"state_{s:08d}_{r:05d}.bin" for s in (140, 150) for r in (0, 1)]),  # (ZeRO-1: a shard per rank)
+          ("their scale is the maximum, 2^24", scale(140) == scale(150) == 2.0 ** 24)]
+for name, ok in checks:
+    print(f"  {'ok  ' if ok else 'FAIL'}  {name}")
+sys.exit(0 if all(ok for _, ok in checks) else 1)
+PYEOF
+# settings that cannot work are refused at start-up: a scale above the maximum (also a fixed one), and a
+# dynamic scale that an overflow would not lower (it would then skip every later step)
+expect_mpi_error "--loss-scale-init 1e30" "--loss-scale-init must be between 1 and 16777216" 1 "$BIN" "${COMMON[@]}" --loss-scale-init 1e30
+expect_mpi_error "--loss-scale 1e9" "--loss-scale must be between 1 and 16777216" 1 "$BIN" "${COMMON[@]}" --loss-scale 1e9
+expect_mpi_error "--loss-scale-backoff 1" "--loss-scale-backoff must be below 1" 1 "$BIN" "${COMMON[@]}" --loss-scale-backoff 1
 if [ $fails -ne 0 ]; then echo "test_loss_scale: $fails FAILED"; exit 1; fi
 echo "test_loss_scale: all passed"
