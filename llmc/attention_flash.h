@@ -18,13 +18,14 @@
  *   lse = (m + log2 l) * ln 2. l is kept as a per-thread partial sum (each row's 64 keys are spread over
  *   the 4 lanes of a quad) and summed over the quad once at the end; corr is the same on all 4 lanes.
  * Backward, deterministic (no atomics), three kernels:
- *   a. D = rowsum(dO * O) per (b, h, t), fp32 (one warp per row);
+ *   a. D = scale * rowsum(dO * O) per (b, h, t), fp32 (one warp per row);
  *   b. dK, dV: one block per (b, h, tile of 64 keys), each warp 16 keys, K and V fragments in registers;
  *      walks query tiles qt = kt..last (Q, dO, lse, D double-buffered): S^T = K Q^T, dP^T = V dO^T,
- *      P^T = 2^(S^T*scale*log2e - lse*log2e) (0 where t < u or t >= T), dS^T = P^T * (dP^T - D),
- *      dV += P^T dO, dK += dS^T Q; at the end dK *= scale;
+ *      P^T = 2^(S^T*scale*log2e - lse*log2e) (0 where t < u or t >= T), dS^T = P^T * (scale dP^T - D)
+ *      (the softmax scale inside dS, before its 16-bit rounding: see flash_bwd_ds_t), dV += P^T dO,
+ *      dK += dS^T Q;
  *   c. dQ: one block per (b, h, tile of 64 queries), walks key tiles 0..qt: S = Q K^T, dP = dO V^T,
- *      P, dS as above (row-wise), dQ += dS K; at the end dQ *= scale.
+ *      P, dS as above (row-wise), dQ += dS K.
  *   Each output element is written by exactly one thread once: bit-identical run to run. Splitting dQ
  *   from dK/dV recomputes S and dP twice (7 tile products instead of 5), the price of no atomics.
  *
@@ -94,7 +95,7 @@ static void flash_tc_attention_backward(Tp* dqkv, float* D, const Tp* dout, cons
     int rows = B * T * NH;
     const int rows_per_block = FLASH_DOT_THREADS / 32;  // a warp per row
     int dot_blocks = (rows + rows_per_block - 1) / rows_per_block;
-    flash_tc_backward_dot_kernel<Tp><<<dot_blocks, FLASH_DOT_THREADS, 0, stream>>>(D, dout, out, B, T, C, NH);
+    flash_tc_backward_dot_kernel<Tp><<<dot_blocks, FLASH_DOT_THREADS, 0, stream>>>(D, dout, out, B, T, C, NH, scale);
     cudaCheck(cudaGetLastError());
     dim3 grid((T + FLASH_TILE - 1) / FLASH_TILE, B * NH);
     flash_tc_backward_dkdv_kernel<Tp><<<grid, FLASH_THREADS, FLASH_TC_BWD_SMEM, stream>>>(dqkv, qkv, dout, lse, D, T, C, NH,

@@ -10,12 +10,13 @@
 #include "attention_flash_softmax.h"
 
 #ifndef LLMC_CPU
-// a. D[(b*NH + h)*T + t] = dout[b,t,h,:] . out[b,t,h,:] in fp32; one warp per (b, t, h), 2 channels a lane,
-// FLASH_DOT_THREADS / 32 rows per block
+// a. D[(b*NH + h)*T + t] = scale (dout[b,t,h,:] . out[b,t,h,:]) in fp32 (times the softmax scale, which the
+// kernels below put into dS: flash_bwd_ds_t); one warp per (b, t, h), 2 channels a lane, FLASH_DOT_THREADS /
+// 32 rows per block
 #define FLASH_DOT_THREADS 256
 template <typename Tp>
 __global__ void __launch_bounds__(FLASH_DOT_THREADS) flash_tc_backward_dot_kernel(float* D, const Tp* dout, const Tp* out, int B,
-                                                                                  int T, int C, int NH) {
+                                                                                  int T, int C, int NH, float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b*T + t)*NH + h
     int lane = threadIdx.x % 32;
     if (row >= B * T * NH) return;  // the whole warp: row is per warp
@@ -24,7 +25,7 @@ __global__ void __launch_bounds__(FLASH_DOT_THREADS) flash_tc_backward_dot_kerne
     float2 d = unpack2<Tp>(*(const uint32_t*)(dout + off)), o = unpack2<Tp>(*(const uint32_t*)(out + off));
     float s = d.x * o.x + d.y * o.y;
     for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffff, s, k);
-    if (lane == 0) D[((size_t)b * NH + h) * T + t] = s;
+    if (lane == 0) D[((size_t)b * NH + h) * T + t] = scale * s;
 }
 
 // the backward kernels' dynamic shared memory: 6 tiles + 2 x 2 x 64 floats (opt-in above 48 KiB)
@@ -101,13 +102,13 @@ __global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kerne
         load_a_frags(vf, Vs, warp * 16);
         mma_a_xt<Tp>(dpt, vf, dOb);  // dP^T = V dO^T
         bool edge = qt == kt || q0 + FLASH_TILE > T;  // the diagonal or the sequence tail
-        flash_bwd_ds_t(st, dpt, lse_s + buf * FLASH_TILE, D_s + buf * FLASH_TILE, lane, k0 + warp * 16, q0, T, edge, scale_log2);
+        flash_bwd_ds_t(st, dpt, lse_s + buf * FLASH_TILE, D_s + buf * FLASH_TILE, lane, k0 + warp * 16, q0, T, edge, scale, scale_log2);
         mma_p_x<Tp>(dv, st, dOb);  // dV += P^T dO
-        mma_p_x<Tp>(dk, dpt, Qb);  // dK += dS^T Q
+        mma_p_x<Tp>(dk, dpt, Qb);  // dK += scale dS^T Q
     }
 
     Tp* row0 = dqkv + (size_t)b * T * stride + (size_t)h * FLASH_HS;
-    store_rows<Tp>(row0 + C, stride, dk, scale, scale, key_lo, T);
+    store_rows<Tp>(row0 + C, stride, dk, 1.0f, 1.0f, key_lo, T);
     store_rows<Tp>(row0 + 2 * C, stride, dv, 1.0f, 1.0f, key_lo, T);
 }
 
@@ -168,9 +169,9 @@ __global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dq_kernel(Tp*
             for (int e = 0; e < 4; e++) s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
         mma_a_xt<Tp>(s, qf, Kb);   // S = Q K^T
         mma_a_xt<Tp>(dp, df, Vb);  // dP = dO V^T
-        flash_bwd_ds(s, dp, lse_r, D_r, lane, q0 + warp * 16, kt * FLASH_TILE, kt == qt, scale_log2);  // s = dS
-        mma_p_x<Tp>(dq, s, Kb);  // dQ += dS K
+        flash_bwd_ds(s, dp, lse_r, D_r, lane, q0 + warp * 16, kt * FLASH_TILE, kt == qt, scale, scale_log2);  // s = scale dS
+        mma_p_x<Tp>(dq, s, Kb);  // dQ += scale dS K
     }
-    store_rows<Tp>(dqkv + (size_t)b * T * stride + (size_t)h * FLASH_HS, stride, dq, scale, scale, row_lo, T);
+    store_rows<Tp>(dqkv + (size_t)b * T * stride + (size_t)h * FLASH_HS, stride, dq, 1.0f, 1.0f, row_lo, T);
 }
 #endif  // LLMC_CPU

@@ -58,31 +58,36 @@ static FLASH_HD float flash_lse(float m, float l) { return (m + log2f(l)) * FLAS
 
 // backward, dK/dV kernel: st = S^T (K Q^T) and dpt = dP^T (V dO^T) of this warp's 16 keys (key0 + row)
 // x the tile's 64 queries (q0 + column) -> st = P^T = 2^(S^T scale log2e - lse2[column]) and
-// dpt = dS^T = P^T * (dP^T - D[column]) (the softmax scale is applied to dK at the end). P is 0 where the
-// query precedes the key (t < u) or lies past the sequence (t >= T, whose lse2 and D are 0); `edge` says
-// the tile may hold such pairs (the diagonal tile or the last query tile).
-static FLASH_HD void flash_bwd_ds_t(float st[8][4], float dpt[8][4], const float* lse2, const float* D, int lane,
-                                           int key0, int q0, int T, bool edge, float scale_log2) {
+// dpt = scale dS^T = P^T * (scale dP^T - Ds[column]), Ds = scale D. P is 0 where the query precedes the key
+// (t < u) or lies past the sequence (t >= T, whose lse2 and D are 0); `edge` says the tile may hold such
+// pairs (the diagonal tile or the last query tile). The softmax scale goes into dS here, before dS is
+// rounded to 16 bits for dK = dS^T Q, not onto dK at the end: unscaled, dS is 1/scale = 8x larger than its
+// share of dK, and in fp16 under a loss scale it overflowed first (dev/cuda/attention_backward.cu checks
+// it). As scale dP - Ds it is one fused multiply-add, as the subtraction was; and scale is a power of two
+// (1/sqrt(64)), so bf16 gives the same bits as scaling dK at the end did.
+static FLASH_HD void flash_bwd_ds_t(float st[8][4], float dpt[8][4], const float* lse2, const float* Ds, int lane,
+                                           int key0, int q0, int T, bool edge, float scale, float scale_log2) {
     FLASH_UNROLL for (int nt = 0; nt < 8; nt++)
         FLASH_UNROLL for (int e = 0; e < 4; e++) {
             int i = flash_acc_col(lane, nt, e), t = q0 + i, u = key0 + flash_acc_row(lane, e);
             float p = exp2f(st[nt][e] * scale_log2 - lse2[i]);
             if (edge && (t < u || t >= T)) p = 0.0f;
             st[nt][e] = p;
-            dpt[nt][e] = p * (dpt[nt][e] - D[i]);
+            dpt[nt][e] = p * fmaf(dpt[nt][e], scale, -Ds[i]);
         }
 }
 
 // backward, dQ kernel: s = S (Q K^T) and dp = dP (dO V^T) of this warp's 16 queries (row0 + row, lse2 and
-// D of rows g and g + 8) x the tile's 64 keys (k0 + column) -> s = dS = P * (dP - D), unscaled, with P = 0
-// above the diagonal on the diagonal tile (rows t >= T are computed but never stored).
-static FLASH_HD void flash_bwd_ds(float s[8][4], const float dp[8][4], const float lse2[2], const float D[2], int lane,
-                                         int row0, int k0, bool diagonal, float scale_log2) {
+// Ds = scale D of rows g and g + 8) x the tile's 64 keys (k0 + column) -> s = scale dS = P * (scale dP - Ds),
+// with P = 0 above the diagonal on the diagonal tile (rows t >= T are computed but never stored); the
+// softmax scale is applied before the rounding to 16 bits, as in flash_bwd_ds_t.
+static FLASH_HD void flash_bwd_ds(float s[8][4], const float dp[8][4], const float lse2[2], const float Ds[2], int lane,
+                                         int row0, int k0, bool diagonal, float scale, float scale_log2) {
     FLASH_UNROLL for (int nt = 0; nt < 8; nt++)
         FLASH_UNROLL for (int e = 0; e < 4; e++) {
             int u = k0 + flash_acc_col(lane, nt, e), t = row0 + flash_acc_row(lane, e);
             float p = exp2f(s[nt][e] * scale_log2 - lse2[e >> 1]);
             if (diagonal && u > t) p = 0.0f;
-            s[nt][e] = p * (dp[nt][e] - D[e >> 1]);
+            s[nt][e] = p * fmaf(dp[nt][e], scale, -Ds[e >> 1]);
         }
 }

@@ -319,6 +319,48 @@ static void run_tc_backward(float* d_dqkv, float* d_D, Tp* qkv16, Tp* dout16, Tp
     from_16bit(d_dqkv, dqkv16, n_qkv);
 }
 
+// fp16 as the trainer runs it, under a loss scale: backward gets dout times the scale S. The one operand
+// at risk is dS = P (dP - D), which the kernels round to fp16 for dK = dS^T Q and dQ = dS K: it is large
+// where dP = dO V^T is (large values) while dQ and dK stay small (small queries and keys), so this check
+// takes Q and K times 1/4 and V times 16 (fp16-exact factors). S is the largest power of two that keeps
+// dout and the reference dqkv 4x inside fp16's range (65504), so every value the kernels store fits, and
+// every operand they round on the way must fit too. Compared with S times the reference at the unscaled
+// tolerance, relative, and S times it absolute.
+static void check_fp16_loss_scaled(const float* qkv_in, const float* dout_in, int B, int T, int C, int NH, double tol) {
+    size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    float* qkv = host_copy(qkv_in, n_qkv);
+    for (size_t i = 0; i < n_qkv; i++) qkv[i] *= i % (3 * C) < (size_t)2 * C ? 0.25f : 16.0f;
+    float *out = (float*)malloc_check(n_out * sizeof(float)), *att = (float*)malloc_check((size_t)B * NH * T * T * sizeof(float));
+    float *lse = (float*)malloc_check(n_lse * sizeof(float)), *ref = (float*)malloc_check(n_qkv * sizeof(float));
+    attention_forward_cpu(out, att, qkv, B, T, C, NH);
+    attention_lse_cpu(lse, qkv, B, T, C, NH);
+    attention_backward_cpu(ref, dout_in, qkv, att, B, T, C, NH);
+    float amax = 0.0f;
+    for (size_t i = 0; i < n_out; i++) amax = fmaxf(amax, fabsf(dout_in[i]));
+    for (size_t i = 0; i < n_qkv; i++) amax = fmaxf(amax, fabsf(ref[i]));
+    float S = 1.0f;
+    while (2.0f * S * amax <= 65504.0f / 4) S *= 2.0f;
+    float* dout = host_copy(dout_in, n_out);
+    for (size_t i = 0; i < n_out; i++) dout[i] *= S;
+    for (size_t i = 0; i < n_qkv; i++) ref[i] *= S;
+    __half *qkv16 = dev_alloc<__half>(n_qkv), *dout16 = dev_alloc<__half>(n_out), *out16 = dev_alloc<__half>(n_out);
+    __half* dqkv16 = dev_alloc<__half>(n_qkv);
+    float *d_qkv = dev_upload(qkv, n_qkv), *d_dout = dev_upload(dout, n_out), *d_out = dev_upload(out, n_out);
+    float *d_lse = dev_upload(lse, n_lse), *d_D = dev_alloc<float>(n_lse), *d_dqkv = dev_alloc<float>(n_qkv);
+    to_16bit(qkv16, d_qkv, n_qkv);
+    to_16bit(dout16, d_dout, n_out);
+    to_16bit(out16, d_out, n_out);
+    run_tc_backward(d_dqkv, d_D, qkv16, dout16, out16, dqkv16, d_lse, B, T, C, NH);
+    char what[64];
+    snprintf(what, sizeof(what), "dqkv, loss scale %.0f", S);
+    check_close(what, d_dqkv, ref, n_qkv, tol * S, tol);
+    float* dev_ptrs[] = {d_qkv, d_dout, d_out, d_lse, d_D, d_dqkv};
+    for (float* p : dev_ptrs) cudaCheck(cudaFree(p));
+    __half* dev16[] = {qkv16, dout16, out16, dqkv16};
+    for (__half* p : dev16) cudaCheck(cudaFree(p));
+    free(qkv), free(out), free(att), free(lse), free(ref), free(dout);
+}
+
 template <typename Tp>
 static void check_tc_version(int v, float* d_dqkv, const float* d_qkv, const float* d_dout, const float* d_out_f,
                              const float* dqkv_ref, const float* lse, int B, int T, int C, int NH, bool bench) {
@@ -391,7 +433,10 @@ static void run_shape(int selected, int B, int T, int C, int NH, bool bench) {
         } else if (v >= 3) {
             float* d_out_f = dev_upload(out, n_out);
             if (v == 3) check_tc_version<__nv_bfloat16>(v, d_dqkv, d_qkv, d_dout, d_out_f, dqkv_ref, lse, B, T, C, NH, bench);
-            else check_tc_version<__half>(v, d_dqkv, d_qkv, d_dout, d_out_f, dqkv_ref, lse, B, T, C, NH, bench);
+            else {
+                check_tc_version<__half>(v, d_dqkv, d_qkv, d_dout, d_out_f, dqkv_ref, lse, B, T, C, NH, bench);
+                check_fp16_loss_scaled(qkv, dout, B, T, C, NH, 1e-2);  // version 4's tolerance (atop this file)
+            }
             cudaCheck(cudaFree(d_out_f));
         } else {
             float *d_out = dev_upload(out, n_out), *d_lse = dev_upload(lse, n_lse), *d_D = dev_alloc<float>(n_lse);

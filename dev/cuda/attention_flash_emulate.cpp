@@ -89,13 +89,13 @@ static void forward_warp(float* out, int* out_w, float* lse, int* lse_w, const f
         }
 }
 
-// flash_tc_backward_dot_kernel: D = rowsum(dout * out) per (b, h, t), in fp32
+// flash_tc_backward_dot_kernel: D = scale rowsum(dout * out) per (b, h, t), in fp32
 static void backward_dot(float* D, const float* dout, const float* out, int B, int T, int C, int NH) {
     for (int bt = 0; bt < B * T; bt++)
         for (int h = 0; h < NH; h++) {
             float s = 0.0f;
             for (int i = 0; i < FLASH_HS; i++) s += dout[(size_t)bt * C + h * FLASH_HS + i] * out[(size_t)bt * C + h * FLASH_HS + i];
-            D[((size_t)(bt / T) * NH + h) * T + bt % T] = s;
+            D[((size_t)(bt / T) * NH + h) * T + bt % T] = scale * s;
         }
 }
 
@@ -114,7 +114,7 @@ static void dkdv_warp(float* dqkv, int* writes, const float* qkv, const float* d
     static float Ks[FLASH_TILE_ELEMS], Vs[FLASH_TILE_ELEMS], Qs[FLASH_TILE_ELEMS], dOs[FLASH_TILE_ELEMS];
     static Reg kf[32][4][4], vf[32][4][4];
     static Acc dk, dv, st, dpt;
-    float lse2[64], Dr[64], mul_scale[32][2], mul_one[32][2];
+    float lse2[64], Dr[64], mul_one[32][2];
     tile_load(Ks, base + C, k0, T, stride);
     tile_load(Vs, base + 2 * C, k0, T, stride);
     emu_load_a_frags(kf, Ks, 16 * w);
@@ -129,13 +129,13 @@ static void dkdv_warp(float* dqkv, int* writes, const float* qkv, const float* d
         emu_mma_a_xt(st, kf, Qs);
         emu_mma_a_xt(dpt, vf, dOs);
         bool edge = qt == kt || q0 + FLASH_TILE > T;
-        for (int i = 0; i < 32; i++) flash_bwd_ds_t(st[i], dpt[i], lse2, Dr, i, k0 + 16 * w, q0, T, edge, scale_log2);
+        for (int i = 0; i < 32; i++) flash_bwd_ds_t(st[i], dpt[i], lse2, Dr, i, k0 + 16 * w, q0, T, edge, scale, scale_log2);
         emu_mma_p_x(dv, st, dOs);
         emu_mma_p_x(dk, dpt, Qs);
     }
-    for (int i = 0; i < 32; i++) mul_scale[i][0] = mul_scale[i][1] = scale, mul_one[i][0] = mul_one[i][1] = 1.0f;
+    for (int i = 0; i < 32; i++) mul_one[i][0] = mul_one[i][1] = 1.0f;  // (the softmax scale is in dS)
     size_t off = (size_t)b * T * stride + (size_t)h * FLASH_HS;
-    tile_store(dqkv + off + C, writes + off + C, stride, dk, mul_scale, k0 + 16 * w, T);
+    tile_store(dqkv + off + C, writes + off + C, stride, dk, mul_one, k0 + 16 * w, T);
     tile_store(dqkv + off + 2 * C, writes + off + 2 * C, stride, dv, mul_one, k0 + 16 * w, T);
 }
 
@@ -148,7 +148,7 @@ static void dq_warp(float* dqkv, int* writes, const float* qkv, const float* dou
     static float Qs[FLASH_TILE_ELEMS], dOs[FLASH_TILE_ELEMS], Ks[FLASH_TILE_ELEMS], Vs[FLASH_TILE_ELEMS];
     static Reg qf[32][4][4], df[32][4][4];
     static Acc dq, s, dp;
-    float lse2[64], Dr[64], lse_r[32][2], D_r[32][2], mul_scale[32][2];
+    float lse2[64], Dr[64], lse_r[32][2], D_r[32][2], mul_one[32][2];
     tile_load(Qs, base, q0, T, stride);
     tile_load(dOs, dout + (size_t)b * T * C + (size_t)h * FLASH_HS, q0, T, C);
     row_stats(lse2, Dr, lse + (size_t)bh * T, D + (size_t)bh * T, q0, T);
@@ -163,12 +163,12 @@ static void dq_warp(float* dqkv, int* writes, const float* qkv, const float* dou
         memset(s, 0, sizeof(s)), memset(dp, 0, sizeof(dp));
         emu_mma_a_xt(s, qf, Ks);
         emu_mma_a_xt(dp, df, Vs);
-        for (int i = 0; i < 32; i++) flash_bwd_ds(s[i], dp[i], lse_r[i], D_r[i], i, q0 + 16 * w, kt * FLASH_TILE, kt == qt, scale_log2);
+        for (int i = 0; i < 32; i++) flash_bwd_ds(s[i], dp[i], lse_r[i], D_r[i], i, q0 + 16 * w, kt * FLASH_TILE, kt == qt, scale, scale_log2);
         emu_mma_p_x(dq, s, Ks);
     }
-    for (int i = 0; i < 32; i++) mul_scale[i][0] = mul_scale[i][1] = scale;
+    for (int i = 0; i < 32; i++) mul_one[i][0] = mul_one[i][1] = 1.0f;  // (the softmax scale is in dS)
     tile_store(dqkv + (size_t)b * T * stride + (size_t)h * FLASH_HS, writes + (size_t)b * T * stride + (size_t)h * FLASH_HS,
-               stride, dq, mul_scale, q0 + 16 * w, T);
+               stride, dq, mul_one, q0 + 16 * w, T);
 }
 
 // ----------------------------------------------------------------------------------------------------
