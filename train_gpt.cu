@@ -1327,7 +1327,7 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
             if (state->shard != s || state->step != step)
                 fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path, state->shard, state->step);
             if (state->model_hash != first.model_hash || state->num_shards != first.num_shards || state->run_id != first.run_id ||
-                state->version != first.version)
+                state->version != first.version || state->data_hash != first.data_hash)
                 fatal("'%s' does not belong to the same checkpoint as '%s'", path, first_path);
         }
         if (!ranges_cover(&covered, gpt2_num_parameters(&first.config), first.version >= 2, why, sizeof(why)))
@@ -1502,6 +1502,7 @@ typedef struct {
     const char* resume;  // checkpoint folder to resume from, or NULL
     const char* resume_if_present;  // resume from this folder if it holds a complete checkpoint, else start fresh
     int keep_last;       // keep this many newest checkpoints, delete older ones (0: keep all)
+    int allow_data_change;  // --allow-data-change: a resume may train on other data than its checkpoint's
     const char* log_file;
     const char* save_model;  // write the final model here (llm.c format), or NULL
     int save_model_version;  // its model file version: 3 fp32 (default) or 5 bf16
@@ -1864,11 +1865,16 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
 }
 
 // A run saves into its checkpoint folder only if every checkpoint already there is its own: after
-// another run's checkpoints, a later --resume would continue whichever run saved the newest step.
-static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id) {
+// another run's checkpoints, a later --resume would continue whichever run saved the newest step. Nor
+// may the folder hold a complete checkpoint of its own run after start_step, the step it starts from:
+// that is a later part of the same run (a rollback resumes an older copy into the original folder), which
+// its saves would overwrite step by step with another branch, leaving a mix whose newest step a later
+// --resume would continue. An incomplete one after start_step is what a crash during a save left (a
+// requeue resumes from the step before it): no resume can read it, and this run writes that step anew.
+static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
     long long* steps;
     int n = checkpoint_steps(dir, &steps);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {  // newest first
         char path[4200];
         int header[HEADER_INTS];
         long long size;
@@ -1879,6 +1885,11 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id) {
         if (id != run_id)
             fatal("--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, or save "
                   "into another folder", dir, steps[i]);
+        if (steps[i] > start_step && checkpoint_complete(dir, steps[i]))
+            fatal("--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: step %lld): "
+                  "its saves would mix a second branch into them, and the next --resume there would continue the old branch's newest "
+                  "step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
+                  dir, start_step, steps[i], start_step);
     }
     free(steps);
 }
@@ -1932,10 +1943,10 @@ static int* encode_prompt(const TrainConfig* tc, const GPT2Config* c, int* n_pro
 
 // A signal stops the run after the current step with a checkpoint (llmc/stop_signal.h). Its folder was
 // checked at the start only if the run meant to save: otherwise it is checked now, before the save.
-static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id) {
+static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id, long long start_step) {
     if (tc->save_every > 0 || tc->stop_after > 0) return;
     check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
-    check_checkpoint_dir_owner(tc->checkpoint_dir, run_id);
+    check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
 }
 
 // After the checkpoint of a run stopped by a signal: one line saying so, and the exit code to come.
@@ -2010,6 +2021,9 @@ typedef struct {
     Tracer tracer;
     RunState state;            // what the checkpoint resumed from holds; filled anew at each save
     uint64_t run_id;
+    uint64_t data_hash;        // the training data's fingerprint, recorded in every checkpoint
+    long long data_tokens;
+    int data_files;
     long long start_step;
     long long updates;         // AdamW's step count: skipped steps do not count
     int memory_reported;       // GPU: the plan was compared with the device after the first applied step
@@ -2115,6 +2129,45 @@ static void open_inputs(Training* run) {
     run->sample.prompt = run->prompt;
 }
 
+// The training data's fingerprint that checkpoints record (llmc/state_file.h): its files' names, sizes and
+// first MiB, hashed as the ranks compare them (agree_file, llmc/agreement.h), their number and their
+// tokens. Names without their folder: the same files copied to another disk are the same data.
+static void fingerprint_train_data(Training* run) {
+    const DataLoader* dl = &run->train_loader;
+    run->data_hash = AGREE_FNV_INIT;
+    for (int i = 0; i < dl->n_files; i++) run->data_hash = agree_file(run->data_hash, dl->paths[i]);
+    run->data_files = dl->n_files;
+    run->data_tokens = dl->total_tokens;
+}
+
+// A resume continues at the position in the token stream that its step fixes: on other files, an added
+// shard or a changed file that position means other tokens, and the run would go on without notice on
+// data it was not trained on. Refused unless --allow-data-change says the change is meant; a checkpoint
+// that records no data (state file version 1 or 2) resumes with a notice. Called after the ranks agreed
+// on the data, so every rank comes to the same verdict.
+static void check_resumed_data(const Training* run) {
+    const TrainConfig* tc = run->tc;
+    const RunState* s = &run->state;
+    if (!tc->resume || !run->have_train) return;
+    if (s->data_files == 0) {
+        if (run->main_rank)
+            printf("note: the checkpoint in '%s' records no fingerprint of its training data (state file version %d): "
+                   "--train-data is not checked against it\n", tc->resume, s->version);
+        return;
+    }
+    if (s->data_hash == run->data_hash && s->data_files == run->data_files && s->data_tokens == run->data_tokens) return;
+    char what[256];
+    snprintf(what, sizeof(what), "%d file%s, %lld tokens; now %d file%s, %lld tokens%s", s->data_files, s->data_files == 1 ? "" : "s",
+             s->data_tokens, run->data_files, run->data_files == 1 ? "" : "s", run->data_tokens,
+             s->data_files == run->data_files && s->data_tokens == run->data_tokens ? ", with other names, sizes or contents" : "");
+    if (!tc->allow_data_change)
+        fatal("the checkpoint in '%s' was trained on other data (%s) than --train-data '%s': resume with its data, or give "
+              "--allow-data-change if the change is meant", tc->resume, what, tc->train_data);
+    if (run->main_rank)
+        printf("--allow-data-change: the checkpoint in '%s' was trained on other data (%s); step %lld goes on with --train-data '%s'\n",
+               tc->resume, what, s->step + 1, tc->train_data);
+}
+
 // The activations: one slot per micro-batch the schedule keeps in flight (llmc/pipeline.h).
 static void allocate_for_schedule(Training* run) {
     const TrainConfig* tc = run->tc;
@@ -2198,12 +2251,15 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
     check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
-    if (tc->save_every > 0 || tc->stop_after > 0) check_checkpoint_dir_owner(tc->checkpoint_dir, run->run_id);
+    if (tc->save_every > 0 || tc->stop_after > 0)  // (the resumed step is where this run's own saves begin)
+        check_checkpoint_dir_owner(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0);
     check_sizes_given(tc, &config);
     build_rank_model(run, &config, params, m, v);
     free(params), free(m), free(v);
     if (tc->T > config.maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, config.maxT);
     open_inputs(run);
+    if (run->have_train) fingerprint_train_data(run);
+    check_resumed_data(run);
     allocate_for_schedule(run);
     if (tc->trace) run->model.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
@@ -2250,6 +2306,9 @@ static void fill_run_state(Training* run, long long step) {
     state->scale_good_steps = run->scaler.good_steps;
     state->scale_hysteresis_left = run->scaler.hysteresis_left;
     state->run_id = run->run_id;
+    state->data_hash = run->data_hash;
+    state->data_tokens = run->data_tokens;
+    state->data_files = run->data_files;
 }
 
 // Saves a checkpoint after `step` when one is due (every --save-every steps and at the last) or when the
@@ -2258,7 +2317,7 @@ static void fill_run_state(Training* run, long long step) {
 static int checkpoint_if_due(Training* run, long long step, int last, int stop_sig) {
     const TrainConfig* tc = run->tc;
     int stopping = (tc->stop_after > 0 && step == tc->stop_after) || (stop_sig && !last);
-    if (stop_sig && !last) prepare_signal_checkpoint(tc, run->run_id);
+    if (stop_sig && !last) prepare_signal_checkpoint(tc, run->run_id, run->start_step);
     int periodic = tc->save_every > 0 && step > run->start_step && (step % tc->save_every == 0 || last);
     if (periodic || (stopping && step > run->start_step)) {
         fill_run_state(run, step);
@@ -2562,6 +2621,8 @@ static void print_usage(void) {
         "  --resume-if-present DIR  the same if DIR holds a complete checkpoint, else start fresh (from --model or\n"
         "                        from scratch), saving into DIR: one command line for a job that is requeued\n"
         "  --keep-last N         after each save keep the N newest resumable checkpoints, delete older ones [all kept]\n"
+        "  --allow-data-change   resume on other training data than the checkpoint's (else refused: its files, sizes\n"
+        "                        and tokens are recorded in the checkpoint)\n"
         "  --save-model FILE     write the final model (llm.c format)\n"
         "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even; what llm.c's GPU builds read) [fp32]\n"
         "  --log FILE            one JSON object per line per step and evaluation\n"
@@ -2777,6 +2838,10 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         }
         if (!strcmp(f, "--print-schedule")) {
             tc->print_schedule = 1;
+            continue;
+        }
+        if (!strcmp(f, "--allow-data-change")) {
+            tc->allow_data_change = 1;
             continue;
         }
         if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);

@@ -10,7 +10,8 @@
  *   companion model file (uint64)  [20..21] data seed (uint64)  [22] shard  [23] number of shards
  *   [24] ZeRO stage  [25] DP size  [26..27] number of ranges R (int64)  [28..29] optimizer updates
  *   applied (int64)  [30] loss scale (float32)  [31] clean steps since its last change  [32] overflows
- *   it still tolerates  [33..34] run id (uint64, version 2)
+ *   it still tolerates  [33..34] run id (uint64, version 2)  [35..36] hash of the training data (uint64,
+ *   version 3)  [37..38] its tokens (int64)  [39] its files
  * then R pairs (offset in file order, count) as int64, then AdamW's m for those ranges (float32), then
  * v, then the FNV-1a hash (uint64) of all the bytes before it. Shards of any DP size can be read by any
  * other: a resume reassembles the whole state and takes its own chunks (re-sharding). The model hash
@@ -25,6 +26,12 @@
  * Version 1 files (no run id, run id 0; replicated tensors in several shards) are still read: their
  * ranges must cover every parameter at least once.
  *
+ * Version 3 (written now) adds the fingerprint of the training data the run was trained on: the number
+ * of files, their tokens, and a hash of their names (without the folder), sizes and first MiB, as the
+ * ranks compare them at start-up (llmc/agreement.h). A resume on other data is then refused unless it
+ * is meant, instead of silently continuing on a different stream. Version 1 and 2 files record none
+ * (0 files): their data is not checked.
+ *
  * Every write goes through atomic_file.h (temp file, fsync, rename), so a crash in the middle of a save
  * leaves the previous checkpoint intact.
  */
@@ -35,7 +42,7 @@
 #include "model_file.h"
 
 #define STATE_MAGIC 20261123
-#define STATE_VERSION 2
+#define STATE_VERSION 3
 
 typedef struct {
     GPT2Config config;
@@ -51,6 +58,9 @@ typedef struct {
     float loss_scale;       // the loss scaler's state (llmc/loss_scaler.h)
     int scale_good_steps, scale_hysteresis_left;
     uint64_t run_id;        // drawn when the run started from scratch, kept on resume (0: a version 1 file)
+    uint64_t data_hash;     // the training data's fingerprint (version 3; data_files 0: none recorded)
+    long long data_tokens;
+    int data_files;
     int version;            // of the file read
 } RunState;
 
@@ -132,6 +142,9 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
     header[31] = s->scale_good_steps;
     header[32] = s->scale_hysteresis_left;
     put_u64(header + 33, s->run_id);
+    put_u64(header + 35, s->data_hash);
+    put_u64(header + 37, (uint64_t)s->data_tokens);
+    header[39] = s->data_files;
     AtomicFile a;
     atomic_open(&a, path);
     atomic_write(&a, header, sizeof(header));
@@ -147,6 +160,9 @@ static void state_file_write(const char* path, const RunState* s, const int64_t*
 static void state_header_decode(const int* header, RunState* s, uint64_t* n, uint64_t* n_ranges) {
     s->version = header[1];
     s->run_id = s->version >= 2 ? get_u64(header + 33) : 0;
+    s->data_hash = s->version >= 3 ? get_u64(header + 35) : 0;
+    s->data_tokens = s->version >= 3 ? (long long)get_u64(header + 37) : 0;
+    s->data_files = s->version >= 3 ? header[39] : 0;
     s->config = (GPT2Config){.maxT = header[2], .V = header[3], .Vp = header[7], .L = header[4], .NH = header[5], .C = header[6]};
     s->B = header[8];
     s->T = header[9];
@@ -183,6 +199,8 @@ static const char* run_state_error(const RunState* s, char* msg, size_t len) {
     else if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 || s->scale_hysteresis_left < 0)
         snprintf(msg, len, "loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range", s->loss_scale,
                  s->scale_good_steps, s->scale_hysteresis_left);
+    else if (s->data_files < 0 || s->data_tokens < 0 || (s->data_files == 0) != (s->data_tokens == 0))
+        snprintf(msg, len, "training data fingerprint (%d files, %lld tokens) is impossible", s->data_files, s->data_tokens);
     else return NULL;
     return msg;
 }
@@ -240,7 +258,7 @@ static void state_file_read(const char* path, const GPT2Config* model, RunState*
     int header[HEADER_INTS];
     long long size;
     FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
-    if (header[1] != 1 && header[1] != 2) fatal("'%s': unsupported state file version %d (1 and 2 are known)", path, header[1]);
+    if (header[1] < 1 || header[1] > STATE_VERSION) fatal("'%s': unsupported state file version %d (1 to %d are known)", path, header[1], STATE_VERSION);
     uint64_t n, n_ranges, count;
     state_header_decode(header, s, &n, &n_ranges);
     state_header_check(path, model, s, n, n_ranges, size);

@@ -2,7 +2,8 @@
 # Bad input must end in one clear line on stderr ("error: ...") and exit code 1: never a crash (a
 # signal), a hang (timeout), silent garbage (exit 0) or a wall of text. Each case below feeds the trainer
 # one kind of bad input and checks all of that, plus a word of the expected message. Also on one rank:
-# forged checkpoints, a diverging run (nothing non-finite is applied or saved), output paths checked
+# forged checkpoints, a rollback into a folder of later checkpoints and a resume on other training data
+# (both refused), a diverging run (nothing non-finite is applied or saved), output paths checked
 # before training, a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
 # memory plan against the measured peak memory.
 #
@@ -35,6 +36,7 @@ def tokens(path, ids, magic=20240520, version=1, count=None):
 tokens(f"{d}/good.bin", [i * 7 % 512 for i in range(1000)])
 tokens(f"{d}/v500.bin", [i * 7 % 500 for i in range(1000)])  # for a vocabulary of 500 (Vp 512: padded rows)
 tokens(f"{d}/short.bin", list(range(10)))
+tokens(f"{d}/t17.bin", list(range(17)))  # exactly one batch of B=2 x T=8 (+1)
 tokens(f"{d}/bigid.bin", [1] * 500 + [600] + [1] * 499)
 tokens(f"{d}/magic.bin", list(range(100)), magic=12345)
 tokens(f"{d}/version.bin", list(range(100)), version=9)
@@ -175,6 +177,61 @@ check "--keep-last 3 passes over an unresumable step 2: step 1 kept" test "$(ls 
     "model_00000001.bin model_00000002.bin model_00000003.bin model_00000004.bin state_00000001_00000.bin state_00000002_00000.bin state_00000003_00000.bin state_00000004_00000.bin "
 expect_error "--resume and --resume-if-present" "give --resume or --resume-if-present, not both" "${GOOD[@]}" --resume "$TMP/rq" --resume-if-present "$TMP/rq"
 expect_error "--keep-last 0" "--keep-last must be between 1" "${TINY[@]}" "${GOOD[@]}" --keep-last 0
+
+echo "rollback: no run saves into a folder that holds later checkpoints of its own run"
+# lin holds steps 1 to 3 of one run, lin_old a copy of its step 1. Resumed from lin_old into lin, a run
+# would overwrite steps 2 and 3 with another branch of the same run, and the next --resume lin would
+# continue whichever branch saved the newest step: refused before training, lin left as it was.
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --save-every 1 --checkpoint-dir "$TMP/lin" >/dev/null 2>&1
+mkdir -p "$TMP/lin_old" && cp "$TMP/lin/model_00000001.bin" "$TMP/lin/state_00000001_00000.bin" "$TMP/lin_old/"
+(cd "$TMP/lin" && md5sum *) >"$TMP/lin.md5"
+expect_error "rollback into the later steps" "holds checkpoints of this run after step 1, where it resumes .*another --checkpoint-dir" "${GOOD[@]}" \
+    --resume "$TMP/lin_old" --checkpoint-dir "$TMP/lin" --batch-size 2 --seq-len 8 --steps 4 --save-every 1
+expect_error "rollback, --stop-after" "holds checkpoints of this run after step 1" "${GOOD[@]}" --resume "$TMP/lin_old" \
+    --checkpoint-dir "$TMP/lin" --batch-size 2 --seq-len 8 --steps 4 --stop-after 2
+check "a refused rollback leaves the folder as it was" eval '(cd "$TMP/lin" && md5sum --quiet -c "$TMP/lin.md5" && test "$(ls | wc -l)" = 6)'
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/lin_old" --batch-size 2 --seq-len 8 --steps 3 --save-every 1 --val-every 0 \
+    --sample-every 0 >"$TMP/out" 2>&1
+check "rollback into the copy's own folder trains" eval 'grep -q "resuming from step 1 of" "$TMP/out" && test -f "$TMP/lin_old/model_00000003.bin"'
+# a requeue after a crash in the save of step 4 (its first state shard written, its model not): that
+# partial save is no later checkpoint; the resumed run writes step 4 again and --keep-last prunes
+"${FORGE[@]}" "$TMP/lin/state_00000003_00000.bin" "$TMP/lin/state_00000004_00000.bin" step=4
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/lin" --batch-size 2 --seq-len 8 --steps 5 --save-every 1 --keep-last 2 --val-every 0 \
+    --sample-every 0 >"$TMP/out" 2>&1
+check "requeue over a partial save of a later step" eval 'grep -q "resuming from step 3 of" "$TMP/out" && test "$(ls "$TMP/lin" | tr "\n" " ")" = \
+    "model_00000004.bin model_00000005.bin state_00000004_00000.bin state_00000005_00000.bin "'
+timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/lin" --batch-size 2 --seq-len 8 --steps 6 --save-every 1 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
+check "... and the next requeue resumes from step 5" grep -q "resuming from step 5 of" "$TMP/out"
+
+echo "resume with other training data: refused unless --allow-data-change"
+# ck was trained on good.bin. Another file of the same size, a 17-token file, an added shard: refused.
+expect_error "resume: another data file" "trained on other data .*--allow-data-change" "${GOOD[@]}" --train-data "$TMP/v500.bin" \
+    --resume "$TMP/ck" --batch-size 2 --seq-len 8 --steps 4
+expect_error "resume: a 17-token file" "trained on other data (1 file, 1000 tokens; now 1 file, 17 tokens)" "${GOOD[@]}" \
+    --train-data "$TMP/t17.bin" --resume "$TMP/ck" --batch-size 2 --seq-len 8 --steps 4
+mkdir -p "$TMP/shards" && cp "$TMP/good.bin" "$TMP/shards/a.bin"
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --train-data "$TMP/shards/*.bin" --save-every 1 --checkpoint-dir "$TMP/ck_sh" >/dev/null 2>&1
+cp "$TMP/good.bin" "$TMP/shards/b.bin"
+expect_error "resume: an added shard" "trained on other data (1 file, 1000 tokens; now 2 files, 2000 tokens)" "${GOOD[@]}" \
+    --train-data "$TMP/shards/*.bin" --resume "$TMP/ck_sh" --batch-size 2 --seq-len 8 --steps 4
+# the same files in another folder are the same data
+mkdir -p "$TMP/moved" && cp "$TMP/good.bin" "$TMP/moved/good.bin"
+timeout 60 "$BIN" "${GOOD[@]}" --train-data "$TMP/moved/good.bin" --resume "$TMP/ck" --batch-size 2 --seq-len 8 --steps 3 --val-every 0 \
+    --sample-every 0 >"$TMP/out" 2>&1
+check "resume: the same data moved to another folder" grep -q "resuming from step 2 of" "$TMP/out"
+# meant: --allow-data-change says so in one line and trains; its checkpoints record the new data
+cp -r "$TMP/ck" "$TMP/ck_dc"
+timeout 60 "$BIN" "${GOOD[@]}" --train-data "$TMP/t17.bin" --allow-data-change --resume "$TMP/ck_dc" --batch-size 2 --seq-len 8 --steps 3 \
+    --save-every 1 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
+check "--allow-data-change: trains on the new data, says so" eval 'grep -q "^--allow-data-change: .*other data" "$TMP/out" && test -f "$TMP/ck_dc/model_00000003.bin"'
+timeout 60 "$BIN" "${GOOD[@]}" --train-data "$TMP/t17.bin" --resume "$TMP/ck_dc" --batch-size 2 --seq-len 8 --steps 4 --val-every 0 \
+    --sample-every 0 >"$TMP/out" 2>&1
+check "... and its checkpoint records the new data" grep -q "resuming from step 3 of" "$TMP/out"
+# a version 2 state file records no data: resumed, with a notice
+cp -r "$TMP/ck" "$TMP/ck_v2" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_v2/state_00000002_00000.bin" version=2
+timeout 60 "$BIN" "${GOOD[@]}" --train-data "$TMP/t17.bin" --resume "$TMP/ck_v2" --batch-size 2 --seq-len 8 --steps 3 --val-every 0 \
+    --sample-every 0 >"$TMP/out" 2>&1
+check "resume from a version 2 state file: data unchecked, said once" eval 'grep -q "resuming from step 2 of" "$TMP/out" && test "$(grep -c "records no fingerprint of its training data" "$TMP/out")" = 1'
 
 echo "inputs that are not regular files (a FIFO with no writer blocked in fopen)"
 mkfifo "$TMP/fifo"
