@@ -12,7 +12,10 @@
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
 #      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError)
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
-# What the emulation does not model (streams, a send that waits for its receive) is said in emulate_nccl.h.
+# The emulated operations run when the host waits for their stream, reading and writing their buffers then,
+# and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
+# wrong results here (part 1's rematerialized pipeline: its sends leave a buffer the next forward overwrites).
+# dev/cuda/emulate_nccl_selftest.cu shows each rule (and a deadlock, a mismatched collective) in two processes.
 # usage: scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt [build/emu-bf16/train_gpt]
 set -u
 BIN=${1:-build/emu-fp32/train_gpt}
@@ -74,6 +77,9 @@ reference --batch-size 4 --micro-batches 2
 for S in gpipe 1f1b; do
     nccl_run "pp=2 M=2 $S" 2 --pp 2 --schedule $S --batch-size 4 --micro-batches 2
 done
+# (its forward outputs are sent from the shared work set, which the next forward overwrites: the send
+# must be waited for, as the emulated stream reads the buffer only when it runs the send)
+nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --schedule 1f1b --pp-rematerialize 1 --batch-size 4 --micro-batches 2
 reference --batch-size 8 --micro-batches 4
 nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
 

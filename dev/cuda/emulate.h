@@ -37,9 +37,10 @@
  * Atomics are plain read-modify-writes: threads never interleave inside one.
  *
  * The runtime calls the programs make (cudaMalloc, cudaMemcpy, events, properties) and their cuBLAS(Lt)
- * products are defined over host memory in emulate_runtime.h, included at the end. Streams and events are
- * ordered trivially: every launch and copy has finished when its call returns. "Device" memory is host
- * memory, so a kernel that dereferences a host pointer does not fail here as it would on a GPU.
+ * products are defined over host memory in emulate_runtime.h, included at the end. Every launch and copy
+ * has finished when its call returns; the emulated NCCL's operations wait in their stream's queue until the
+ * host waits for the stream (emulate_runtime.h, "streams and events"). "Device" memory is host memory, so
+ * a kernel that dereferences a host pointer does not fail here as it would on a GPU.
  */
 #pragma once
 

@@ -12,20 +12,28 @@
  * Transport: files in a folder per communicator under $EMU_NCCL_DIR (default /dev/shm, else /tmp), named
  * after the communicator's key (the unique id's text; a split appends its number and colour). Each file is
  * written whole and renamed into place, so a reader never sees half of one.
- *   collective number s:  every rank writes c<s>.<rank> (its whole send buffer), waits until all n files
- *                         exist, reads them, and computes the result itself, in rank order (so every rank
- *                         gets the same bits, as from NCCL's rings). A rank at collective s knows every rank
- *                         has finished s-2 (each wrote s-1 after reading s-2), so it removes its own s-2 file.
- *   send number k to p:   p<me>to<p>.<k>, which the receiver removes after reading it. Sends never wait for
- *                         their receive (NCCL's may: a send/receive order that deadlocks on a GPU can pass
- *                         here).
- * A call returns ncclSuccess once complete; one that must wait for peers returns ncclInProgress on a
- * non-blocking communicator (config.blocking = 0, as llmc's) and completes in later ncclCommGetAsyncError
- * calls; on a blocking one it waits, at most $EMU_NCCL_TIMEOUT s (default 300). Each communicator has at
- * most one call in progress, as NCCL's non-blocking ones: the engine settles one before the next.
- * Reductions run in double precision and round once. Not modelled: streams (every call has finished in
- * the host's order when it completes), the transport's speed, and the few files the last collective of
- * each communicator leaves in the folder (a test removes $EMU_NCCL_DIR).
+ *   collective number s:  every rank writes c<s>.<rank> (what it calls, then its whole send buffer), waits
+ *                         until all n files exist, reads them, checks that every rank calls the same
+ *                         operation (kind, type, reduction, root, count: else one line naming both, exit
+ *                         1), and computes the result itself, in rank order (so every rank gets the same
+ *                         bits, as from NCCL's rings). A rank at collective s knows every rank has finished
+ *                         s-2 (each wrote s-1 after reading s-2), so it removes its own s-2 file.
+ *   send number k to p:   p<me>to<p>.<k> (type, count, data); the receiver reads and removes it and writes
+ *                         the acknowledgement a<me>to<p>.<k>, which completes the send: a send waits for its
+ *                         receive, as NCCL's may, so an order of sends and receives that deadlocks on a GPU
+ *                         deadlocks here (ncclGroupStart/End lets a send and a receive progress together).
+ * NCCL's contract with streams: a collective, send or receive is queued on its stream when it is called
+ * (the call itself completes at once) and carried out when that stream runs it, which the emulated
+ * runtime makes as late as CUDA allows (emulate_runtime.h, "streams and events": when the host waits for
+ * the stream). So the operation reads its send buffer and writes its receive buffer then, not at the call,
+ * and a program that touches those buffers before waiting for the stream (fine with blocking calls, a
+ * race on a GPU) gets wrong results here. Creating, splitting and finalizing a communicator are host calls
+ * (every stream is completed first): one returns ncclSuccess once complete, or, waiting for peers on a
+ * non-blocking communicator (config.blocking = 0, as llmc's), ncclInProgress, completed in later
+ * ncclCommGetAsyncError calls; a blocking one waits, at most $EMU_NCCL_TIMEOUT s (default 300), the same
+ * limit as a stream waiting for a peer that never comes (a deadlock). Reductions run in double precision
+ * and round once. Not modelled: the transport's speed, and the few files the last collective of each
+ * communicator leaves in the folder (a test removes $EMU_NCCL_DIR).
  */
 #pragma once
 
@@ -119,8 +127,9 @@ inline ncclComm* make_comm(const std::string& key, int rank, int size, int block
     return c;
 }
 
-// Starts a call: complete now (ncclSuccess), or in progress (ncclInProgress on a non-blocking communicator,
-// completed by ncclCommGetAsyncError; a blocking one waits here). `step` returns true once complete.
+// Starts a host call (creating, splitting, finalizing): complete now (ncclSuccess), or in progress
+// (ncclInProgress on a non-blocking communicator, completed by ncclCommGetAsyncError; a blocking one waits
+// here). `step` returns true once complete.
 inline ncclResult_t start(ncclComm* c, std::function<bool()> step) {
     if (c->aborted || c->error != ncclSuccess) return ncclInvalidUsage;
     if (c->pending) emu_nccl::fail("a call on a communicator whose previous call is still in progress");
@@ -138,22 +147,89 @@ inline ncclResult_t start(ncclComm* c, std::function<bool()> step) {
     return ncclSuccess;
 }
 
-// Collective number s: writes this rank's contribution, then (in the step) waits for every rank's and
-// hands them, in rank order, to `finish`.
-inline ncclResult_t collective(ncclComm* c, const void* data, size_t bytes, std::function<void(std::vector<std::vector<char>>&)> finish) {
-    if (c->aborted || c->error != ncclSuccess) return ncclInvalidUsage;
-    long s = c->collectives++;
+// What a rank calls, at the head of each collective and send file: the ranks of a collective must all
+// call the same, and a receive must match its send.
+enum class Kind : int32_t { init, split, finalize, all_reduce, reduce_scatter, all_gather, broadcast, send };
+struct OpHeader {
+    Kind kind;
+    int32_t type, op, root;  // ncclDataType_t, ncclRedOp_t (-1: none), root rank (-1: none)
+    uint64_t count;          // elements (per rank where NCCL counts so)
+    bool operator!=(const OpHeader& o) const { return kind != o.kind || type != o.type || op != o.op || root != o.root || count != o.count; }
+};
+inline std::string describe(const OpHeader& h) {
+    static const char* kinds[] = {"creating the communicator", "a split", "finalize", "an all-reduce", "a reduce-scatter",
+                                  "an all-gather", "a broadcast", "a send"};
+    std::string d = kinds[(int)h.kind];
+    if (h.kind < Kind::all_reduce) return d;
+    if (h.op >= 0) d += h.op == ncclMax ? " (max)" : h.op == ncclAvg ? " (avg)" : " (sum)";
+    if (h.root >= 0) d += " from rank " + std::to_string(h.root);
+    const char* type = h.type == ncclFloat ? "float" : h.type == ncclDouble ? "double" : h.type == ncclHalf ? "half" : "bf16";
+    return d + " of " + std::to_string(h.count) + " " + type;
+}
+inline std::vector<char> with_header(const OpHeader& h, const void* data, size_t bytes) {
+    std::vector<char> v(sizeof(h) + bytes);
+    memcpy(v.data(), &h, sizeof(h));
+    if (bytes > 0) memcpy(v.data() + sizeof(h), data, bytes);
+    return v;
+}
+inline OpHeader header_of(const std::vector<char>& file, const std::string& path) {
+    OpHeader h;
+    if (file.size() < sizeof(h)) emu_nccl::fail("a short file " + path);
+    memcpy(&h, file.data(), sizeof(h));
+    return h;
+}
+
+typedef std::function<void(std::vector<std::vector<char>>&)> Finish;  // the ranks' contributions, in rank order
+
+// The progress of collective number s: on its first call writes this rank's file (`data` read then), then
+// (in this and later calls) waits for every rank's, checks that they all call what this rank calls, and
+// hands the contributions, in rank order, to `finish`. True once complete.
+inline std::function<bool()> collective_step(ncclComm* c, long s, OpHeader mine, const void* data, size_t bytes, Finish finish) {
     auto name = [c, s](long seq, int r) { return c->dir + "/c" + std::to_string(seq) + "." + std::to_string(r); };
-    if (s >= 2) remove(name(s - 2, c->rank).c_str());  // every rank has read it (see the top of this file)
-    put(name(s, c->rank), data, bytes);
+    auto written = std::make_shared<bool>(false);
     auto parts = std::make_shared<std::vector<std::vector<char>>>(c->size);
     auto have = std::make_shared<std::vector<bool>>(c->size, false);
-    return start(c, [=]() {
+    return [=]() {
+        if (c->aborted) return true;
+        if (!*written) {
+            if (s >= 2) remove(name(s - 2, c->rank).c_str());  // every rank has read it (see the top of this file)
+            std::vector<char> file = with_header(mine, data, bytes);
+            put(name(s, c->rank), file.data(), file.size());
+            *written = true;
+        }
         for (int r = 0; r < c->size; r++)
             if (!(*have)[r] && !((*have)[r] = take(name(s, r), &(*parts)[r]))) return false;
+        for (int r = 0; r < c->size; r++) {
+            OpHeader theirs = header_of((*parts)[r], name(s, r));
+            if (theirs != mine)
+                emu_nccl::fail("collective " + std::to_string(s) + " of communicator " + c->key + ": rank " + std::to_string(r) + " calls " +
+                               describe(theirs) + ", rank " + std::to_string(c->rank) + " " + describe(mine));
+            (*parts)[r].erase((*parts)[r].begin(), (*parts)[r].begin() + sizeof(OpHeader));
+        }
         finish(*parts);
         return true;
-    });
+    };
+}
+
+// a host call's collective (creating, splitting, finalizing): the streams' queued work first, since it
+// holds the communicator's earlier collectives; `data` is copied at the call
+inline ncclResult_t host_collective(ncclComm* c, OpHeader mine, const void* data, size_t bytes, Finish finish) {
+    if (c->aborted || c->error != ncclSuccess) return ncclInvalidUsage;
+    emu::drain_all(describe(mine).c_str());
+    auto copy = std::make_shared<std::vector<char>>((const char*)data, (const char*)data + bytes);
+    long s = c->collectives++;
+    auto step = collective_step(c, s, mine, copy->data(), bytes, finish);
+    return start(c, [copy, step]() { return step(); });
+}
+
+// a collective on a stream: queued now (numbered in the host's order of calls), carried out when the
+// stream runs it
+inline ncclResult_t stream_collective(ncclComm* c, cudaStream_t stream, OpHeader mine, const void* data, size_t bytes, Finish finish) {
+    if (c->aborted || c->error != ncclSuccess) return ncclInvalidUsage;
+    long s = c->collectives++;
+    emu::queue_op(stream, collective_step(c, s, mine, data, bytes, finish),
+                  "collective " + std::to_string(s) + " (" + describe(mine) + ") of communicator " + c->key + " waits for a peer");
+    return ncclSuccess;
 }
 
 inline void check_sizes(const std::vector<std::vector<char>>& parts, size_t bytes) {
@@ -173,29 +249,67 @@ inline void reduce(const std::vector<std::vector<char>>& parts, size_t offset, s
     }
 }
 
-inline void send_now(ncclComm* c, const void* buf, size_t bytes, int peer) {
-    put(c->dir + "/p" + std::to_string(c->rank) + "to" + std::to_string(peer) + "." + std::to_string(c->sends[peer]++), buf, bytes);
+inline std::string pair_file(const ncclComm* c, const char* what, int from, int to, long k) {
+    return c->dir + "/" + what + std::to_string(from) + "to" + std::to_string(to) + "." + std::to_string(k);
 }
-// the step of a receive: true once the peer's file was read into buf (and removed)
-inline std::function<bool()> recv_step(ncclComm* c, void* buf, size_t bytes, int peer) {
-    std::string path = c->dir + "/p" + std::to_string(peer) + "to" + std::to_string(c->rank) + "." + std::to_string(c->recvs[peer]++);
+// The progress of send number k to `peer`: on its first call writes the data (`buf` read then), then waits
+// for the receiver's acknowledgement: a send completes only with its receive.
+inline std::function<bool()> send_step(ncclComm* c, const void* buf, OpHeader mine, size_t bytes, int peer) {
+    long k = c->sends[peer]++;
+    std::string path = pair_file(c, "p", c->rank, peer, k), ack = pair_file(c, "a", c->rank, peer, k);
+    auto written = std::make_shared<bool>(false);
     return [=]() {
-        std::vector<char> data;
-        if (!take(path, &data)) return false;
-        if (data.size() != bytes) emu_nccl::fail("a receive's count differs from its send's");
-        memcpy(buf, data.data(), bytes);
-        remove(path.c_str());
+        if (c->aborted) return true;
+        if (!*written) {
+            std::vector<char> file = with_header(mine, buf, bytes);
+            put(path, file.data(), file.size());
+            *written = true;
+        }
+        struct stat st;
+        if (stat(ack.c_str(), &st) != 0) return false;
+        remove(ack.c_str());
         return true;
     };
 }
+// The progress of receive number k from `peer`: once the peer's data is there, checks it against what
+// this rank receives, copies it into buf, removes it and acknowledges it.
+inline std::function<bool()> recv_step(ncclComm* c, void* buf, OpHeader mine, size_t bytes, int peer) {
+    long k = c->recvs[peer]++;
+    std::string path = pair_file(c, "p", peer, c->rank, k), ack = pair_file(c, "a", peer, c->rank, k);
+    return [=]() {
+        if (c->aborted) return true;
+        std::vector<char> data;
+        if (!take(path, &data)) return false;
+        OpHeader theirs = header_of(data, path);
+        if (theirs.type != mine.type || theirs.count != mine.count)
+            emu_nccl::fail("receive " + std::to_string(k) + " from rank " + std::to_string(peer) + " of communicator " + c->key + ": it sends " +
+                           describe(theirs) + ", rank " + std::to_string(c->rank) + " receives " + std::to_string(mine.count));
+        memcpy(buf, data.data() + sizeof(OpHeader), bytes);
+        remove(path.c_str());
+        put(ack, NULL, 0);
+        return true;
+    };
+}
+inline std::string pair_what(const ncclComm* c, const char* what, int peer, const OpHeader& h) {
+    return std::string(what) + " " + std::to_string(peer) + " (" + std::to_string(h.count) + " elements) of communicator " + c->key;
+}
 
-// between ncclGroupStart and ncclGroupEnd: the receives, started together at the end
+// between ncclGroupStart and ncclGroupEnd: the sends and receives, queued together at the end as one
+// operation whose parts progress together (so a send and a receive between two ranks cannot deadlock)
 struct GroupCall {
     ncclComm* comm;
+    cudaStream_t stream;
     std::function<bool()> step;
+    std::string what;
 };
 inline int group_depth = 0;
 inline std::vector<GroupCall> grouped;
+// queues a send or receive (or, inside a group, keeps it for ncclGroupEnd)
+inline ncclResult_t queue_pair_op(ncclComm* c, cudaStream_t stream, std::function<bool()> step, std::string what) {
+    if (group_depth > 0) grouped.push_back({c, stream, std::move(step), std::move(what)});
+    else emu::queue_op(stream, std::move(step), std::move(what));
+    return ncclSuccess;
+}
 
 inline bool valid(ncclComm* c, int peer) { return c != NULL && peer >= 0 && peer < c->size; }
 
@@ -223,7 +337,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     if (nranks < 1 || rank < 0 || rank >= nranks || strncmp(id.internal, "emu-nccl-", 9) != 0) return ncclInvalidArgument;
     ncclComm* c = emu_nccl::make_comm(id.internal, rank, nranks, config ? config->blocking : 1);
     *comm = c;
-    return emu_nccl::collective(c, &nranks, sizeof(nranks), [c, nranks](std::vector<std::vector<char>>& parts) {
+    emu_nccl::OpHeader mine = {emu_nccl::Kind::init, -1, -1, -1, 0};
+    return emu_nccl::host_collective(c, mine, &nranks, sizeof(nranks), [c, nranks](std::vector<std::vector<char>>& parts) {
         for (auto& p : parts)
             if (*(int*)p.data() != nranks) c->error = ncclInvalidUsage;  // (reported by ncclCommGetAsyncError)
     });
@@ -236,7 +351,8 @@ ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t* ne
     int mine[2] = {color, key};
     std::string name = parent->key + "-s" + std::to_string(parent->splits++);
     int blocking = config ? config->blocking : parent->blocking;
-    return emu_nccl::collective(parent, mine, sizeof(mine), [=](std::vector<std::vector<char>>& parts) {
+    emu_nccl::OpHeader what = {emu_nccl::Kind::split, -1, -1, -1, 0};
+    return emu_nccl::host_collective(parent, what, mine, sizeof(mine), [=](std::vector<std::vector<char>>& parts) {
         if (color == NCCL_SPLIT_NOCOLOR) return;
         std::vector<std::pair<int, int>> members;  // (key, parent rank) of this colour
         for (int r = 0; r < (int)parts.size(); r++) {
@@ -254,10 +370,12 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* error) {
     *error = c->error != ncclSuccess ? c->error : c->pending ? ncclInProgress : ncclSuccess;
     return ncclSuccess;
 }
-// a collective like any other, so that no rank leaves while another still waits for its files
+// a collective like any other (after every stream's queued work), so that no rank leaves while another
+// still waits for its files
 ncclResult_t ncclCommFinalize(ncclComm_t c) {
     if (c == NULL) return ncclInvalidArgument;
-    return emu_nccl::collective(c, NULL, 0, [](std::vector<std::vector<char>>&) {});
+    emu_nccl::OpHeader what = {emu_nccl::Kind::finalize, -1, -1, -1, 0};
+    return emu_nccl::host_collective(c, what, NULL, 0, [](std::vector<std::vector<char>>&) {});
 }
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (c == NULL) return ncclInvalidArgument;
@@ -266,77 +384,84 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     return ncclSuccess;
 }
 ncclResult_t ncclCommAbort(ncclComm_t c) {
-    if (c != NULL) c->aborted = 1, c->pending = nullptr;  // (the object is leaked: the program is ending)
+    if (c != NULL) c->aborted = 1, c->pending = nullptr;  // (its queued operations complete at once; the object is leaked: the program is ending)
     return ncclSuccess;
 }
 
-ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
     if (c == NULL || (op != ncclSum && op != ncclAvg && op != ncclMax)) return ncclInvalidArgument;
     size_t bytes = count * emu_nccl::type_bytes(t);
-    return emu_nccl::collective(c, send, bytes, [=](std::vector<std::vector<char>>& parts) {
+    emu_nccl::OpHeader what = {emu_nccl::Kind::all_reduce, t, op, -1, count};
+    return emu_nccl::stream_collective(c, stream, what, send, bytes, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, bytes);
         emu_nccl::reduce(parts, 0, count, t, op, recv);
     });
 }
 // send holds size x recvcount elements; this rank gets the reduction of block `rank`
-ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
+                               cudaStream_t stream) {
     if (c == NULL || (op != ncclSum && op != ncclAvg && op != ncclMax)) return ncclInvalidArgument;
     size_t block = recvcount * emu_nccl::type_bytes(t);
-    return emu_nccl::collective(c, send, block * c->size, [=](std::vector<std::vector<char>>& parts) {
+    emu_nccl::OpHeader what = {emu_nccl::Kind::reduce_scatter, t, op, -1, recvcount};
+    return emu_nccl::stream_collective(c, stream, what, send, block * c->size, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, block * c->size);
         emu_nccl::reduce(parts, block * c->rank, recvcount, t, op, recv);
     });
 }
 // recv holds size x sendcount elements: block r is rank r's send (which may lie in recv, in place)
-ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t t, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t t, ncclComm_t c, cudaStream_t stream) {
     if (c == NULL) return ncclInvalidArgument;
     size_t block = sendcount * emu_nccl::type_bytes(t);
-    return emu_nccl::collective(c, send, block, [=](std::vector<std::vector<char>>& parts) {
+    emu_nccl::OpHeader what = {emu_nccl::Kind::all_gather, t, -1, -1, sendcount};
+    return emu_nccl::stream_collective(c, stream, what, send, block, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, block);
         for (size_t r = 0; r < parts.size(); r++) memcpy((char*)recv + r * block, parts[r].data(), block);
     });
 }
-ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t stream) {
     if (!emu_nccl::valid(c, root)) return ncclInvalidArgument;
     size_t bytes = count * emu_nccl::type_bytes(t);
-    return emu_nccl::collective(c, send, bytes, [=](std::vector<std::vector<char>>& parts) {
+    emu_nccl::OpHeader what = {emu_nccl::Kind::broadcast, t, -1, root, count};
+    return emu_nccl::stream_collective(c, stream, what, send, bytes, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, bytes);
         memcpy(recv, parts[root].data(), bytes);
     });
 }
-ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
     if (!emu_nccl::valid(c, peer) || c->aborted) return ncclInvalidArgument;
-    emu_nccl::send_now(c, send, count * emu_nccl::type_bytes(t), peer);  // (never waits: see the top of this file)
-    return ncclSuccess;
+    emu_nccl::OpHeader what = {emu_nccl::Kind::send, t, -1, -1, count};
+    return emu_nccl::queue_pair_op(c, stream, emu_nccl::send_step(c, send, what, count * emu_nccl::type_bytes(t), peer),
+                                   emu_nccl::pair_what(c, "a send to rank", peer, what) + " waits for its receive");
 }
-ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
-    if (!emu_nccl::valid(c, peer)) return ncclInvalidArgument;
-    auto step = emu_nccl::recv_step(c, recv, count * emu_nccl::type_bytes(t), peer);
-    if (emu_nccl::group_depth > 0) {
-        emu_nccl::grouped.push_back({c, step});
-        return ncclSuccess;
-    }
-    return emu_nccl::start(c, step);
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
+    if (!emu_nccl::valid(c, peer) || c->aborted) return ncclInvalidArgument;
+    emu_nccl::OpHeader what = {emu_nccl::Kind::send, t, -1, -1, count};
+    return emu_nccl::queue_pair_op(c, stream, emu_nccl::recv_step(c, recv, what, count * emu_nccl::type_bytes(t), peer),
+                                   emu_nccl::pair_what(c, "a receive from rank", peer, what) + " waits for its send");
 }
 ncclResult_t ncclGroupStart() {
     emu_nccl::group_depth++;
     return ncclSuccess;
 }
-// the group's receives, as one call in progress on their communicator (llmc's groups have one)
+// the group's sends and receives, as one operation on their stream (llmc's groups have one stream)
 ncclResult_t ncclGroupEnd() {
     if (emu_nccl::group_depth == 0) return ncclInvalidUsage;
     if (--emu_nccl::group_depth > 0) return ncclSuccess;
     std::vector<emu_nccl::GroupCall> calls;
     calls.swap(emu_nccl::grouped);
     if (calls.empty()) return ncclSuccess;
-    for (auto& g : calls)
-        if (g.comm != calls[0].comm) emu_nccl::fail("a group over several communicators");
+    std::string what;
+    for (auto& g : calls) {
+        if (g.stream != calls[0].stream) emu_nccl::fail("a group over several streams");
+        what += (what.empty() ? "" : " and ") + g.what;
+    }
     auto done = std::make_shared<std::vector<bool>>(calls.size(), false);
-    return emu_nccl::start(calls[0].comm, [calls, done]() {
+    emu::queue_op(calls[0].stream, [calls, done]() {
         bool all = true;
         for (size_t i = 0; i < calls.size(); i++)
             if (!(*done)[i]) all &= ((*done)[i] = calls[i].step());
         return all;
-    });
+    }, "a group: " + what);
+    return ncclSuccess;
 }
 }

@@ -1,13 +1,148 @@
 /*
  * emulate_runtime.h: the CUDA runtime and the cuBLAS(Lt) calls that dev/cuda and llmc make, over host
  * memory, for the CPU emulation of emulate.h (which includes this file last). "Device" memory is host
- * memory; streams and events are trivially ordered (every launch and copy has finished when its call
- * returns); the device reports an H100's limits, so grids and shared memory are sized as there. Device
+ * memory; kernels, copies and memsets have finished when their call returns, and what needs other
+ * processes (the emulated NCCL's operations) waits in its stream's queue until the host waits for the
+ * stream (see "streams and events" below); the device reports an H100's limits, so grids and shared
+ * memory are sized as there. Device
  * allocations are counted against its 80 GiB: cudaMemGetInfo reports what is allocated (with no CUDA
  * context beside it, so a memory plan can be compared with it exactly), and an allocation beyond the
  * 80 GiB fails as on the GPU.
  */
 #pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <string>
+#include <vector>
+
+// ----------------------------------------------------------------------------------------------------
+// streams and events
+//
+// Kernels, copies and memsets run at their call, in the host's order. An operation that needs other
+// processes (emulate_nccl.h's collectives, sends and receives) is queued on its stream instead and
+// carried out as late as CUDA allows: when the host waits for that stream (cudaStreamSynchronize,
+// cudaStreamQuery, an event recorded on it) or queues a copy on it. So a send reads its buffer, and a
+// receive or collective writes its, only then: a buffer the host's later work writes before waiting, or
+// reads without waiting, gives wrong results here, as it may on a GPU. While the host waits for anything,
+// every stream makes progress (a GPU's streams run on without the host and without each other), so only
+// a true deadlock, every process waiting for another, waits past EMU_NCCL_TIMEOUT (default 300 s); it
+// ends the process with one line naming what each stream waits for.
+
+namespace emu {
+struct QueuedOp {
+    std::function<bool()> step;  // makes what progress it can; true once the operation is complete
+    std::string what;            // what it is, for the message of a deadlock
+};
+struct Stream {
+    std::deque<QueuedOp> queue;
+    long queued = 0, done = 0;  // operations queued and completed, ever
+};
+inline Stream default_stream;  // stream 0 (the trainer's main stream)
+inline std::vector<Stream*> streams = {&default_stream};
+inline Stream* stream_of(cudaStream_t s) { return s ? (Stream*)s : &default_stream; }
+struct Event {
+    double ms;       // host time of the record (the work before it on the host has finished by then)
+    Stream* stream;  // the stream it was recorded on, and that stream's position then: the event has
+    long position;   // happened once the stream has completed that many operations
+};
+
+// one pass over every stream: each completes its queued operations in order, as far as they can go now
+inline void progress_all() {
+    for (Stream* s : streams)
+        while (!s->queue.empty() && s->queue.front().step()) s->queue.pop_front(), s->done++;
+}
+// the host waits until ready() while every stream makes progress
+inline void wait_until(const std::function<bool()>& ready, const char* waiting_in) {
+    const char* t = getenv("EMU_NCCL_TIMEOUT");
+    double timeout = t ? atof(t) : 300.0;
+    auto begun = std::chrono::steady_clock::now();
+    for (;;) {
+        progress_all();
+        if (ready()) return;
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count() > timeout) {
+            std::string waits;
+            for (Stream* s : streams)
+                if (!s->queue.empty()) waits += (waits.empty() ? "" : "; ") + s->queue.front().what;
+            fprintf(stderr, "emulated CUDA, pid %d: deadlock: %s waited %.0f s (EMU_NCCL_TIMEOUT) for queued communication that "
+                            "never completed: %s\n", (int)getpid(), waiting_in, timeout, waits.c_str());
+            exit(1);
+        }
+        usleep(200);
+    }
+}
+inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string what) {
+    Stream* st = stream_of(s);
+    st->queue.push_back({std::move(step), std::move(what)});
+    st->queued++;
+}
+inline bool stream_idle(Stream* s) { return s->queue.empty(); }
+// work queued on s after this call must follow what s has queued: a copy runs at its call, so the queue
+// is completed first
+inline void drain(cudaStream_t s, const char* waiting_in) {
+    Stream* st = stream_of(s);
+    if (!st->queue.empty()) wait_until([st] { return st->queue.empty(); }, waiting_in);
+}
+inline void drain_all(const char* waiting_in) {
+    wait_until([] {
+        for (Stream* s : streams)
+            if (!s->queue.empty()) return false;
+        return true;
+    }, waiting_in);
+}
+}  // namespace emu
+
+extern "C" {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+    emu::Stream* st = new emu::Stream;
+    emu::streams.push_back(st);
+    return *s = (cudaStream_t)st, cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    emu::drain(s, "cudaStreamDestroy");
+    emu::Stream* st = emu::stream_of(s);
+    if (st == &emu::default_stream) return cudaErrorInvalidValue;
+    emu::streams.erase(std::find(emu::streams.begin(), emu::streams.end(), st));
+    delete st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return emu::drain(s, "cudaStreamSynchronize"), cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return emu::drain_all("cudaDeviceSynchronize"), cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    emu::progress_all();
+    return emu::stream_idle(emu::stream_of(s)) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = (cudaEvent_t) new emu::Event{0.0, &emu::default_stream, 0}, cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete (emu::Event*)e, cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    emu::Event* ev = (emu::Event*)e;
+    ev->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    ev->stream = emu::stream_of(s), ev->position = ev->stream->queued;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    emu::Stream* st = ((emu::Event*)e)->stream;
+    long position = ((emu::Event*)e)->position;
+    emu::wait_until([st, position] { return st->done >= position; }, "cudaEventSynchronize");
+    return cudaSuccess;
+}
+// Later work on s follows the event. Where s has operations queued, the wait joins its queue; otherwise
+// the host waits here, since what it launches on s next runs at the call.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    emu::Stream *st = ((emu::Event*)e)->stream, *waiter = emu::stream_of(s);
+    long position = ((emu::Event*)e)->position;
+    if (st == waiter || st->done >= position) return cudaSuccess;
+    if (!waiter->queue.empty()) emu::queue_op(s, [st, position] { return st->done >= position; }, "a wait for an event of another stream");
+    else emu::wait_until([st, position] { return st->done >= position; }, "cudaStreamWaitEvent");
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+    return *ms = (float)(((emu::Event*)b)->ms - ((emu::Event*)a)->ms), cudaSuccess;
+}
+}
+
 // ----------------------------------------------------------------------------------------------------
 // the runtime, over host memory
 
@@ -36,16 +171,18 @@ cudaError_t cudaFree(void* p) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) { return memcpy(dst, src, bytes), cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+    emu::drain(s, "cudaMemcpyAsync");
     return memcpy(dst, src, bytes), cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) { return memset(p, v, bytes), cudaSuccess; }
+cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t s) {
+    emu::drain(s, "cudaMemsetAsync");
+    return memset(p, v, bytes), cudaSuccess;
+}
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
     return *free_bytes = emu::DEVICE_BYTES - emu::device_in_use, *total = emu::DEVICE_BYTES, cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = emu::last_error;
     emu::last_error = cudaSuccess;
@@ -105,20 +242,9 @@ cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int
     }
     return cudaSuccess;
 }
-// events hold the host time they were recorded at (the work before them has finished by then)
 }
 template <typename T>
 cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) { return cudaFuncSetAttribute((const void*)kernel, attr, value); }
-extern "C" {
-cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = (cudaEvent_t) new double(0.0), cudaSuccess; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { return delete (double*)e, cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-    *(double*)e = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { return *ms = (float)(*(double*)b - *(double*)a), cudaSuccess; }
-}
 
 // ----------------------------------------------------------------------------------------------------
 // cuBLAS and cuBLASLt, as far as llmc calls them: the handles, the strided batched product of the
@@ -315,20 +441,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// the rest of the runtime the trainer's code names: streams, events and pinned memory, all trivially ordered
+// the rest of the runtime the trainer's code names: pinned memory, the device, 2D copies
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return (*p = malloc(bytes > 0 ? bytes : 1)) ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaFreeHost(void* p) { return free(p), cudaSuccess; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return *s = (cudaStream_t)&emu::handle_storage, cudaSuccess; }
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 cudaError_t cudaSetDevice(int device) {
     if (device < 0 || device >= emu::device_count()) return cudaErrorInvalidDevice;
     return emu::current_device = device, cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 // rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart)
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind, cudaStream_t s) {
+    emu::drain(s, "cudaMemcpy2DAsync");
     if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
     for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
     return cudaSuccess;
