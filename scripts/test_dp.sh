@@ -21,8 +21,9 @@
 #   6. ranks started with different flags, data, checkpoints or LLMC_* variables end together with one line
 #      naming the first difference (they hung, aborted in MPI, trained divergent replicas, reported a wrong
 #      accuracy, saved into two folders or sampled differently)
-#   7. launch: Slurm variables count only in a task of srun; OpenMP threads default to cores / local ranks
-#      (CPU target; the GPU target's ranks run one host thread)
+#   7. launch: Slurm variables count only in a task of srun; torchrun's variables count over the PMIx ones
+#      of the srun task that started torchrun, and contradicting an MPI world they are refused; OpenMP
+#      threads default to cores / local ranks (CPU target; the GPU target's ranks run one host thread)
 #   8. the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES, run here on host memory):
 #      chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for
 #      byte, as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does
@@ -279,6 +280,19 @@ else echo "  FAIL  Slurm variables without a step (a batch script) must run as o
 env SLURM_JOB_ID=1 SLURM_STEP_ID=0 SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
 if grep -q "^error: several ranks need mpirun" "$TMP/sb.out"; then echo "  ok    the same under srun: 4 ranks ($(grep '^error:' "$TMP/sb.out"))"
 else echo "  FAIL  the same under srun must mean 4 ranks"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# `srun --mpi=pmix torchrun ...`: the workers inherit the PMIx variables of the srun task that ran torchrun,
+# yet torchrun's describe them (2 ranks here, which the CPU build can only run under mpirun); they trained
+# alone, each as a world of one
+env PMIX_RANK=0 PMIX_NAMESPACE=slurm.pmix.1.0 SLURM_JOB_ID=1 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0 SLURM_LOCALID=0 \
+    WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
+if grep -q "^error: several ranks need mpirun.*torchrun's WORLD_SIZE says 2" "$TMP/sb.out"; then echo "  ok    torchrun under srun with PMIx: torchrun's 2 ranks ($(grep '^error:' "$TMP/sb.out"))"
+else echo "  FAIL  torchrun under srun with PMIx must mean torchrun's 2 ranks"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# mpirun's 2 processes with WORLD_SIZE=4 (no torchrun started once in each: that would make 2 x LOCAL_WORLD_SIZE)
+timeout 60 "${MPIRUN[@]}" -np 2 -x WORLD_SIZE=4 -x RANK=0 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c '^error:' "$TMP/sb.out")" -eq 1 ] && grep -q "^error: the launchers disagree: .*WORLD_SIZE=4" "$TMP/sb.out"; then
+    echo "  ok    mpirun -np 2 with WORLD_SIZE=4: exit $rc, $(grep '^error:' "$TMP/sb.out")"
+else echo "  FAIL  mpirun -np 2 with WORLD_SIZE=4: exit $rc (want one line: the launchers disagree)"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
 # OpenMP threads: without OMP_NUM_THREADS, the cores this process may use / the ranks on the node
 cores=$(env -u OMP_NUM_THREADS nproc)  # (nproc itself honours OMP_NUM_THREADS)
 want=$((cores / 2)); [ $want -lt 1 ] && want=1
