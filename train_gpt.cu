@@ -1820,9 +1820,28 @@ static uint64_t new_run_id(Comm* comm) {
     return id;
 }
 
+// The folder of encoder.json and vocab.bpe: --bpe-dir, else the --tokenizer file's folder if it holds
+// encoder.json, else data/
+static const char* bpe_dir_of(const TrainConfig* tc, char* buf, size_t cap) {
+    if (tc->bpe_dir) return tc->bpe_dir;
+    const char* slash = tc->tokenizer ? strrchr(tc->tokenizer, '/') : NULL;
+    snprintf(buf, cap, "%.*s/encoder.json", slash ? (int)(slash - tc->tokenizer) : 1, slash ? tc->tokenizer : ".");
+    struct stat st;
+    if (tc->tokenizer && tc->tokenizer[0] != '\0' && stat(buf, &st) == 0) {
+        buf[strlen(buf) - strlen("/encoder.json")] = '\0';
+        return buf;
+    }
+    return "data";
+}
+
 // Before the first collective of the run: every rank must run the same job (llmc/agreement.h). What may
-// differ between ranks is left out: output paths only rank 0 writes (--log, --save-model's name), and
-// the folders files are read from (node-local copies are fine if their files are the same).
+// differ between ranks is left out: output paths only rank 0 writes (--log, --save-model's name,
+// --eval-dump: one rank only), what only rank 0 does (--keep-last: rank 0 deletes old checkpoints), the
+// folders files are read from (node-local copies are fine if their files are the same), each rank's own
+// deadlines (--comm-timeout, --io-timeout: the first rank past one ends the run) and threads
+// (OMP_NUM_THREADS: a node's cores are its own, and what replicas must compute alike, the gradient norm,
+// is summed in fixed chunks whatever the thread count). --comm is compared by the engine's choice
+// (mpi_agree_engine), the launchers' variables at the start (llmc/comm_launch.h, llmc/rendezvous.h).
 static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Config* c, const RunState* state) {
     if (comm->world_size == 1) return;
     Agreement a = {.names = {NULL}, .hashes = {0}, .n = 0};
@@ -1852,15 +1871,44 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_files(&a, "the model file (--model)", tc->model_file);
     agree_files(&a, "the training data (--train-data: a file's name, size or first MiB)", tc->train_data);
     agree_files(&a, "the validation data (--val-data: a file's name, size or first MiB)", tc->val_data);
-    agree_int(&a, "the evaluation settings (--val-every, --val-batches)", (long long)tc->val_every * 1000003 + tc->val_batches);
+    // the DP ranks score their share of the examples and add up the counts: another file or another
+    // schedule on one rank gives a wrong accuracy, or a collective that the others never reach
+    agree_files(&a, "the multiple-choice data (--eval-data: a file's name, size or first MiB)", tc->eval_data);
+    long long evals[3] = {tc->val_every, tc->val_batches, tc->eval_every};
+    agree_bytes(&a, "the evaluation settings (--val-every, --val-batches, --eval-every)", evals, sizeof(evals), NULL);
     agree_files(&a, "the tokenizer (--tokenizer)", tc->tokenizer);
-    agree_int(&a, "the sampling settings (--sample-every, --sample-len)", (long long)tc->sample_every * 1000003 + tc->sample_len);
-    agree_int(&a, "the saving settings (--save-every, whether --save-model is given)", (long long)tc->save_every * 2 + (tc->save_model != NULL));
+    // the TP (and PP) ranks of a sample compute its tokens together: each must draw the same way
+    double sampling[4] = {(double)tc->sample_every, (double)tc->sample_len, tc->temperature, (double)tc->top_k};
+    agree_bytes(&a, "the sampling settings (--sample-every, --sample-len, --prompt, --temperature, --top-k)", sampling, sizeof(sampling),
+                tc->prompt);
+    uint64_t bpe = AGREE_FNV_INIT;  // the prompt's tokens: from these files, in whichever folder (--bpe-dir)
+    if (tc->prompt) {
+        char dir[4200], path[4300];
+        const char* d = bpe_dir_of(tc, dir, sizeof(dir));
+        snprintf(path, sizeof(path), "%s/encoder.json", d);
+        bpe = agree_file(bpe, path);
+        snprintf(path, sizeof(path), "%s/vocab.bpe", d);
+        bpe = agree_file(bpe, path);
+    }
+    agree_add(&a, "the encoding of --prompt (encoder.json and vocab.bpe: their size or first MiB)", bpe);
+    long long saving[3] = {tc->save_every, tc->save_model != NULL, tc->save_model_version};
+    agree_bytes(&a, "the saving settings (--save-every, --save-model-dtype, whether --save-model is given)", saving, sizeof(saving), NULL);
     agree_int(&a, "the resume step (--resume)", tc->resume ? state->step : -1);
     agree_add(&a, "the checkpoint resumed from (its run and model)", tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
+    // every rank writes its shards into its own --checkpoint-dir: two folders would each hold part of a
+    // checkpoint (compared as written: name the folder the same way on every rank)
+    agree_string(&a, "--checkpoint-dir (where checkpoints are saved: --resume's folder unless given)", tc->checkpoint_dir);
     agree_int(&a, "--fault-wait-signal", tc->fault_wait_signal);
     agree_bytes(&a, "--fault-clock-skew", &tc->fault_clock_skew, sizeof(tc->fault_clock_skew), NULL);
     agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
+    // other kernels round differently: replicas that each update the whole model would drift apart
+    const KernelChoice* k = &tc->kernels;
+    agree_int(&a, "the kernel variants (--fused-kernels, --attention)", (k->fused * 2 + k->flash_attention) * 2 + k->separate_gelu);
+    // The environment the engine reads, as it resolved it (comm_init). LLMC_MPI_STAGE_BYTES cuts each
+    // operation into chunks of that size: a rank with other chunks posts messages of other sizes (an
+    // error inside MPI). LLMC_COMM_STRICT runs each operation at its join instead of its post: peers
+    // meet in another order than they post, and the check it exists for would hold on some ranks only.
+    agree_int(&a, "the MPI engine's settings (LLMC_MPI_STAGE_BYTES, LLMC_COMM_STRICT)", (long long)comm->stage_bytes * 2 + comm->strict);
     agree_check(comm, &a);
 }
 
@@ -1892,20 +1940,6 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long lo
                   dir, start_step, steps[i], start_step);
     }
     free(steps);
-}
-
-// The folder of encoder.json and vocab.bpe: --bpe-dir, else the --tokenizer file's folder if it holds
-// encoder.json, else data/
-static const char* bpe_dir_of(const TrainConfig* tc, char* buf, size_t cap) {
-    if (tc->bpe_dir) return tc->bpe_dir;
-    const char* slash = tc->tokenizer ? strrchr(tc->tokenizer, '/') : NULL;
-    snprintf(buf, cap, "%.*s/encoder.json", slash ? (int)(slash - tc->tokenizer) : 1, slash ? tc->tokenizer : ".");
-    struct stat st;
-    if (tc->tokenizer && tc->tokenizer[0] != '\0' && stat(buf, &st) == 0) {
-        buf[strlen(buf) - strlen("/encoder.json")] = '\0';
-        return buf;
-    }
-    return "data";
 }
 
 // --encode FILE: prints the GPT-2 token ids of the file's text on one line

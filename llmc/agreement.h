@@ -7,9 +7,10 @@
  * replicas and exit 0 (a different --lr, or node-local data folders that differ). So before its first
  * collective, each rank reduces what must match to a list of named items, each a 48-bit hash: flags
  * that define the run, model sizes, a fingerprint of each data file (name, size, and a checksum of its
- * header and first block), the resume step and the checkpoint's identity. One all-reduce of (max hash,
- * max of minus the hash) per item tells every rank, identically, which items differ; every rank then
- * ends with exit code 1 and rank 0 prints one line naming the first differing item.
+ * header and first block), the resume step and the checkpoint's identity, and the environment variables
+ * that change what the ranks exchange. One all-reduce of (max hash, max of minus the hash) per item
+ * tells every rank, identically, which items differ; every rank then ends with exit code 1 and rank 0
+ * prints one line naming the first differing item.
  *
  * Hashes are 48 bits so that they are exact as doubles (the host all-reduce works in doubles).
  */
@@ -19,7 +20,8 @@
 #include <glob.h>
 #include <sys/stat.h>
 
-#define AGREE_MAX_ITEMS 32  // (2 doubles each; the NCCL host all-reduce takes at most 64)
+#define AGREE_MAX_ITEMS 64  // (2 doubles each: one host all-reduce takes at most COMM_HOST_MAX = 128)
+static_assert(2 * AGREE_MAX_ITEMS <= COMM_HOST_MAX, "the agreement is one host all-reduce");
 #define AGREE_HASH_MASK 0xffffffffffffull
 
 typedef struct {

@@ -2,7 +2,8 @@
  * comm_launch.h: start-up and shutdown of llmc/comm.h: who am I, which grid, which engine.
  *
  * comm_init finds this rank's place from the launcher (mpirun; torchrun's RANK / WORLD_SIZE /
- * LOCAL_RANK; a task of srun's SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID), lays the ranks out
+ * LOCAL_RANK, also where srun or mpirun started torchrun; a task of srun's SLURM_PROCID /
+ * SLURM_STEP_NUM_TASKS / SLURM_LOCALID), lays the ranks out
  * on the dp x tp x pp grid (tp fastest, then dp, then pp), picks this rank's GPU and the engine, and
  * creates the groups in that engine (comm_mpi.h, comm_nccl.h). comm_finalize undoes it, after the
  * communication in flight is done.
@@ -32,8 +33,32 @@ static void set_default_threads(int local_size) {
 static void set_default_threads(int local_size) { (void)local_size; }  // (the GPU target: one host thread)
 #endif
 
+// Whether this process is an MPI rank: started by mpirun (Open MPI's OMPI_COMM_WORLD_*, the PMI_* of
+// MPICH's Hydra and of srun --mpi=pmi2, the PMIX_RANK of srun --mpi=pmix). A launcher's variables pass to
+// everything it starts: when srun or mpirun runs torchrun, torchrun's workers see them beside torchrun's
+// own RANK / WORLD_SIZE / LOCAL_RANK. Those are the more specific (they describe this process; the MPI
+// ones, the torchrun that started it), so they decide, and MPI is not started: under PMIx it would make
+// each worker a world of its own, training alone. Unless they contradict an MPI world of several
+// processes, whose size is known (Open MPI, PMI; PMIx tells it only through its library): a torchrun in
+// each makes WORLD_SIZE = processes x LOCAL_WORLD_SIZE and sets RANK; anything else is a WORLD_SIZE left
+// in the environment (a shell, a job script) with no telling which world is meant, and the launch is
+// refused, in one line from MPI rank 0 (the others end without one).
 static int launched_by_mpirun(void) {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") && !getenv("PMIX_RANK") && !getenv("MPI_LOCALNRANKS")) return 0;
+    if (!getenv("WORLD_SIZE")) return 1;
+    const char* size_var = getenv("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : getenv("PMI_SIZE") ? "PMI_SIZE" : NULL;
+    int processes = size_var ? env_int(size_var, 1) : 1;
+    int world = env_int("WORLD_SIZE", 1), local = env_int("LOCAL_WORLD_SIZE", 1);
+    if (processes <= 1 || (world == processes * local && getenv("RANK"))) return 0;  // torchrun's world
+    if (env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", 0)) != 0) {
+        sleep(2);  // (rank 0 says why first: mpirun ends the other processes once one exits with an error)
+        exit(1);
+    }
+    if (world != processes * local)
+        fatal("the launchers disagree: %s=%d MPI processes, but WORLD_SIZE=%d is not %d x LOCAL_WORLD_SIZE=%d, as a torchrun in "
+              "each would make: unset the variables of the launcher not in use", size_var, processes, world, processes, local);
+    fatal("the launchers disagree: %s=%d MPI processes, and WORLD_SIZE=%d without torchrun's RANK: unset the variables of the "
+          "launcher not in use", size_var, processes, world);
 }
 
 // This rank's place in the world and on its node, from the launcher (one rank when there is none).
@@ -102,7 +127,9 @@ static void comm_select_gpu(int local_rank) {
 static Engine comm_choose_engine(Comm* c, const char* engine, int use_mpi) {
     if (!NCCL_BUILT) {
         if (strcmp(engine, "nccl") == 0) fatal("--comm nccl: this build has no NCCL (the CPU target, or nccl.h was not found)");
-        if (!use_mpi) fatal("several ranks need mpirun in a build without NCCL");
+        if (!use_mpi)  // (named: under mpirun too, torchrun's variables count, see launched_by_mpirun)
+            fatal("several ranks need mpirun in a build without NCCL (%s says %d)", getenv("WORLD_SIZE") ? "torchrun's WORLD_SIZE" : "srun's SLURM_STEP_NUM_TASKS",
+                  c->world_size);
         return ENGINE_MPI;
     }
     int sharing = 0;

@@ -194,8 +194,8 @@ static void nccl_run(Comm* c, const CommOp* q) {
 // host scalars through a small device buffer, after everything posted before (every stream is waited for)
 static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
     static double* dev = NULL;
-    if (dev == NULL) dev = (double*)device_malloc(64 * sizeof(double));
-    check_internal(n <= 64, "too many host scalars");
+    if (dev == NULL) dev = (double*)device_malloc(COMM_HOST_MAX * sizeof(double));
+    check_internal(n <= COMM_HOST_MAX, "too many host scalars");
     copy_to_device(dev, values, n * sizeof(double));
     comm_stream_follow_main(c, g);
     ncclCall(c, ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, g->stream), "queueing communication");

@@ -18,10 +18,12 @@
 #      after step 3 (the run waits there for them: --fault-wait-signal 3), and SIGINT twice to a single rank, stop the run after the step in progress with a
 #      checkpoint and exit code 3; the resumed run's losses and final model are bit-identical to an
 #      uninterrupted run's
-#   6. ranks started with different flags, data or checkpoints end together with one line naming the
-#      first difference (they hung, aborted in MPI or trained divergent replicas)
-#   7. launch: Slurm variables count only in a task of srun; OpenMP threads default to cores / local ranks
-#      (CPU target; the GPU target's ranks run one host thread)
+#   6. ranks started with different flags, data, checkpoints or LLMC_* variables end together with one line
+#      naming the first difference (they hung, aborted in MPI, trained divergent replicas, reported a wrong
+#      accuracy, saved into two folders or sampled differently)
+#   7. launch: Slurm variables count only in a task of srun; torchrun's variables count over the PMIx ones
+#      of the srun task that started torchrun, and contradicting an MPI world they are refused; OpenMP
+#      threads default to cores / local ranks (CPU target; the GPU target's ranks run one host thread)
 #   8. the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES, run here on host memory):
 #      chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for
 #      byte, as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does
@@ -212,12 +214,15 @@ make_tokens "$TMP/other/tokens.bin" 7  # same name, other content (node-local da
 "$BIN" "${COMMON[@]}" --batch-size 4 --stop-after 2 --checkpoint-dir "$TMP/ckA" >/dev/null 2>&1
 "$BIN" "${COMMON[@]}" --batch-size 4 --stop-after 2 --checkpoint-dir "$TMP/ckB" >/dev/null 2>&1  # another run
 cp -r "$TMP/ckA" "$TMP/ckA_copy"
-mismatch() {  # NAME PATTERN "ARGS OF RANK 0" "ARGS OF RANK 1"
+mismatch() {  # NAME PATTERN "ARGS OF RANK 0" "ARGS OF RANK 1" ["ENVIRONMENT OF RANK 0" "ENVIRONMENT OF RANK 1"]
     local name=$1 pattern=$2 start rc took
     read -r -a a0 <<<"$3"
     read -r -a a1 <<<"$4"
+    read -r -a e0 <<<"${5:-}"
+    read -r -a e1 <<<"${6:-}"
     start=$(date +%s)
-    timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" "${a0[@]}" : -np 1 "$BIN" "${COMMON[@]}" "${a1[@]}" >"$TMP/mm.out" 2>&1
+    timeout 60 "${MPIRUN[@]}" -np 1 env "${e0[@]}" "$BIN" "${COMMON[@]}" "${a0[@]}" : -np 1 env "${e1[@]}" "$BIN" "${COMMON[@]}" "${a1[@]}" \
+        >"$TMP/mm.out" 2>&1
     rc=$?
     took=$(($(date +%s) - start))
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/mm.out")" -eq 1 ] \
@@ -233,10 +238,37 @@ mismatch "--batch-size 2 : 4" "--batch-size" "--batch-size 2" "--batch-size 4"
 mismatch "data file" "the training data" "--batch-size 2" "--batch-size 2 --train-data $TMP/other/tokens.bin"
 mismatch "--resume of two runs" "the checkpoint resumed from" "--batch-size 2 --resume $TMP/ckA" "--batch-size 2 --resume $TMP/ckB"
 mismatch "--channels 16 : 32" "the model sizes" "--batch-size 2 --channels 16" "--batch-size 2 --channels 32"
-# node-local copies of the same checkpoint and data are the same job
+# what evaluates, samples and saves (a wrong accuracy, checkpoints split across two folders, mixed samples)
+"$PY" - "$TMP/eval.bin" "$TMP/other/eval.bin" <<'PYEOF'
+import random, sys
+sys.path.insert(0, "scripts")
+from make_eval_data import write_evalfile
+for seed, path in enumerate(sys.argv[1:]):
+    rng = random.Random(seed)
+    write_evalfile(path, [(rng.randrange(4), [rng.randrange(512) for _ in range(5)], [[rng.randrange(512)] * 3 for _ in range(4)])
+                          for _ in range(8)])
+PYEOF
+mismatch "--eval-data (same name, other content)" "the multiple-choice data (--eval-data" "--batch-size 2 --eval-data $TMP/eval.bin" \
+    "--batch-size 2 --eval-data $TMP/other/eval.bin"
+mismatch "--eval-every" "the evaluation settings.*--eval-every" "--batch-size 2 --eval-data $TMP/eval.bin --eval-every 5" \
+    "--batch-size 2 --eval-data $TMP/eval.bin --eval-every 10"
+mismatch "--checkpoint-dir" "--checkpoint-dir" "--batch-size 2 --save-every 5 --checkpoint-dir $TMP/cdA" "--batch-size 2 --save-every 5 --checkpoint-dir $TMP/cdB"
+mismatch "--save-model-dtype" "the saving settings" "--batch-size 2 --save-model $TMP/sm.bin --save-model-dtype bf16" \
+    "--batch-size 2 --save-model $TMP/sm.bin --save-model-dtype fp32"
+SAMPLE="--batch-size 2 --vocab 50257 --tokenizer data/gpt2_tokenizer.bin --sample-every 20"  # (a prompt needs sampling on)
+mismatch "--prompt" "the sampling settings.*--prompt" "$SAMPLE --prompt Hello" "$SAMPLE --prompt World"
+mismatch "--temperature" "the sampling settings.*--temperature" "--batch-size 2 --temperature 0" "--batch-size 2 --temperature 1"
+mismatch "--top-k" "the sampling settings.*--top-k" "--batch-size 2 --top-k 0" "--batch-size 2 --top-k 40"
+mismatch "--fused-kernels" "the kernel variants (--fused-kernels" "--batch-size 2 --fused-kernels 1" "--batch-size 2 --fused-kernels 0"
+# the environment the engine reads (chunks of other sizes: messages of other sizes; strict mode on one rank only)
+mismatch "LLMC_MPI_STAGE_BYTES" "the MPI engine's settings.*LLMC_MPI_STAGE_BYTES" "--batch-size 2" "--batch-size 2" "LLMC_MPI_STAGE_BYTES=100" ""
+mismatch "LLMC_COMM_STRICT" "the MPI engine's settings.*LLMC_COMM_STRICT" "--batch-size 2" "--batch-size 2" "LLMC_COMM_STRICT=1" "LLMC_COMM_STRICT=0"
+# node-local copies of the same checkpoint and data are the same job (saving into one folder: by default
+# a resumed run saves into the folder it resumed from, and two folders would each hold part of a checkpoint)
 mkdir -p "$TMP/copy" && cp "$TMP/tokens.bin" "$TMP/copy/tokens.bin"
-if timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 --resume "$TMP/ckA" : -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 \
-    --resume "$TMP/ckA_copy" --train-data "$TMP/copy/tokens.bin" >"$TMP/mm.out" 2>&1; then echo "  ok    copies of the checkpoint and data in other folders: the run trains"
+if timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 --resume "$TMP/ckA" --checkpoint-dir "$TMP/ckS" : -np 1 "$BIN" \
+    "${COMMON[@]}" --batch-size 2 --resume "$TMP/ckA_copy" --checkpoint-dir "$TMP/ckS" --train-data "$TMP/copy/tokens.bin" >"$TMP/mm.out" 2>&1
+then echo "  ok    copies of the checkpoint and data in other folders: the run trains"
 else echo "  FAIL  copies of the checkpoint and data in other folders"; tail -4 "$TMP/mm.out"; fails=$((fails + 1)); fi
 
 echo "7. launch"
@@ -248,6 +280,19 @@ else echo "  FAIL  Slurm variables without a step (a batch script) must run as o
 env SLURM_JOB_ID=1 SLURM_STEP_ID=0 SLURM_NTASKS=4 SLURM_PROCID=0 SLURM_LOCALID=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
 if grep -q "^error: several ranks need mpirun" "$TMP/sb.out"; then echo "  ok    the same under srun: 4 ranks ($(grep '^error:' "$TMP/sb.out"))"
 else echo "  FAIL  the same under srun must mean 4 ranks"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# `srun --mpi=pmix torchrun ...`: the workers inherit the PMIx variables of the srun task that ran torchrun,
+# yet torchrun's describe them (2 ranks here, which the CPU build can only run under mpirun); they trained
+# alone, each as a world of one
+env PMIX_RANK=0 PMIX_NAMESPACE=slurm.pmix.1.0 SLURM_JOB_ID=1 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0 SLURM_LOCALID=0 \
+    WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
+if grep -q "^error: several ranks need mpirun.*torchrun's WORLD_SIZE says 2" "$TMP/sb.out"; then echo "  ok    torchrun under srun with PMIx: torchrun's 2 ranks ($(grep '^error:' "$TMP/sb.out"))"
+else echo "  FAIL  torchrun under srun with PMIx must mean torchrun's 2 ranks"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# mpirun's 2 processes with WORLD_SIZE=4 (no torchrun started once in each: that would make 2 x LOCAL_WORLD_SIZE)
+timeout 60 "${MPIRUN[@]}" -np 2 -x WORLD_SIZE=4 -x RANK=0 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c '^error:' "$TMP/sb.out")" -eq 1 ] && grep -q "^error: the launchers disagree: .*WORLD_SIZE=4" "$TMP/sb.out"; then
+    echo "  ok    mpirun -np 2 with WORLD_SIZE=4: exit $rc, $(grep '^error:' "$TMP/sb.out")"
+else echo "  FAIL  mpirun -np 2 with WORLD_SIZE=4: exit $rc (want one line: the launchers disagree)"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
 # OpenMP threads: without OMP_NUM_THREADS, the cores this process may use / the ranks on the node
 cores=$(env -u OMP_NUM_THREADS nproc)  # (nproc itself honours OMP_NUM_THREADS)
 want=$((cores / 2)); [ $want -lt 1 ] && want=1

@@ -8,7 +8,8 @@
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL"
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
-#      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir)
+#      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
+#      PMIx variables of an srun task that started torchrun (torchrun's variables count)
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
 #      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError)
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
@@ -85,14 +86,19 @@ nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --sc
 
 echo "2. launched without mpirun"
 reference --batch-size 4
-for how in tcp folder; do
+# (srun-pmix: torchrun started by `srun --mpi=pmix` on one node; its workers inherit the task's PMIx and
+# Slurm variables, and must still join torchrun's world, not each start MPI as a world of one)
+SRUN_PMIX=(PMIX_RANK=0 PMIX_NAMESPACE=slurm.pmix.1.0 SLURM_JOB_ID=1 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=1 SLURM_PROCID=0 SLURM_LOCALID=0)
+for how in tcp folder srun-pmix; do
     if [ $how = tcp ]; then launch_two MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" -- --batch-size 2 --log "$TMP/run.jsonl" --save-model "$TMP/run.bin"
+    elif [ $how = srun-pmix ]; then
+        launch_two "${SRUN_PMIX[@]}" MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" -- --batch-size 2 --log "$TMP/run.jsonl" --save-model "$TMP/run.bin"
     else mkdir -p "$TMP/ids"; launch_two -- --batch-size 2 --nccl-id-dir "$TMP/ids" --log "$TMP/run.jsonl" --save-model "$TMP/run.bin"; fi
     rc0=0 rc1=0
     wait "$pid0" || rc0=$?
     wait "$pid1" || rc1=$?
     if [ $rc0 -ne 0 ] || [ $rc1 -ne 0 ] || ! grep -q "engine NCCL" "$TMP/rank0.out"; then
-        echo "  FAIL  dp=2, the NCCL id by $how: exit $rc0 and $rc1"; tail -3 "$TMP/rank0.out" "$TMP/rank1.out"; fails=$((fails + 1))
+        echo "  FAIL  dp=2, the NCCL id by $how: exit $rc0 and $rc1"; tail -n 3 "$TMP/rank0.out" "$TMP/rank1.out"; fails=$((fails + 1))
     else
         compare "dp=2, the NCCL id by $how" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
     fi
