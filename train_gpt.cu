@@ -1572,7 +1572,10 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     size_t attention = kernels->flash_attention ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
                                                 : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
-    if (kernels->fused) reductions = 512 * 2 * c->C * 4 + 128 * widest * 4 + 1024 * 4;  // --fused-kernels: 512 LayerNorm (LNB_BLOCKS) and 128 bias partial rows
+    // --fused-kernels: 512 LayerNorm partial rows (LNB_BLOCKS); the bias gradients come from cuBLASLt's
+    // epilogues, one vector at a time (llmc/matmul.h; where cuBLASLt refused an epilogue, the launcher's
+    // 128 partial rows of floats would take more than planned)
+    if (kernels->fused) reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4;
     size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
