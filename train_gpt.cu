@@ -1871,10 +1871,23 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
 // its saves would overwrite step by step with another branch, leaving a mix whose newest step a later
 // --resume would continue. An incomplete one after start_step is what a crash during a save left (a
 // requeue resumes from the step before it): no resume can read it, and this run writes that step anew.
-static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
+//
+// An incomplete checkpoint of another run is no checkpoint either: no resume can read it, so no later
+// --resume can continue that run from it. It is what a kill during a run's first save leaves (a fresh
+// start draws a new run id, so its requeue finds "another run's" files); refusing it would refuse that
+// requeue forever. It is deleted instead of being left: were this run to save the same step and be
+// killed midway, that run's files mixed with this one's could look complete (a resume then refuses
+// them, and the folder is stuck again). Deleting is safe because it happens only when the folder holds
+// no complete checkpoint of another run (else this run is refused, and nothing is touched): that run
+// has nothing here to continue from. (A second job saving into the same folder at the same time is
+// not something a start-up check can prevent, nor was it before.) With `clean` 0 nothing is deleted and
+// the first conflict is returned in msg (NULL: none), for a warning.
+static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, long long start_step, int clean, char* msg, size_t cap) {
     long long* steps;
-    int n = checkpoint_steps(dir, &steps);
-    for (int i = 0; i < n; i++) {  // newest first
+    int n = checkpoint_steps(dir, &steps), n_debris = 0;
+    long long* debris = (long long*)malloc_check((n > 0 ? n : 1) * sizeof(long long));
+    const char* conflict = NULL;
+    for (int i = 0; i < n && conflict == NULL; i++) {  // newest first
         char path[4200];
         int header[HEADER_INTS];
         long long size;
@@ -1882,16 +1895,31 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long lo
         FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
         fclose(f);
         uint64_t id = header[1] >= 2 ? get_u64(header + 33) : 0;
-        if (id != run_id)
-            fatal("--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, or save "
-                  "into another folder", dir, steps[i]);
-        if (steps[i] > start_step && checkpoint_complete(dir, steps[i]))
-            fatal("--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: step %lld): "
-                  "its saves would mix a second branch into them, and the next --resume there would continue the old branch's newest "
-                  "step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
-                  dir, start_step, steps[i], start_step);
+        int complete = checkpoint_complete(dir, steps[i]);
+        if (!complete && id != run_id) debris[n_debris++] = steps[i];
+        else if (complete && id != run_id)
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, "
+                     "or save into another folder", dir, steps[i]), conflict = msg;
+        else if (complete && steps[i] > start_step)
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: "
+                     "step %lld): its saves would mix a second branch into them, and the next --resume there would continue the old "
+                     "branch's newest step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
+                     dir, start_step, steps[i], start_step), conflict = msg;
     }
-    free(steps);
+    if (conflict == NULL && clean)
+        for (int i = 0; i < n_debris; i++) {
+            printf("--checkpoint-dir '%s': deleting the incomplete checkpoint of step %lld that another run's interrupted save left\n",
+                   dir, debris[i]);
+            delete_checkpoint_files(dir, debris[i]);
+        }
+    free(steps), free(debris);
+    return conflict;
+}
+
+// Refuses a run's saving into dir when checkpoint_dir_conflict finds a conflict; else clears the debris.
+static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
+    char msg[1600];
+    if (checkpoint_dir_conflict(dir, run_id, start_step, 1, msg, sizeof(msg))) fatal("%s", msg);
 }
 
 // The folder of encoder.json and vocab.bpe: --bpe-dir, else the --tokenizer file's folder if it holds
@@ -1945,7 +1973,7 @@ static int* encode_prompt(const TrainConfig* tc, const GPT2Config* c, int* n_pro
 // checked at the start only if the run meant to save: otherwise it is checked now, before the save.
 static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id, long long start_step) {
     if (tc->save_every > 0 || tc->stop_after > 0) return;
-    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
+    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
     check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
 }
 
@@ -2033,10 +2061,15 @@ typedef struct {
 } Training;
 
 // Every output path fails now if it cannot be written, not at its first write after hours of training.
+// A run that trains can be stopped by a signal, which saves a checkpoint into --checkpoint-dir even
+// without --save-every: found unusable only then, after hours of training, the run would end with
+// nothing saved. So the folder is checked for every run that trains; it is created only for a run that
+// means to save (the default "checkpoints" of a run that is never stopped is never made).
 static void check_output_paths(const TrainConfig* tc, int main_rank) {
-    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
-    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model");
-    if (tc->trace) check_writable_file(tc->trace, "--trace");  // every rank writes its part next to it
+    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
+    else if (tc->steps > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir (where a stop signal saves)", 2, CHECKPOINT_NAME_MAX);
+    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model", strlen(".tmp"));
+    if (tc->trace) check_writable_file(tc->trace, "--trace", strlen(".rank") + 7);  // every rank writes its part next to it
 }
 
 // What the run starts from: the newest checkpoint in --resume (the model, the AdamW moments into *m, *v
@@ -2253,6 +2286,11 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
     if (tc->save_every > 0 || tc->stop_after > 0)  // (the resumed step is where this run's own saves begin)
         check_checkpoint_dir_owner(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0);
+    else if (tc->steps > 0 && run->main_rank) {  // only a stop signal would save: it would be refused then, so say so now
+        char msg[1600];
+        if (checkpoint_dir_conflict(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0, 0, msg, sizeof(msg)))
+            fprintf(stderr, "warning: a stop signal could not checkpoint this run: %s\n", msg);
+    }
     check_sizes_given(tc, &config);
     build_rank_model(run, &config, params, m, v);
     free(params), free(m), free(v);

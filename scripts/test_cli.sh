@@ -3,8 +3,9 @@
 # signal), a hang (timeout), silent garbage (exit 0) or a wall of text. Each case below feeds the trainer
 # one kind of bad input and checks all of that, plus a word of the expected message. Also on one rank:
 # forged checkpoints, a rollback into a folder of later checkpoints and a resume on other training data
-# (both refused), a diverging run (nothing non-finite is applied or saved), output paths checked
-# before training, a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
+# (both refused), a requeue after a kill during a run's first save (starts fresh), a diverging run
+# (nothing non-finite is applied or saved), output paths checked before training (the signal
+# checkpoint's folder, empty paths, paths too long), a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
 # memory plan against the measured peak memory.
 #
 # usage: scripts/test_cli.sh [path/to/train_gpt]   (default build/cpu/train_gpt; needs build/ref from
@@ -175,6 +176,28 @@ timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/kl3" --batch-size 2 --seq-len 8 --
     --sample-every 0 >/dev/null 2>&1
 check "--keep-last 3 passes over an unresumable step 2: step 1 kept" test "$(ls "$TMP/kl3" | tr '\n' ' ')" = \
     "model_00000001.bin model_00000002.bin model_00000003.bin model_00000004.bin state_00000001_00000.bin state_00000002_00000.bin state_00000003_00000.bin state_00000004_00000.bin "
+# a kill -9 during a run's first save leaves another run's incomplete checkpoint (a fresh start draws a
+# new run id): no checkpoint, so the requeue starts fresh (deleting it), never "another run" forever.
+# Here: step 2's first of 2 state shards and its model; a lone first shard; only ".tmp" files.
+mkdir -p "$TMP/rqp1" "$TMP/rqp2" "$TMP/rqp3"
+"${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/rqp1/state_00000002_00000.bin" num_shards=2
+cp "$TMP/ck/model_00000002.bin" "$TMP/rqp1/"
+cp "$TMP/ck/state_00000002_00000.bin" "$TMP/rqp2/"
+touch "$TMP/rqp3/model_00000001.bin.tmp" "$TMP/rqp3/state_00000001_00000.bin.tmp"
+for k in 1 2 3; do
+    what=$(echo "first of 2 shards and model|a lone first shard|only .tmp files" | cut -d'|' -f$k)
+    timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --resume-if-present "$TMP/rqp$k" >"$TMP/out" 2>&1
+    check "requeue after a kill in the first save ($what): starts fresh" eval 'grep -q "starting from scratch" "$TMP/out" && test \
+        "$(ls "$TMP/rqp$k" | grep -v "\.tmp$" | tr "\n" " ")" = "model_00000001.bin model_00000002.bin state_00000001_00000.bin state_00000002_00000.bin "'
+done
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --save-every 1 --resume-if-present "$TMP/rqp1" >"$TMP/out" 2>&1
+check "... and its next requeue resumes from step 2" grep -q "resuming from step 2 of" "$TMP/out"
+# another run's incomplete checkpoint beside its complete one: refused, and nothing is deleted
+mkdir -p "$TMP/rqp4" && cp "$TMP/ck/model_00000001.bin" "$TMP/ck/state_00000001_00000.bin" "$TMP/rqp4/"
+cp "$TMP/ck/state_00000002_00000.bin" "$TMP/rqp4/"
+expect_error "another run's checkpoints and a partial save" "holds checkpoints of another run" "${TINY[@]}" "${GOOD[@]}" --save-every 1 \
+    --checkpoint-dir "$TMP/rqp4"
+check "... left as they were" test "$(ls "$TMP/rqp4" | wc -l)" = 3
 expect_error "--resume and --resume-if-present" "give --resume or --resume-if-present, not both" "${GOOD[@]}" --resume "$TMP/rq" --resume-if-present "$TMP/rq"
 expect_error "--keep-last 0" "--keep-last must be between 1" "${TINY[@]}" "${GOOD[@]}" --keep-last 0
 
@@ -317,6 +340,29 @@ check "--checkpoint-dir, no parent: before training" no_step_ran
 # sysfs refuses new files even to root (a chmod'ed folder would not stop root)
 expect_error "--checkpoint-dir read-only" "cannot create files in '/sys/kernel'" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir /sys/kernel
 check "--checkpoint-dir read-only: before training" no_step_ran
+# a stop signal saves into --checkpoint-dir with or without --save-every: checked for every run that trains
+expect_error "signal checkpoint folder read-only" "--checkpoint-dir (where a stop signal saves): cannot create files in '/sys/kernel'" \
+    "${TINY[@]}" "${GOOD[@]}" --checkpoint-dir /sys/kernel
+check "signal checkpoint folder read-only: before training" no_step_ran
+expect_error "signal checkpoint folder, no parent" "could not be created when needed: its parent folder '.*/nodir' does not exist" \
+    "${TINY[@]}" "${GOOD[@]}" --checkpoint-dir "$TMP/nodir/ck"
+check "signal checkpoint folder, no parent: not created" test ! -e "$TMP/nodir"
+# empty paths and paths too long to write (with ".tmp" added while saving), refused before training
+expect_error "--save-model \"\"" "--save-model: the path is empty" "${TINY[@]}" "${GOOD[@]}" --save-model ""
+check "--save-model \"\": before training" no_step_ran
+expect_error "--trace \"\"" "--trace: the path is empty" "${TINY[@]}" "${GOOD[@]}" --trace ""
+expect_error "--checkpoint-dir \"\"" "--checkpoint-dir.*: the path is empty" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir ""
+LONGDIR=$("$PY" -c 'import sys; d = sys.argv[1] + "/long"; print(d + "/" + "/".join(["c" * 8] * ((4060 - len(d)) // 9)))' "$TMP")
+mkdir -p "$LONGDIR"
+LONGFILE="$LONGDIR/$(printf 'm%.0s' $(seq $((4094 - ${#LONGDIR} - 1))))"  # 4094 characters: its ".tmp" is over PATH_MAX
+expect_error "--save-model near PATH_MAX" "--save-model: the path is too long (4094 characters" "${TINY[@]}" "${GOOD[@]}" --save-model "$LONGFILE"
+check "--save-model near PATH_MAX: before training" no_step_ran
+expect_error "--save-model name too long" "the file name is too long for its folder" "${TINY[@]}" "${GOOD[@]}" \
+    --save-model "$TMP/$(printf 'n%.0s' $(seq 253))"
+# 4070 characters: its write probe fits, "/state_00000001_00000.bin.tmp" would not
+expect_error "--checkpoint-dir near PATH_MAX" "--checkpoint-dir: the path is too long (4070 characters" "${TINY[@]}" "${GOOD[@]}" \
+    --save-every 1 --checkpoint-dir "$LONGDIR/$(printf 'k%.0s' $(seq $((4070 - ${#LONGDIR} - 1))))"
+check "--checkpoint-dir near PATH_MAX: before training" no_step_ran
 expect_error "--trace into no folder" "--trace: folder '.*/nodir'" "${TINY[@]}" "${GOOD[@]}" --trace "$TMP/nodir/t.json"
 check "--trace into no folder: before training" no_step_ran
 # a file saved by renaming over its path replaced a FIFO, a symbolic link or (as root) /dev/null with a
