@@ -573,18 +573,23 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     size_t fx = model->mode.elem_bytes, f = sizeof(float);
     int n_full = rematerialize ? 1 : n_slots;
     int n_sets = n_full + (rematerialize ? n_slots : 0);
-    model->slots = (Activations*)calloc_check(n_slots * sizeof(Activations));
-    Activations* sets = (Activations*)calloc_check(n_sets * sizeof(Activations));
-    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 24 * n_sets) * sizeof(BufferSpec));
+    // Built dry (the planner) nothing is allocated, and of the sets that are alike (a GPipe stage keeps one
+    // per micro-batch in flight) one is laid out and the rest counted: --plan for a million micro-batches
+    // must not lay out a million sets, or allocate the host copies of their token ids.
+    int dry = model->mode.dry, n_laid = dry ? (rematerialize ? 2 : 1) : n_sets;
+    size_t set_bytes[2] = {0, 0};  // [input-only set, full set], each buffer rounded as allocate_buffers does
+    model->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
+    Activations* sets = (Activations*)calloc_check(n_laid * sizeof(Activations));
+    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 24 * n_laid) * sizeof(BufferSpec));
     int n = 0;
     Activations shared;
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
     specs[n++] = (BufferSpec){(void**)&shared.scratch, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
-    for (int i = 0; i < n_sets; i++) {
+    for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
-        int full = i < n_full;
+        int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
         size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
         int flash = model->kernels.flash_attention;
         // per-layer buffers, or one layer's worth for what --recompute recomputes (see LayerActs)
@@ -603,9 +608,17 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
             {(void**)&a->lnf_rstd, k * lf * BT * f},         {(void**)&a->logits, k * BT * Vpl * fx},
             {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
         };
-        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j];
+        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j], set_bytes[full] += round_up(per[j].bytes, 256);
     }
     model->acts_memory = allocate_buffers(&model->mode, specs, n, &model->bytes_activations);
+    free(specs);
+    if (dry) {  // the sets not laid out
+        model->bytes_activations += (size_t)(n_full - 1) * set_bytes[1] + (size_t)(n_sets - n_full - (n_laid - 1)) * set_bytes[0];
+        model->n_slots = 0;  // (no slots to free)
+        model->rematerialize = rematerialize, model->B = B, model->T = T;
+        free(sets);
+        return;
+    }
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
         sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
@@ -624,7 +637,6 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     model->T = T;
     model->host_losses = (float*)malloc_check(BT * sizeof(float));
     free(sets);
-    free(specs);
 }
 
 // out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
@@ -2692,6 +2704,8 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
     return (float)v;
 }
 
+enum { MAX_PRINTED_STAGES = 64, MAX_PRINTED_MICRO_BATCHES = 1024, MAX_PLANNED_ACTIONS = 1 << 22 };
+
 // Flags whose meaning depends on others, remembered until all are read (check_flag_combinations).
 typedef struct {
     int micro_batches;                 // --micro-batches M (0: not given)
@@ -2846,6 +2860,15 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, and
+    // printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
+    // --micro-batches gets an answer at once, not a loop of hours or gigabytes of text
+    if (tc->print_schedule && (tc->pp > MAX_PRINTED_STAGES || tc->grad_accum > MAX_PRINTED_MICRO_BATCHES))
+        fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)", MAX_PRINTED_STAGES,
+              MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
+    if (tc->plan && (long long)tc->pp * tc->grad_accum > MAX_PLANNED_ACTIONS)
+        fatal("--plan: --pp %d x %d micro-batches is more than the %d stage micro-batches it plans (a pipeline of that many "
+              "micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, MAX_PLANNED_ACTIONS);
     char why[256];
     if (loss_scaler_settings_error(&tc->scaler, why, sizeof(why))) fatal("%s", why);
     if (tc->fault_wait_signal >= tc->steps)  // (a signal after the last step stops nothing: the run is done)
@@ -2916,6 +2939,7 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
 int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(&tc, argc, argv);
+    check_omp_threads();  // before the first parallel loop
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (tc.encode_file) {
         encode_file(&tc);

@@ -271,6 +271,18 @@ expect_error "--stop-after at the resumed step" "--stop-after 2 is not after the
 expect_error "--steps below the resumed step" "--steps 1 is below the step 2" "${GOOD[@]}" --resume "$TMP/ck" --batch-size 2 --seq-len 8 --steps 1
 expect_error "--device-memory inf" "--device-memory must be a positive, finite size" "${TINY[@]}" --plan --device-memory inf
 expect_error "--device-memory 1e308GiB" "--device-memory must be a positive, finite size" "${TINY[@]}" --plan --device-memory 1e308GiB
+echo "sizes that must not crash, run unbounded or allocate absurdly"
+# ~100000 OpenMP threads crashed inside the OpenMP runtime (a segfault) at the first parallel loop
+OMP_NUM_THREADS=100000 expect_error "OMP_NUM_THREADS=100000" "OMP_NUM_THREADS=100000 is more than 1024 threads per rank" "${TINY[@]}" "${GOOD[@]}"
+# a schedule of 2^20 stages x 2^20 micro-batches looped for hours (and planned it in terabytes)
+expect_error "--print-schedule huge" "--print-schedule prints at most 64 stages and 1024 micro-batches" --print-schedule --pp 1048576 \
+    --batch-size 1048576 --micro-batches 1048576
+expect_error "--plan, --pp x micro-batches huge" "--plan: --pp 4096 x 1048576 micro-batches is more than" --plan --layers 4096 --channels 64 \
+    --heads 1 --pp 4096 --batch-size 1048576 --micro-batches 1048576
+# the plan counts, it does not allocate: B = T = 2^20 (4 TiB of host token ids per micro-batch) is planned
+timeout 60 "$BIN" --plan --layers 4 --channels 64 --heads 1 --max-seq-len 1048576 --seq-len 1048576 --batch-size 1048576 >"$TMP/out" 2>&1
+plan_rc=$?
+check "--plan, B = T = 2^20: planned without allocating" eval '[ $plan_rc -eq 0 ] && grep -q "stage  0 .*total" "$TMP/out"'
 
 echo "crash and resume: the same samples and log lines as an uninterrupted run"
 # U runs 4 steps; C is killed at step 3 (after logging it) with a checkpoint at 2, and R resumes C
