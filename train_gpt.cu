@@ -2172,6 +2172,12 @@ static void open_inputs(Training* run) {
     run->sample = (SampleConfig){.prompt = NULL, .n_prompt = 0, .len = tc->sample_len, .temperature = tc->temperature, .top_k = tc->top_k};
     run->prompt = run->have_tok && tc->prompt ? encode_prompt(tc, c, &run->sample.n_prompt) : NULL;
     run->sample.prompt = run->prompt;
+    // a sample is one forward window: the end-of-text token, the prompt and what is generated fit in
+    // --seq-len, so a longer --sample-len is cut; said once, not left for the reader to count
+    int room = tc->T - 1 - run->sample.n_prompt;
+    if (run->have_tok && run->main_rank && tc->sample_len > room)
+        printf("--sample-len %d: samples have %d tokens after the end-of-text token%s (they fit in --seq-len %d)\n", tc->sample_len,
+               room, run->prompt ? " and the prompt" : "", tc->T);
 }
 
 // The training data's fingerprint that checkpoints record (llmc/state_file.h): its files' names, sizes and
@@ -2965,6 +2971,11 @@ int main(int argc, char** argv) {
         if (!isnan(val)) printf(", final val loss %.4f", val);
         printf("\n");
     }
+    // what was printed (step lines, samples) must have reached stdout: a full disk or a closed pipe is
+    // an error, not a silent success (stdout is line-buffered: a failed write left its error flag)
+    errno = 0;
+    if (comm.world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)))
+        fatal("cannot write to standard output: %s", errno ? strerror(errno) : "a write failed (a full disk?)");
     comm_finalize(&comm);
     return stop_signal_ended_run ? EXIT_STOPPED_BY_SIGNAL : 0;
 }

@@ -5,7 +5,8 @@
 # forged checkpoints, a rollback into a folder of later checkpoints and a resume on other training data
 # (both refused), a requeue after a kill during a run's first save (starts fresh), a diverging run
 # (nothing non-finite is applied or saved), output paths checked before training (the signal
-# checkpoint's folder, empty paths, paths too long), a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
+# checkpoint's folder, empty paths, paths too long), bounds on OMP_NUM_THREADS, --print-schedule and
+# --plan, sampling (a cut --sample-len said, an empty vocab.bpe refused, a full stdout an error), a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
 # memory plan against the measured peak memory.
 #
 # usage: scripts/test_cli.sh [path/to/train_gpt]   (default build/cpu/train_gpt; needs build/ref from
@@ -274,9 +275,10 @@ expect_error "--device-memory 1e308GiB" "--device-memory must be a positive, fin
 echo "sizes that must not crash, run unbounded or allocate absurdly"
 # ~100000 OpenMP threads crashed inside the OpenMP runtime (a segfault) at the first parallel loop
 OMP_NUM_THREADS=100000 expect_error "OMP_NUM_THREADS=100000" "OMP_NUM_THREADS=100000 is more than 1024 threads per rank" "${TINY[@]}" "${GOOD[@]}"
-# a schedule of 2^20 stages x 2^20 micro-batches looped for hours (and planned it in terabytes)
-expect_error "--print-schedule huge" "--print-schedule prints at most 64 stages and 1024 micro-batches" --print-schedule --pp 1048576 \
-    --batch-size 1048576 --micro-batches 1048576
+# a schedule of 1024 stages x 16384 micro-batches printed 1.8 GB of timeline; 4096 x 65536 looped with GBs
+# of memory until killed
+expect_error "--print-schedule huge" "--print-schedule prints at most 64 stages and 1024 micro-batches" --print-schedule --pp 256 \
+    --batch-size 4096 --micro-batches 4096
 expect_error "--plan, --pp x micro-batches huge" "--plan: --pp 4096 x 1048576 micro-batches is more than" --plan --layers 4096 --channels 64 \
     --heads 1 --pp 4096 --batch-size 1048576 --micro-batches 1048576
 # the plan counts, it does not allocate: B = T = 2^20 (4 TiB of host token ids per micro-batch) is planned
@@ -495,6 +497,19 @@ check "3.39e38 saved as bf16's largest finite value (0x7F7F)" "$PY" -c '
 import sys, numpy as np
 b = np.fromfile(sys.argv[1], "<u2", offset=1024)
 sys.exit(0 if b[9600 + 5 * 16 + 7] == 0x7F7F else 1)  # fcw[5][7]' "$TMP/edge16.bin"
+echo "sampling: what it cannot do is said"
+# a sample fits in --seq-len: a longer --sample-len is cut, and the run says so
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --vocab 50257 --tokenizer data/gpt2_tokenizer.bin --steps 1 --sample-every 1 --sample-len 20 \
+    >"$TMP/out" 2>&1
+check "--sample-len 20 with --seq-len 8: says it is cut to 7" grep -q "^--sample-len 20: samples have 7 tokens after the end-of-text token" "$TMP/out"
+# an empty vocab.bpe would encode byte by byte (tokens the model never saw): refused
+mkdir -p "$TMP/bpe_empty" && cp data/encoder.json "$TMP/bpe_empty/" && : >"$TMP/bpe_empty/vocab.bpe"
+printf 'hello world\n' >"$TMP/hello.txt"
+expect_error "empty vocab.bpe" "vocab.bpe' holds no merges" --encode "$TMP/hello.txt" --bpe-dir "$TMP/bpe_empty"
+# a sample that cannot be written (a full disk) is an error, not exit 0
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --vocab 50257 --tokenizer data/gpt2_tokenizer.bin --steps 0 --sample-len 4 >/dev/full 2>"$TMP/err"
+full_rc=$?
+check "sampling to /dev/full: exit 1, one line" eval '[ $full_rc -eq 1 ] && [ "$(grep -c . "$TMP/err")" = 1 ] && grep -q "^error: cannot write to standard output" "$TMP/err"'
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
 
