@@ -573,18 +573,23 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     size_t fx = model->mode.elem_bytes, f = sizeof(float);
     int n_full = rematerialize ? 1 : n_slots;
     int n_sets = n_full + (rematerialize ? n_slots : 0);
-    model->slots = (Activations*)calloc_check(n_slots * sizeof(Activations));
-    Activations* sets = (Activations*)calloc_check(n_sets * sizeof(Activations));
-    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 24 * n_sets) * sizeof(BufferSpec));
+    // Built dry (the planner) nothing is allocated, and of the sets that are alike (a GPipe stage keeps one
+    // per micro-batch in flight) one is laid out and the rest counted: --plan for a million micro-batches
+    // must not lay out a million sets, or allocate the host copies of their token ids.
+    int dry = model->mode.dry, n_laid = dry ? (rematerialize ? 2 : 1) : n_sets;
+    size_t set_bytes[2] = {0, 0};  // [input-only set, full set], each buffer rounded as allocate_buffers does
+    model->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
+    Activations* sets = (Activations*)calloc_check(n_laid * sizeof(Activations));
+    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 24 * n_laid) * sizeof(BufferSpec));
     int n = 0;
     Activations shared;
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
     specs[n++] = (BufferSpec){(void**)&shared.scratch, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
-    for (int i = 0; i < n_sets; i++) {
+    for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
-        int full = i < n_full;
+        int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
         size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
         int flash = model->kernels.flash_attention;
         // per-layer buffers, or one layer's worth for what --recompute recomputes (see LayerActs)
@@ -603,9 +608,17 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
             {(void**)&a->lnf_rstd, k * lf * BT * f},         {(void**)&a->logits, k * BT * Vpl * fx},
             {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
         };
-        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j];
+        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j], set_bytes[full] += round_up(per[j].bytes, 256);
     }
     model->acts_memory = allocate_buffers(&model->mode, specs, n, &model->bytes_activations);
+    free(specs);
+    if (dry) {  // the sets not laid out
+        model->bytes_activations += (size_t)(n_full - 1) * set_bytes[1] + (size_t)(n_sets - n_full - (n_laid - 1)) * set_bytes[0];
+        model->n_slots = 0;  // (no slots to free)
+        model->rematerialize = rematerialize, model->B = B, model->T = T;
+        free(sets);
+        return;
+    }
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
         sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
@@ -624,7 +637,6 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     model->T = T;
     model->host_losses = (float*)malloc_check(BT * sizeof(float));
     free(sets);
-    free(specs);
 }
 
 // out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
@@ -1922,10 +1934,23 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
 // its saves would overwrite step by step with another branch, leaving a mix whose newest step a later
 // --resume would continue. An incomplete one after start_step is what a crash during a save left (a
 // requeue resumes from the step before it): no resume can read it, and this run writes that step anew.
-static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
+//
+// An incomplete checkpoint of another run is no checkpoint either: no resume can read it, so no later
+// --resume can continue that run from it. It is what a kill during a run's first save leaves (a fresh
+// start draws a new run id, so its requeue finds "another run's" files); refusing it would refuse that
+// requeue forever. It is deleted instead of being left: were this run to save the same step and be
+// killed midway, that run's files mixed with this one's could look complete (a resume then refuses
+// them, and the folder is stuck again). Deleting is safe because it happens only when the folder holds
+// no complete checkpoint of another run (else this run is refused, and nothing is touched): that run
+// has nothing here to continue from. (A second job saving into the same folder at the same time is
+// not something a start-up check can prevent, nor was it before.) With `clean` 0 nothing is deleted and
+// the first conflict is returned in msg (NULL: none), for a warning.
+static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, long long start_step, int clean, char* msg, size_t cap) {
     long long* steps;
-    int n = checkpoint_steps(dir, &steps);
-    for (int i = 0; i < n; i++) {  // newest first
+    int n = checkpoint_steps(dir, &steps), n_debris = 0;
+    long long* debris = (long long*)malloc_check((n > 0 ? n : 1) * sizeof(long long));
+    const char* conflict = NULL;
+    for (int i = 0; i < n && conflict == NULL; i++) {  // newest first
         char path[4200];
         int header[HEADER_INTS];
         long long size;
@@ -1933,16 +1958,31 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long lo
         FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
         fclose(f);
         uint64_t id = header[1] >= 2 ? get_u64(header + 33) : 0;
-        if (id != run_id)
-            fatal("--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, or save "
-                  "into another folder", dir, steps[i]);
-        if (steps[i] > start_step && checkpoint_complete(dir, steps[i]))
-            fatal("--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: step %lld): "
-                  "its saves would mix a second branch into them, and the next --resume there would continue the old branch's newest "
-                  "step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
-                  dir, start_step, steps[i], start_step);
+        int complete = checkpoint_complete(dir, steps[i]);
+        if (!complete && id != run_id) debris[n_debris++] = steps[i];
+        else if (complete && id != run_id)
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, "
+                     "or save into another folder", dir, steps[i]), conflict = msg;
+        else if (complete && steps[i] > start_step)
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: "
+                     "step %lld): its saves would mix a second branch into them, and the next --resume there would continue the old "
+                     "branch's newest step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
+                     dir, start_step, steps[i], start_step), conflict = msg;
     }
-    free(steps);
+    if (conflict == NULL && clean)
+        for (int i = 0; i < n_debris; i++) {
+            printf("--checkpoint-dir '%s': deleting the incomplete checkpoint of step %lld that another run's interrupted save left\n",
+                   dir, debris[i]);
+            delete_checkpoint_files(dir, debris[i]);
+        }
+    free(steps), free(debris);
+    return conflict;
+}
+
+// Refuses a run's saving into dir when checkpoint_dir_conflict finds a conflict; else clears the debris.
+static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
+    char msg[1600];
+    if (checkpoint_dir_conflict(dir, run_id, start_step, 1, msg, sizeof(msg))) fatal("%s", msg);
 }
 
 // --encode FILE: prints the GPT-2 token ids of the file's text on one line
@@ -1982,7 +2022,7 @@ static int* encode_prompt(const TrainConfig* tc, const GPT2Config* c, int* n_pro
 // checked at the start only if the run meant to save: otherwise it is checked now, before the save.
 static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id, long long start_step) {
     if (tc->save_every > 0 || tc->stop_after > 0) return;
-    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
+    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
     check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
 }
 
@@ -2070,10 +2110,15 @@ typedef struct {
 } Training;
 
 // Every output path fails now if it cannot be written, not at its first write after hours of training.
+// A run that trains can be stopped by a signal, which saves a checkpoint into --checkpoint-dir even
+// without --save-every: found unusable only then, after hours of training, the run would end with
+// nothing saved. So the folder is checked for every run that trains; it is created only for a run that
+// means to save (the default "checkpoints" of a run that is never stopped is never made).
 static void check_output_paths(const TrainConfig* tc, int main_rank) {
-    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1);
-    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model");
-    if (tc->trace) check_writable_file(tc->trace, "--trace");  // every rank writes its part next to it
+    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
+    else if (tc->steps > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir (where a stop signal saves)", 2, CHECKPOINT_NAME_MAX);
+    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model", strlen(".tmp"));
+    if (tc->trace) check_writable_file(tc->trace, "--trace", strlen(".rank") + 7);  // every rank writes its part next to it
 }
 
 // What the run starts from: the newest checkpoint in --resume (the model, the AdamW moments into *m, *v
@@ -2164,6 +2209,12 @@ static void open_inputs(Training* run) {
     run->sample = (SampleConfig){.prompt = NULL, .n_prompt = 0, .len = tc->sample_len, .temperature = tc->temperature, .top_k = tc->top_k};
     run->prompt = run->have_tok && tc->prompt ? encode_prompt(tc, c, &run->sample.n_prompt) : NULL;
     run->sample.prompt = run->prompt;
+    // a sample is one forward window: the end-of-text token, the prompt and what is generated fit in
+    // --seq-len, so a longer --sample-len is cut; said once, not left for the reader to count
+    int room = tc->T - 1 - run->sample.n_prompt;
+    if (run->have_tok && run->main_rank && tc->sample_len > room)
+        printf("--sample-len %d: samples have %d tokens after the end-of-text token%s (they fit in --seq-len %d)\n", tc->sample_len,
+               room, run->prompt ? " and the prompt" : "", tc->T);
 }
 
 // The training data's fingerprint that checkpoints record (llmc/state_file.h): its files' names, sizes and
@@ -2290,6 +2341,11 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
     if (tc->save_every > 0 || tc->stop_after > 0)  // (the resumed step is where this run's own saves begin)
         check_checkpoint_dir_owner(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0);
+    else if (tc->steps > 0 && run->main_rank) {  // only a stop signal would save: it would be refused then, so say so now
+        char msg[1600];
+        if (checkpoint_dir_conflict(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0, 0, msg, sizeof(msg)))
+            fprintf(stderr, "warning: a stop signal could not checkpoint this run: %s\n", msg);
+    }
     check_sizes_given(tc, &config);
     build_rank_model(run, &config, params, m, v);
     free(params), free(m), free(v);
@@ -2691,6 +2747,8 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
     return (float)v;
 }
 
+enum { MAX_PRINTED_STAGES = 64, MAX_PRINTED_MICRO_BATCHES = 1024, MAX_PLANNED_ACTIONS = 1 << 22 };
+
 // Flags whose meaning depends on others, remembered until all are read (check_flag_combinations).
 typedef struct {
     int micro_batches;                 // --micro-batches M (0: not given)
@@ -2845,6 +2903,15 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, and
+    // printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
+    // --micro-batches gets an answer at once, not a loop of hours or gigabytes of text
+    if (tc->print_schedule && (tc->pp > MAX_PRINTED_STAGES || tc->grad_accum > MAX_PRINTED_MICRO_BATCHES))
+        fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)", MAX_PRINTED_STAGES,
+              MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
+    if (tc->plan && (long long)tc->pp * tc->grad_accum > MAX_PLANNED_ACTIONS)
+        fatal("--plan: --pp %d x %d micro-batches is more than the %d stage micro-batches it plans (a pipeline of that many "
+              "micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, MAX_PLANNED_ACTIONS);
     char why[256];
     if (loss_scaler_settings_error(&tc->scaler, why, sizeof(why))) fatal("%s", why);
     if (tc->fault_wait_signal >= tc->steps)  // (a signal after the last step stops nothing: the run is done)
@@ -2915,6 +2982,7 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
 int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(&tc, argc, argv);
+    check_omp_threads();  // before the first parallel loop
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (tc.encode_file) {
         encode_file(&tc);
@@ -2940,6 +3008,11 @@ int main(int argc, char** argv) {
         if (!isnan(val)) printf(", final val loss %.4f", val);
         printf("\n");
     }
+    // what was printed (step lines, samples) must have reached stdout: a full disk or a closed pipe is
+    // an error, not a silent success (stdout is line-buffered: a failed write left its error flag)
+    errno = 0;
+    if (comm.world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)))
+        fatal("cannot write to standard output: %s", errno ? strerror(errno) : "a write failed (a full disk?)");
     comm_finalize(&comm);
     return stop_signal_ended_run ? EXIT_STOPPED_BY_SIGNAL : 0;
 }

@@ -289,6 +289,9 @@ static void bpe_load_merges(BpeEncoder* e, const char* path, const int byte_of_s
         count++;
     }
     free(text);
+    // no merges would encode every text byte by byte, tokens the model never saw in training: an empty
+    // (or cut to its first line) vocab.bpe is a broken file, not a tokenizer
+    if (count == 0) fatal("'%s' holds no merges (GPT-2's has 50000): an empty or truncated vocab.bpe", path);
     qsort(merges, count, sizeof(BpeMerge), bpe_compare_merges);
     e->n_merges = count;
     e->merge_key = (uint64_t*)malloc_check(count * sizeof(uint64_t));

@@ -15,6 +15,11 @@
 #include "model_file.h"
 #include "state_file.h"
 
+// The longest name written into a checkpoint folder, with its slash: "/state_<step>_<shard>.bin.tmp",
+// the step up to 18 digits (checkpoint_steps), the shard 5. Start-up checks that the folder's path and it
+// fit (check_writable_dir).
+#define CHECKPOINT_NAME_MAX (strlen("/state__.bin.tmp") + 18 + 5)
+
 static int compare_steps_descending(const void* a, const void* b) {
     long long x = *(const long long*)a, y = *(const long long*)b;
     return x > y ? -1 : x < y;
@@ -105,6 +110,21 @@ static long long checkpoint_file_step(const char* name) {
         strtoll(end + 1, &end, 10);
     }
     return strcmp(end, ".bin") == 0 || strcmp(end, ".bin.tmp") == 0 ? step : -1;
+}
+
+// Deletes every file of the checkpoint of `step` in dir (model, state shards, and the ".tmp" files of an
+// unfinished write). Several ranks may delete the same files of a shared folder: one already gone is no
+// error. A file that cannot be deleted is reported, and the caller goes on.
+static void delete_checkpoint_files(const char* dir, long long step) {
+    DIR* d = opendir(dir);
+    if (d == NULL) fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));
+    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+        if (checkpoint_file_step(e->d_name) != step) continue;
+        char path[4400];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0 && errno != ENOENT) fprintf(stderr, "warning: cannot delete '%s': %s\n", path, strerror(errno));
+    }
+    closedir(d);
 }
 
 // --keep-last: after the checkpoint of step `saved` is complete, keeps it and the keep-1 newest

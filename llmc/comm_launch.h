@@ -29,8 +29,27 @@ static void set_default_threads(int local_size) {
     long threads = cores / local_size;
     omp_set_num_threads(threads > 0 ? (int)threads : 1);
 }
+
+// OMP_NUM_THREADS as given is taken, but bounded: OpenMP starts that many threads at the first parallel
+// loop, and some ten thousand of them exhaust the process's memory maps and crash it inside the OpenMP
+// runtime (a segfault, not an error). No machine this runs on has as many cores per rank as the bound.
+// A list ("8,2", threads per nesting level) is bounded by its first, the only level used here. (A value
+// that is no number is the runtime's to report: it warns and uses its default.)
+enum { MAX_OMP_THREADS = 1024 };
+static void check_omp_threads(void) {
+    const char* v = getenv("OMP_NUM_THREADS");
+    if (v == NULL) return;
+    char* end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (end == v || (*end != '\0' && *end != ',')) return;
+    if (errno == ERANGE || n > MAX_OMP_THREADS)
+        fatal("OMP_NUM_THREADS=%ld is more than %d threads per rank (this machine has %ld cores): set it to at most the cores "
+              "per rank, or unset it", n, MAX_OMP_THREADS, sysconf(_SC_NPROCESSORS_ONLN));
+}
 #else
 static void set_default_threads(int local_size) { (void)local_size; }  // (the GPU target: one host thread)
+static void check_omp_threads(void) {}
 #endif
 
 // Whether this process is an MPI rank: started by mpirun (Open MPI's OMPI_COMM_WORLD_*, the PMI_* of

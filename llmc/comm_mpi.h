@@ -15,6 +15,8 @@
  */
 #pragma once
 
+#include <limits.h>
+
 #include "comm_staging.h"
 
 #ifdef USE_MPI
@@ -59,7 +61,7 @@ static const char* mpi_op_names[] = {"an all-reduce", "a reduce-scatter", "an al
 // The MPI call of an operation on host memory, waited for against the deadline. data: the buffer it
 // works on in place (a send's source, a receive's destination); received: a send-receive's destination.
 // count elements of type (per rank for the block collectives).
-static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, MPI_Datatype type, int count) {
+static void mpi_transfer_part(Comm* c, const CommOp* q, void* data, void* received, MPI_Datatype type, int count) {
     Group* g = q->g;
     MPI_Request r[2];
     int requests = 1;
@@ -89,15 +91,35 @@ static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, M
             break;
     }
     mpiWait(c, r, requests, mpi_op_names[q->kind], g);
+}
+
+// MPI counts are int: an operation of more elements (a full model's gradients beyond 2^31 floats) would
+// wrap to a negative or short count. Those whose elements are independent (all-reduce, broadcast, the
+// point-to-point kinds) run as consecutive chunks below INT_MAX, which every rank cuts alike. The block
+// collectives (reduce-scatter, all-gather: count per rank, blocks side by side) are refused beyond it
+// with one line; their blocks are a ZeRO shard or a TP slice, an eighth of a model or less at dp or tp 8.
+static const size_t MPI_CHUNK = (size_t)1 << 30;
+static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, MPI_Datatype type, size_t count) {
+    int size;
+    MPI_Type_size(type, &size);
+    if (count > (size_t)INT_MAX && (q->kind == OP_REDUCE_SCATTER || q->kind == OP_ALL_GATHER))
+        fatal("MPI %s of %zu elements per rank: beyond MPI's int count (%d); use more ranks to split it, or the NCCL engine",
+              mpi_op_names[q->kind], count, INT_MAX);
+    size_t done = 0;
+    do {  // (an operation of 0 elements still runs once: every rank of the group takes part)
+        size_t n = count - done < MPI_CHUNK ? count - done : MPI_CHUNK;
+        mpi_transfer_part(c, q, (char*)data + done * size, received ? (char*)received + done * size : NULL, type, (int)n);
+        done += n;
+    } while (done < count);
     if (q->kind == OP_ALL_REDUCE && q->op == REDUCE_AVG)
-        for (int i = 0; i < count; i++) ((float*)data)[i] /= g->size;
+        for (size_t i = 0; i < count; i++) ((float*)data)[i] /= q->g->size;
 }
 
 // CPU target: the buffers are host memory (floatX is float), and MPI works on them directly
 static void mpi_run_direct(Comm* c, const CommOp* q) {
     int from_send = q->kind == OP_SEND || q->kind == OP_SENDRECV || q->kind == OP_REDUCE_SCATTER;
     void* data = from_send ? (void*)q->send : q->recv;
-    mpi_transfer(c, q, data, q->recv, MPI_FLOAT, (int)q->n);
+    mpi_transfer(c, q, data, q->recv, MPI_FLOAT, q->n);
     if (q->kind == OP_REDUCE_SCATTER && q->recv != data) memmove(q->recv, data, q->n * sizeof(float));
 }
 
@@ -141,7 +163,7 @@ static void mpi_stage_chunks(Comm* c, const CommOp* q, const StagePlan* p, size_
         size_t w;
         stage_chunk(p, S, k, &w);
         char* slot = st->host[s];
-        mpi_transfer(c, q, slot, slot + w * p->wire, sum ? MPI_FLOAT : MPI_BYTE, (int)(sum ? w : w * p->wire));
+        mpi_transfer(c, q, slot, slot + w * p->wire, sum ? MPI_FLOAT : MPI_BYTE, sum ? w : w * p->wire);
         if (p->up.dev) stage_upload(st, p, S, k);
         if (p->down.dev && k + STAGE_SLOTS < chunks) stage_download(st, p, S, k + STAGE_SLOTS);
     }
@@ -195,7 +217,7 @@ static void mpi_run_host_copy(Comm* c, const CommOp* q) {
         if (q->t == DT_FLOATX) download_floats(h, (const floatX*)src, blocks);
         else copy_to_host(h, src, blocks * sizeof(float));
     }
-    mpi_transfer(c, q, h, received, MPI_FLOAT, (int)n);
+    mpi_transfer(c, q, h, received, MPI_FLOAT, n);
     if (q->kind == OP_SEND) return;
     size_t back = q->kind == OP_ALL_GATHER ? blocks : n;  // a reduce-scatter's sum is at the start of h
     if (q->t == DT_FLOATX) upload_floats((floatX*)q->recv, received, back);

@@ -122,15 +122,54 @@ static inline FILE* open_with_header(const char* path, int magic, const char* ki
     return f;
 }
 
+// The longest path this program writes: the model and state files' writer keeps 4096 bytes
+// (llmc/atomic_file.h), Linux's PATH_MAX. An output path is checked at start-up together with what is
+// appended to it when it is written (".tmp", a checkpoint's file names, a trace's ".rank<r>"), so that
+// no save fails for its length, or writes a truncated name, after hours of training. An empty path names
+// no file: "" is refused, not taken for the current folder ("" + ".tmp" would be a file ".tmp" there).
+#define OUTPUT_PATH_MAX 4096
+static inline void check_path_length(const char* path, size_t appended, const char* what) {
+    if (path[0] == '\0') fatal("%s: the path is empty", what);
+    size_t n = strlen(path);
+    if (n + appended >= OUTPUT_PATH_MAX)
+        fatal("%s: the path is too long (%zu characters and the %zu appended to it; at most %d in all)", what, n, appended, OUTPUT_PATH_MAX - 1);
+}
+
+// The folder of `path` into dir (cap bytes): "." for a bare name, "/" for "/name".
+static inline void parent_folder(const char* path, char* dir, size_t cap) {
+    snprintf(dir, cap, "%s", path);
+    char* slash = strrchr(dir, '/');
+    while (slash != NULL && slash != dir && slash[1] == '\0') {  // "a/b/": the parent of b
+        *slash = '\0';
+        slash = strrchr(dir, '/');
+    }
+    if (slash == NULL) snprintf(dir, cap, ".");
+    else if (slash == dir) slash[1] = '\0';  // "/file": the root folder
+    else *slash = '\0';
+}
+
 // Output paths are checked before a run starts, not at their first write hours later: `dir` must be a
-// folder (created if missing; its parent must exist) in which this process can create a file, which
-// is checked by creating and removing a uniquely named empty file. `what` names the flag for messages.
-static inline void check_writable_dir(const char* dir, const char* what, int create) {
+// folder (created if missing with create = 1; its parent must exist) in which this process can create a
+// file, which is checked by creating and removing a uniquely named empty file. With create = 2 a missing
+// folder is not created now (the run may never save into it: a stop signal's checkpoint) but must be
+// creatable then: its parent must be a writable folder. `appended`: the longest name written into it,
+// with its slash. `what` names the flag for messages.
+static inline void check_writable_dir(const char* dir, const char* what, int create, size_t appended) {
     struct stat st;
-    if (create && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("%s '%s': cannot create the folder: %s", what, dir, strerror(errno));
+    check_path_length(dir, appended, what);
+    if (create == 2 && stat(dir, &st) != 0 && errno == ENOENT) {
+        char parent[OUTPUT_PATH_MAX];
+        parent_folder(dir, parent, sizeof(parent));
+        if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
+            fatal("%s '%s' could not be created when needed: its parent folder '%s' %s", what, dir, parent,
+                  stat(parent, &st) != 0 ? "does not exist" : "is not a folder");
+        check_writable_dir(parent, what, 0, 0);  // (a probe file: access() says yes to root on a read-only sysfs)
+        return;
+    }
+    if (create == 1 && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("%s '%s': cannot create the folder: %s", what, dir, strerror(errno));
     if (stat(dir, &st) != 0) fatal("%s: folder '%s': %s", what, dir, strerror(errno));
     if (!S_ISDIR(st.st_mode)) fatal("%s: '%s' is not a folder", what, dir);
-    char probe[4400];  // room for the longest folder name below and the suffix
+    char probe[OUTPUT_PATH_MAX + 64];
     for (int attempt = 0;; attempt++) {
         snprintf(probe, sizeof(probe), "%s/.write_probe_%d_%d", dir, (int)getpid(), attempt);
         int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -143,23 +182,30 @@ static inline void check_writable_dir(const char* dir, const char* what, int cre
     }
 }
 
-// The same for a file that will be written at `path` later: its folder must be writable, and the path
-// must not be a folder, nor anything else that is not a regular file. Such a file is written by renaming
-// a finished temporary file over the path (llmc/atomic_file.h), which would replace a device node (as
-// root, /dev/null), a FIFO or a symbolic link with a plain file: refused, not done.
-static inline void check_writable_file(const char* path, const char* what) {
+// The same for a file that will be written at `path` later (and at `path` with up to `appended`
+// characters added: ".tmp" while it is written): its folder must be writable, its name short enough
+// for that folder's file system, and the path must not be a folder, nor anything else that is not a
+// regular file. Such a file is written by renaming a finished temporary file over the path
+// (llmc/atomic_file.h), which would replace a device node (as root, /dev/null), a FIFO or a symbolic
+// link with a plain file: refused, not done.
+static inline void check_writable_file(const char* path, const char* what, size_t appended) {
     struct stat st;
+    check_path_length(path, appended, what);
     if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) fatal("%s '%s' is a folder, not a file", what, path);
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
         fatal("%s '%s' exists and is not a regular file (%s): saving renames a new file over it; give another path", what, path,
               S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
-    char dir[4200];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char* slash = strrchr(dir, '/');
-    if (slash == NULL) snprintf(dir, sizeof(dir), ".");
-    else if (slash == dir) slash[1] = '\0';  // "/file": the root folder
-    else *slash = '\0';
-    check_writable_dir(dir, what, 0);
+    size_t len = strlen(path);
+    if (path[len - 1] == '/') fatal("%s '%s' names a folder (it ends in '/'), not a file", what, path);
+    char dir[OUTPUT_PATH_MAX];
+    parent_folder(path, dir, sizeof(dir));
+    check_writable_dir(dir, what, 0, 0);
+    const char* slash = strrchr(path, '/');
+    size_t name = strlen(slash ? slash + 1 : path) + appended;
+    long name_max = pathconf(dir, _PC_NAME_MAX);
+    if (name_max > 0 && name > (size_t)name_max)
+        fatal("%s '%s': the file name is too long for its folder (%zu characters with the %zu appended while it is written; at most %ld)",
+              what, path, name, appended, name_max);
 }
 
 static inline void* malloc_check(size_t bytes) {

@@ -3,8 +3,10 @@
 # signal), a hang (timeout), silent garbage (exit 0) or a wall of text. Each case below feeds the trainer
 # one kind of bad input and checks all of that, plus a word of the expected message. Also on one rank:
 # forged checkpoints, a rollback into a folder of later checkpoints and a resume on other training data
-# (both refused), a diverging run (nothing non-finite is applied or saved), output paths checked
-# before training, a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
+# (both refused), a requeue after a kill during a run's first save (starts fresh), a diverging run
+# (nothing non-finite is applied or saved), output paths checked before training (the signal
+# checkpoint's folder, empty paths, paths too long), bounds on OMP_NUM_THREADS, --print-schedule and
+# --plan, sampling (a cut --sample-len said, an empty vocab.bpe refused, a full stdout an error), a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
 # memory plan against the measured peak memory.
 #
 # usage: scripts/test_cli.sh [path/to/train_gpt]   (default build/cpu/train_gpt; needs build/ref from
@@ -175,6 +177,28 @@ timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/kl3" --batch-size 2 --seq-len 8 --
     --sample-every 0 >/dev/null 2>&1
 check "--keep-last 3 passes over an unresumable step 2: step 1 kept" test "$(ls "$TMP/kl3" | tr '\n' ' ')" = \
     "model_00000001.bin model_00000002.bin model_00000003.bin model_00000004.bin state_00000001_00000.bin state_00000002_00000.bin state_00000003_00000.bin state_00000004_00000.bin "
+# a kill -9 during a run's first save leaves another run's incomplete checkpoint (a fresh start draws a
+# new run id): no checkpoint, so the requeue starts fresh (deleting it), never "another run" forever.
+# Here: step 2's first of 2 state shards and its model; a lone first shard; only ".tmp" files.
+mkdir -p "$TMP/rqp1" "$TMP/rqp2" "$TMP/rqp3"
+"${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/rqp1/state_00000002_00000.bin" num_shards=2
+cp "$TMP/ck/model_00000002.bin" "$TMP/rqp1/"
+cp "$TMP/ck/state_00000002_00000.bin" "$TMP/rqp2/"
+touch "$TMP/rqp3/model_00000001.bin.tmp" "$TMP/rqp3/state_00000001_00000.bin.tmp"
+for k in 1 2 3; do
+    what=$(echo "first of 2 shards and model|a lone first shard|only .tmp files" | cut -d'|' -f$k)
+    timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --resume-if-present "$TMP/rqp$k" >"$TMP/out" 2>&1
+    check "requeue after a kill in the first save ($what): starts fresh" eval 'grep -q "starting from scratch" "$TMP/out" && test \
+        "$(ls "$TMP/rqp$k" | grep -v "\.tmp$" | tr "\n" " ")" = "model_00000001.bin model_00000002.bin state_00000001_00000.bin state_00000002_00000.bin "'
+done
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --save-every 1 --resume-if-present "$TMP/rqp1" >"$TMP/out" 2>&1
+check "... and its next requeue resumes from step 2" grep -q "resuming from step 2 of" "$TMP/out"
+# another run's incomplete checkpoint beside its complete one: refused, and nothing is deleted
+mkdir -p "$TMP/rqp4" && cp "$TMP/ck/model_00000001.bin" "$TMP/ck/state_00000001_00000.bin" "$TMP/rqp4/"
+cp "$TMP/ck/state_00000002_00000.bin" "$TMP/rqp4/"
+expect_error "another run's checkpoints and a partial save" "holds checkpoints of another run" "${TINY[@]}" "${GOOD[@]}" --save-every 1 \
+    --checkpoint-dir "$TMP/rqp4"
+check "... left as they were" test "$(ls "$TMP/rqp4" | wc -l)" = 3
 expect_error "--resume and --resume-if-present" "give --resume or --resume-if-present, not both" "${GOOD[@]}" --resume "$TMP/rq" --resume-if-present "$TMP/rq"
 expect_error "--keep-last 0" "--keep-last must be between 1" "${TINY[@]}" "${GOOD[@]}" --keep-last 0
 
@@ -248,6 +272,19 @@ expect_error "--stop-after at the resumed step" "--stop-after 2 is not after the
 expect_error "--steps below the resumed step" "--steps 1 is below the step 2" "${GOOD[@]}" --resume "$TMP/ck" --batch-size 2 --seq-len 8 --steps 1
 expect_error "--device-memory inf" "--device-memory must be a positive, finite size" "${TINY[@]}" --plan --device-memory inf
 expect_error "--device-memory 1e308GiB" "--device-memory must be a positive, finite size" "${TINY[@]}" --plan --device-memory 1e308GiB
+echo "sizes that must not crash, run unbounded or allocate absurdly"
+# ~100000 OpenMP threads crashed inside the OpenMP runtime (a segfault) at the first parallel loop
+OMP_NUM_THREADS=100000 expect_error "OMP_NUM_THREADS=100000" "OMP_NUM_THREADS=100000 is more than 1024 threads per rank" "${TINY[@]}" "${GOOD[@]}"
+# a schedule of 1024 stages x 16384 micro-batches printed 1.8 GB of timeline; 4096 x 65536 looped with GBs
+# of memory until killed
+expect_error "--print-schedule huge" "--print-schedule prints at most 64 stages and 1024 micro-batches" --print-schedule --pp 256 \
+    --batch-size 4096 --micro-batches 4096
+expect_error "--plan, --pp x micro-batches huge" "--plan: --pp 4096 x 1048576 micro-batches is more than" --plan --layers 4096 --channels 64 \
+    --heads 1 --pp 4096 --batch-size 1048576 --micro-batches 1048576
+# the plan counts, it does not allocate: B = T = 2^20 (4 TiB of host token ids per micro-batch) is planned
+timeout 60 "$BIN" --plan --layers 4 --channels 64 --heads 1 --max-seq-len 1048576 --seq-len 1048576 --batch-size 1048576 >"$TMP/out" 2>&1
+plan_rc=$?
+check "--plan, B = T = 2^20: planned without allocating" eval '[ $plan_rc -eq 0 ] && grep -q "stage  0 .*total" "$TMP/out"'
 
 echo "crash and resume: the same samples and log lines as an uninterrupted run"
 # U runs 4 steps; C is killed at step 3 (after logging it) with a checkpoint at 2, and R resumes C
@@ -317,6 +354,29 @@ check "--checkpoint-dir, no parent: before training" no_step_ran
 # sysfs refuses new files even to root (a chmod'ed folder would not stop root)
 expect_error "--checkpoint-dir read-only" "cannot create files in '/sys/kernel'" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir /sys/kernel
 check "--checkpoint-dir read-only: before training" no_step_ran
+# a stop signal saves into --checkpoint-dir with or without --save-every: checked for every run that trains
+expect_error "signal checkpoint folder read-only" "--checkpoint-dir (where a stop signal saves): cannot create files in '/sys/kernel'" \
+    "${TINY[@]}" "${GOOD[@]}" --checkpoint-dir /sys/kernel
+check "signal checkpoint folder read-only: before training" no_step_ran
+expect_error "signal checkpoint folder, no parent" "could not be created when needed: its parent folder '.*/nodir' does not exist" \
+    "${TINY[@]}" "${GOOD[@]}" --checkpoint-dir "$TMP/nodir/ck"
+check "signal checkpoint folder, no parent: not created" test ! -e "$TMP/nodir"
+# empty paths and paths too long to write (with ".tmp" added while saving), refused before training
+expect_error "--save-model \"\"" "--save-model: the path is empty" "${TINY[@]}" "${GOOD[@]}" --save-model ""
+check "--save-model \"\": before training" no_step_ran
+expect_error "--trace \"\"" "--trace: the path is empty" "${TINY[@]}" "${GOOD[@]}" --trace ""
+expect_error "--checkpoint-dir \"\"" "--checkpoint-dir.*: the path is empty" "${TINY[@]}" "${GOOD[@]}" --stop-after 1 --checkpoint-dir ""
+LONGDIR=$("$PY" -c 'import sys; d = sys.argv[1] + "/long"; print(d + "/" + "/".join(["c" * 8] * ((4060 - len(d)) // 9)))' "$TMP")
+mkdir -p "$LONGDIR"
+LONGFILE="$LONGDIR/$(printf 'm%.0s' $(seq $((4094 - ${#LONGDIR} - 1))))"  # 4094 characters: its ".tmp" is over PATH_MAX
+expect_error "--save-model near PATH_MAX" "--save-model: the path is too long (4094 characters" "${TINY[@]}" "${GOOD[@]}" --save-model "$LONGFILE"
+check "--save-model near PATH_MAX: before training" no_step_ran
+expect_error "--save-model name too long" "the file name is too long for its folder" "${TINY[@]}" "${GOOD[@]}" \
+    --save-model "$TMP/$(printf 'n%.0s' $(seq 253))"
+# 4070 characters: its write probe fits, "/state_00000001_00000.bin.tmp" would not
+expect_error "--checkpoint-dir near PATH_MAX" "--checkpoint-dir: the path is too long (4070 characters" "${TINY[@]}" "${GOOD[@]}" \
+    --save-every 1 --checkpoint-dir "$LONGDIR/$(printf 'k%.0s' $(seq $((4070 - ${#LONGDIR} - 1))))"
+check "--checkpoint-dir near PATH_MAX: before training" no_step_ran
 expect_error "--trace into no folder" "--trace: folder '.*/nodir'" "${TINY[@]}" "${GOOD[@]}" --trace "$TMP/nodir/t.json"
 check "--trace into no folder: before training" no_step_ran
 # a file saved by renaming over its path replaced a FIFO, a symbolic link or (as root) /dev/null with a
@@ -437,6 +497,19 @@ check "3.39e38 saved as bf16's largest finite value (0x7F7F)" "$PY" -c '
 import sys, numpy as np
 b = np.fromfile(sys.argv[1], "<u2", offset=1024)
 sys.exit(0 if b[9600 + 5 * 16 + 7] == 0x7F7F else 1)  # fcw[5][7]' "$TMP/edge16.bin"
+echo "sampling: what it cannot do is said"
+# a sample fits in --seq-len: a longer --sample-len is cut, and the run says so
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --vocab 50257 --tokenizer data/gpt2_tokenizer.bin --steps 1 --sample-every 1 --sample-len 20 \
+    >"$TMP/out" 2>&1
+check "--sample-len 20 with --seq-len 8: says it is cut to 7" grep -q "^--sample-len 20: samples have 7 tokens after the end-of-text token" "$TMP/out"
+# an empty vocab.bpe would encode byte by byte (tokens the model never saw): refused
+mkdir -p "$TMP/bpe_empty" && cp data/encoder.json "$TMP/bpe_empty/" && : >"$TMP/bpe_empty/vocab.bpe"
+printf 'hello world\n' >"$TMP/hello.txt"
+expect_error "empty vocab.bpe" "vocab.bpe' holds no merges" --encode "$TMP/hello.txt" --bpe-dir "$TMP/bpe_empty"
+# a sample that cannot be written (a full disk) is an error, not exit 0
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --vocab 50257 --tokenizer data/gpt2_tokenizer.bin --steps 0 --sample-len 4 >/dev/full 2>"$TMP/err"
+full_rc=$?
+check "sampling to /dev/full: exit 1, one line" eval '[ $full_rc -eq 1 ] && [ "$(grep -c . "$TMP/err")" = 1 ] && grep -q "^error: cannot write to standard output" "$TMP/err"'
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
 
