@@ -16,6 +16,8 @@
  */
 #pragma once
 
+#include <ctype.h>
+
 #include "rendezvous.h"
 
 #ifdef HAVE_NCCL
@@ -208,8 +210,10 @@ static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
 
 // torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id into a file of the shared folder,
 // the others poll for it. The file's name carries the launch's identity where the launcher gives one
-// (torchrun's run id, Slurm's job and step), its content the world size and the time it was written: a
-// file left by an earlier run (a crash skips the removal at the end) is never taken for this run's.
+// (torchrun's run id and restart count, Slurm's job and step), its content the world size and the time it
+// was written: a file left by an earlier run or attempt (a crash skips the removal at the end) is never
+// taken for this one's. (A restart comes within seconds, well inside the time check: only the name
+// tells the attempts apart.)
 typedef struct {
     uint32_t magic;  // NCCL_ID_MAGIC
     int world_size;
@@ -222,8 +226,8 @@ static char nccl_id_path[4300];  // rank 0 removes the file at the end
 static void nccl_id_file_name(const char* dir) {
     char tag[200];
     launch_identity(tag, sizeof(tag));  // (llmc/rendezvous.h)
-    for (char* t = tag; *t; t++)
-        if (*t == '/') *t = '_';
+    for (char* t = tag; *t; t++)  // a file name, whatever the launcher's id holds
+        if (!isalnum((unsigned char)*t) && *t != '.' && *t != '-') *t = '_';
     snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s%s", dir, tag[0] ? "_" : "", tag);
 }
 

@@ -9,7 +9,8 @@
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL"
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
 #      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
-#      PMIx variables of an srun task that started torchrun (torchrun's variables count)
+#      PMIx variables of an srun task that started torchrun (torchrun's variables count); a restarted
+#      attempt (TORCHELASTIC_RESTART_COUNT) beside the id file its crashed predecessor left
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
 #      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError)
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
@@ -103,6 +104,30 @@ for how in tcp folder srun-pmix; do
         compare "dp=2, the NCCL id by $how" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
     fi
 done
+
+# torchrun restarts the workers of a failed attempt with the same run id and TORCHELASTIC_RESTART_COUNT + 1;
+# attempt 0 crashed and left its id file (rank 0 alone: creating the communicator timed out). Attempt 1's
+# rank 1 starts first: it read attempt 0's file, and both ranks ended "a peer rank is stopped, hung or gone".
+mkdir -p "$TMP/ids_restart"
+TORCHELASTIC_RUN_ID=job7 TORCHELASTIC_RESTART_COUNT=0 WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 \
+    --nccl-id-dir "$TMP/ids_restart" --comm-timeout 2 >"$TMP/attempt0.out" 2>&1
+stale=$(ls "$TMP/ids_restart" | tr '\n' ' ')
+rc0=0 rc1=0
+for r in 1 0; do
+    TORCHELASTIC_RUN_ID=job7 TORCHELASTIC_RESTART_COUNT=1 WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 timeout 120 "$BIN" \
+        "${COMMON[@]}" --batch-size 2 --nccl-id-dir "$TMP/ids_restart" --comm-timeout 20 --log "$TMP/run.jsonl" --save-model "$TMP/run.bin" \
+        >"$TMP/rank$r.out" 2>&1 &
+    eval "pid$r=$!"
+    sleep 2  # (rank 1 looks for the id before rank 0 of this attempt has written it)
+done
+wait "$pid0" || rc0=$?
+wait "$pid1" || rc1=$?
+if [ -n "$stale" ] && [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]; then
+    compare "restart 1 beside attempt 0's id file ($stale)" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+else
+    echo "  FAIL  restart 1 beside attempt 0's id file ('$stale'): exit $rc0 and $rc1"; tail -n 2 "$TMP/rank0.out" "$TMP/rank1.out"
+    fails=$((fails + 1))
+fi
 
 echo "3. the deadline (--comm-timeout 3)"
 # NAME PATTERN RC SECONDS: rank 0 exited with RC within SECONDS (measured from $t0), its last line matching PATTERN
