@@ -129,6 +129,21 @@ else
     fails=$((fails + 1))
 fi
 
+# RANK=abc read as rank 0: two ranks 0, and one of them said the port was already in use
+port=$(free_port)
+for r in 0 abc; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" WORLD_SIZE=2 RANK=$r LOCAL_RANK=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 \
+        --comm-timeout 3 >"$TMP/rank$r.out" 2>&1 &
+    eval "pid_$r=$!"
+    sleep 1
+done
+rc1=0
+wait "$pid_abc" || rc1=$?
+wait "$pid_0"
+if [ $rc1 -eq 1 ] && [ "$(grep -c . "$TMP/rankabc.out")" -eq 1 ] && grep -q "^error: RANK is 'abc': not a number" "$TMP/rankabc.out"; then
+    echo "  ok    RANK=abc: $(cat "$TMP/rankabc.out")"
+else echo "  FAIL  RANK=abc: exit $rc1 (want 1 and one line: RANK is not a number)"; tail -n 2 "$TMP/rankabc.out"; fails=$((fails + 1)); fi
+
 echo "3. the deadline (--comm-timeout 3)"
 # NAME PATTERN RC SECONDS: rank 0 exited with RC within SECONDS (measured from $t0), its last line matching PATTERN
 expect_end() {
