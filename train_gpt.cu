@@ -1475,7 +1475,7 @@ typedef struct {
     double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
     double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
-    double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint
+    double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint or the final model
     double fault_slow_sample;    // testing: each sample takes this many seconds longer
     long long fault_wait_signal; // testing: after this step every rank waits for a stop signal (-1: never)
     double fault_clock_skew;     // testing: --trace's clock on rank r reads r times this many seconds ahead
@@ -1785,7 +1785,6 @@ static void inject_inf_gradient(GPT2* model) {
 static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
     char label[128], run[256];
     snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
-    comm_barrier_io(comm, &comm->world);  // rank 0 may still be writing the final model
     double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
     comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);
     int P = comm->pp, M = tc->grad_accum;
@@ -2470,10 +2469,15 @@ static void training_finish(Training* run) {
             end_every_rank(run->comm, msg);
         }
         if (run->main_rank) {
+            if (tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
             model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
         }
         free(buf);
+        // The other ranks wait here for rank 0's write, under --io-timeout as a checkpoint's do: going on,
+        // they waited in the next collective (finalize, at the latest) under --comm-timeout, and a slow
+        // write ended the job, rank 0 with it, halfway through the file.
+        comm_barrier_io(run->comm, &run->comm->world);
     }
     if (tc->trace) write_trace(&run->tracer, tc, run->comm);
     free(run->tracer.events);
@@ -2607,7 +2611,7 @@ static void print_usage(void) {
         "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
         "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
-        "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint\n"
+        "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint and the final model\n"
         "  --fault-slow-sample S  testing: every sample takes S seconds longer (on every rank that samples)\n"
         "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
         "  --fault-clock-skew S  testing: rank r's clock for --trace reads r x S seconds ahead (the trace must not show it)\n"

@@ -11,7 +11,8 @@
 #      some parameters twice) is refused
 #   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s; a divergence
 #      ends both ranks with one error line and exit 1; a stopped rank (SIGSTOP) ends the job through the
-#      watchdog (--comm-timeout) with one line; a slow checkpoint save waits under --io-timeout instead;
+#      watchdog (--comm-timeout) with one line; a slow checkpoint save, or a slow final model, waits under
+#      --io-timeout instead;
 #      a sample longer than --comm-timeout is no dead peer (every DP group samples)
 #      --keep-last 1 leaves only the newest checkpoint's files (model and every shard)
 #   4. bad input: a world size that is not dp x tp x pp
@@ -155,6 +156,12 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/slow.out")" 
     echo "  ok    the same with --io-timeout 3: $(grep '^error:' "$TMP/slow.out")"
 else echo "  FAIL  the same with --io-timeout 3: exit $rc (want one error line naming --io-timeout)"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
 
+# the same for the final model (--save-model): every rank waits for rank 0's write under --io-timeout
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --save-every 0 --save-model "$TMP/slow.bin" >"$TMP/slow.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ "$(stat -c %s "$TMP/slow.bin" 2>/dev/null)" = "$(stat -c %s "$TMP/ck_slow/model_00000004.bin")" ]; then
+    echo "  ok    --save-model 8 s slow with --comm-timeout 4: the run completes, the model complete"
+else echo "  FAIL  --save-model 8 s slow with --comm-timeout 4: exit $rc"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
 # sampling takes long on large models: at dp=2 only the first DP group sampled, and the other rank's
 # next collective passed --comm-timeout while it waited ("a peer rank is stopped, hung or gone")
 timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 4 --vocab 50257 --tokenizer data/gpt2_tokenizer.bin \

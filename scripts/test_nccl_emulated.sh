@@ -6,7 +6,8 @@
 # test_dp/tp/pp.sh: sums over ranks are taken in another order than one rank's):
 #   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1 and 2 (reduce-scatter, all-gather),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
-#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL"
+#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL";
+#      a final model written slower than --comm-timeout (the other ranks wait under --io-timeout)
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
 #      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
 #      PMIx variables of an srun task that started torchrun (torchrun's variables count); a restarted
@@ -84,6 +85,15 @@ done
 nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --schedule 1f1b --pp-rematerialize 1 --batch-size 4 --micro-batches 2
 reference --batch-size 8 --micro-batches 4
 nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
+
+# the final model written slowly (--save-model, 6 s) under --comm-timeout 3: the other rank went on to
+# finalize the communicators, gave up after 3 s and ended the job while rank 0 was still writing
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --comm-timeout 3 --fault-slow-save 6 \
+    --save-model "$TMP/slow.bin" >"$TMP/slow.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ "$(stat -c %s "$TMP/slow.bin" 2>/dev/null)" = "$(stat -c %s "$TMP/ref.bin")" ]; then  # (the same model sizes)
+    echo "  ok    --save-model 6 s slow with --comm-timeout 3: exit 0 on both ranks, the model complete"
+else echo "  FAIL  --save-model 6 s slow with --comm-timeout 3: exit $rc"; grep -m2 "error" "$TMP/slow.out"; fails=$((fails + 1)); fi
 
 echo "2. launched without mpirun"
 reference --batch-size 4
