@@ -13,7 +13,9 @@
 #      PMIx variables of an srun task that started torchrun (torchrun's variables count); a restarted
 #      attempt (TORCHELASTIC_RESTART_COUNT) beside the id file its crashed predecessor left
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
-#      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError)
+#      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError);
+#      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
+#      connection to rank 0 closes: llmc/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
@@ -181,6 +183,33 @@ wait "$pid0" || rc=$?
 wait "$pid1"
 exec 2>&3 3>&-
 expect_end "rank 1 killed after step 3" "did not complete within 3 s" $rc 90
+
+# rank 0 killed while it writes a checkpoint (30 s slow): rank 1, waiting for the save, waited out
+# --io-timeout (an hour by default; 100 s here); it must end within seconds, naming rank 0
+for how in folder tcp; do
+    mkdir -p "$TMP/ids3"
+    if [ $how = tcp ]; then launch_two MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" -- --batch-size 2 --steps 100 --save-every 2 \
+        --fault-slow-save 30 --comm-timeout 3 --io-timeout 100 --checkpoint-dir "$TMP/ck_$how"
+    else launch_two -- --batch-size 2 --steps 100 --save-every 2 --fault-slow-save 30 --comm-timeout 3 --io-timeout 100 \
+        --nccl-id-dir "$TMP/ids3" --checkpoint-dir "$TMP/ck_$how"; fi
+    for _ in $(seq 600); do grep -q "^step     2" "$TMP/rank0.out" && break; sleep 0.1; done
+    sleep 1  # (rank 1 waits in the save's barrier; rank 0 sleeps before writing)
+    exec 3>&2 2>/dev/null  # (bash's "Killed" lines for the jobs)
+    kill -KILL $(children_of "$pid0")  # (the trainer, child of its `timeout`)
+    t0=$SECONDS
+    for _ in $(seq 300); do kill -0 "$pid1" 2>/dev/null || break; sleep 0.1; done
+    took=$((SECONDS - t0))
+    kill -KILL $(children_of "$pid1") 2>/dev/null  # (still waiting after 30 s)
+    rc=0
+    wait "$pid1" || rc=$?
+    wait "$pid0"
+    exec 2>&3 3>&-
+    if [ $rc -eq 1 ] && [ $took -le 10 ] && [ "$(grep -c '^error:' "$TMP/rank1.out")" -eq 1 ] \
+        && grep -q "^error: rank 1: rank 0 has ended .* around file I/O" "$TMP/rank1.out"; then
+        echo "  ok    rank 0 killed during a save (id by $how): rank 1 exit $rc after $took s: $(grep '^error:' "$TMP/rank1.out")"
+    else echo "  FAIL  rank 0 killed during a save (id by $how): rank 1 exit $rc after $took s (want 1 within 10 s, one line)"
+        tail -n 2 "$TMP/rank1.out"; fails=$((fails + 1)); fi
+done
 
 if [ -n "$BIN_BF16" ]; then
     echo "4. BF16 (ncclBfloat16): dp=2 ZeRO-2, the same bits as the MPI engine"
