@@ -1487,7 +1487,8 @@ typedef struct {
     double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
     double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
-    double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint
+    double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint or the final model
+    double fault_slow_sample;    // testing: each sample takes this many seconds longer
     long long fault_wait_signal; // testing: after this step every rank waits for a stop signal (-1: never)
     double fault_clock_skew;     // testing: --trace's clock on rank r reads r times this many seconds ahead
     int fault_inf_rank, fault_inf_step;  // testing: this rank puts an inf into a gradient at this step
@@ -1799,7 +1800,6 @@ static void inject_inf_gradient(GPT2* model) {
 static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
     char label[128], run[256];
     snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
-    comm_barrier_io(comm, &comm->world);  // rank 0 may still be writing the final model
     double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
     comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);
     int P = comm->pp, M = tc->grad_accum;
@@ -2088,7 +2088,7 @@ typedef struct {
     int have_train, have_val;  // --steps 0 reads no train data; validation needs --val-data and --val-every
     EvalSet choices;           // --eval-data
     FILE* dump;                // --eval-dump
-    int have_tok;              // samples on: the ranks of the first DP group sample, world rank 0 prints
+    int have_tok;              // samples on: every rank samples, world rank 0 prints
     Tokenizer tok;
     SampleConfig sample;
     int* prompt;               // (sample.n_prompt) --prompt's tokens, or NULL
@@ -2195,8 +2195,11 @@ static void open_inputs(Training* run) {
         if (tc->eval_dump && comm->world_size > 1) fatal("--eval-dump is for one rank");
         if (tc->eval_dump) run->dump = fopen_check(tc->eval_dump, "w");
     }
-    // the ranks of the first DP group sample (together, with TP); world rank 0 prints
-    run->have_tok = comm->dp_rank == 0 && tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
+    // Every DP group samples (its TP and PP ranks together); world rank 0 prints. The other DP groups'
+    // samples are the same and unseen, but they take the time the first one takes: were only the first
+    // to sample, the others would wait for it in the next step's collectives, where a long sample passed
+    // --comm-timeout and ended the run as if a peer were stopped, hung or gone.
+    run->have_tok = tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
     if (run->have_tok) {
         Tokenizer* tok = &run->tok;
         tokenizer_init(tok, tc->tokenizer);
@@ -2376,8 +2379,10 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
         logger_eval_accuracy(&run->logger, step, accuracy);
     }
     // --steps 0 samples once, from the model as given
-    if (run->have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last))
+    if (run->have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last)) {
+        if (tc->fault_slow_sample > 0) usleep((useconds_t)(tc->fault_slow_sample * 1e6));  // a long sample of a large model
         gpt2_sample(&run->model, &run->tok, &run->sample_rng, &run->sample, run->main_rank);
+    }
 }
 
 // The run state a checkpoint saved after `step` holds, for a resume to continue exactly from it.
@@ -2523,10 +2528,15 @@ static void training_finish(Training* run) {
             end_every_rank(run->comm, msg);
         }
         if (run->main_rank) {
+            if (tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
             model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
         }
         free(buf);
+        // The other ranks wait here for rank 0's write, under --io-timeout as a checkpoint's do: going on,
+        // they waited in the next collective (finalize, at the latest) under --comm-timeout, and a slow
+        // write ended the job, rank 0 with it, halfway through the file.
+        comm_barrier_io(run->comm, &run->comm->world);
     }
     if (tc->trace) write_trace(&run->tracer, tc, run->comm);
     free(run->tracer.events);
@@ -2660,7 +2670,8 @@ static void print_usage(void) {
         "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
         "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
-        "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint\n"
+        "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint and the final model\n"
+        "  --fault-slow-sample S  testing: every sample takes S seconds longer (on every rank that samples)\n"
         "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
         "  --fault-clock-skew S  testing: rank r's clock for --trace reads r x S seconds ahead (the trace must not show it)\n"
         "mixed precision\n"
@@ -2797,6 +2808,7 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--io-timeout")) tc->io_timeout = parse_float(f, v, 0.0f, 1e9f);
     else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
     else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
+    else if (!strcmp(f, "--fault-slow-sample")) tc->fault_slow_sample = parse_float(f, v, 0.0f, 3600.0f);
     else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
     else if (!strcmp(f, "--fault-wait-signal")) tc->fault_wait_signal = parse_int(f, v, 1, 1 << 30);
     else if (!strcmp(f, "--fault-clock-skew")) tc->fault_clock_skew = parse_float(f, v, -1e6f, 1e6f);

@@ -10,11 +10,19 @@
  */
 #pragma once
 
+#include <limits.h>
 #include <sched.h>
 
+// A launcher's variable that holds a count or an index. Not atoi: RANK=abc would read as rank 0, and
+// two ranks 0 end with a message about something else (the port already in use, a rank that never joins).
 static int env_int(const char* name, int fallback) {
     const char* v = getenv(name);
-    return v ? atoi(v) : fallback;
+    if (v == NULL) return fallback;
+    char* end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end != '\0' || errno != 0 || x < INT_MIN || x > INT_MAX) fatal("%s is '%s': not a number", name, v);
+    return (int)x;
 }
 
 // CPU target: the ranks of one node share its cores. Unless OMP_NUM_THREADS says otherwise, each rank

@@ -12,11 +12,16 @@
  * Start-up: the ranks share NCCL's unique id (rank 0 draws it) through MPI when launched by mpirun, else
  * through a file in a shared folder (--nccl-id-dir) or, without one, over TCP at MASTER_ADDR:MASTER_PORT
  * as torchrun sets them (llmc/rendezvous.h), then create the world's communicator and split
- * the DP, TP, PP and embedding groups from it. A build without NCCL gets the placeholders at the bottom.
+ * the DP, TP, PP and embedding groups from it. Launched so, without mpirun to end the job when a rank
+ * dies, every rank also keeps a connection to rank 0 (llmc/liveness.h), by which a wait around file I/O
+ * learns at once that a peer has ended instead of waiting out --io-timeout. A build without NCCL gets the
+ * placeholders at the bottom.
  */
 #pragma once
 
-#include "rendezvous.h"
+#include <ctype.h>
+
+#include "liveness.h"
 
 #ifdef HAVE_NCCL
 
@@ -65,6 +70,14 @@ static int nccl_watch(Comm* c, const char* what, double start) {
             nccl_abort_all(c);
             fatal("rank %d: NCCL failed while waiting for %s: %s", c->world_rank, what, ncclGetErrorString(r != ncclSuccess ? r : e));
         }
+    }
+    // Around file I/O the deadline is long (--io-timeout): a peer whose process ended is noticed through
+    // its connection (launches without mpirun; under mpirun, mpirun ends the job). Only there: at the
+    // end of a run rank 0 may leave while a peer still polls its last collective, and what is no error.
+    int gone = c->waiting_io ? liveness_lost() : -1;
+    if (gone >= 0) {
+        nccl_abort_all(c);
+        fatal("rank %d: rank %d has ended (its connection closed) while this rank waited for %s around file I/O", c->world_rank, gone, what);
     }
     double limit = comm_deadline_s(c);
     if (limit > 0 && wall_seconds() - start > limit) {
@@ -208,13 +221,17 @@ static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
 
 // torchrun/Slurm-style launch without MPI: rank 0 writes the NCCL id into a file of the shared folder,
 // the others poll for it. The file's name carries the launch's identity where the launcher gives one
-// (torchrun's run id, Slurm's job and step), its content the world size and the time it was written: a
-// file left by an earlier run (a crash skips the removal at the end) is never taken for this run's.
+// (torchrun's run id and restart count, Slurm's job and step), its content the world size and the time it
+// was written: a file left by an earlier run or attempt (a crash skips the removal at the end) is never
+// taken for this one's. (A restart comes within seconds, well inside the time check: only the name
+// tells the attempts apart.)
 typedef struct {
     uint32_t magic;  // NCCL_ID_MAGIC
     int world_size;
     double written;  // seconds since the epoch (the clocks of the nodes agree to well under a minute)
     ncclUniqueId id;
+    char host[256];     // rank 0's host name and the port where the others connect (llmc/liveness.h)
+    int32_t live_port;
 } NcclIdFile;
 #define NCCL_ID_MAGIC 0x4e43434cu
 static char nccl_id_path[4300];  // rank 0 removes the file at the end
@@ -222,12 +239,12 @@ static char nccl_id_path[4300];  // rank 0 removes the file at the end
 static void nccl_id_file_name(const char* dir) {
     char tag[200];
     launch_identity(tag, sizeof(tag));  // (llmc/rendezvous.h)
-    for (char* t = tag; *t; t++)
-        if (*t == '/') *t = '_';
+    for (char* t = tag; *t; t++)  // a file name, whatever the launcher's id holds
+        if (!isalnum((unsigned char)*t) && *t != '.' && *t != '-') *t = '_';
     snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s%s", dir, tag[0] ? "_" : "", tag);
 }
 
-static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
+static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port, char* host, size_t host_n, int* port) {
     NcclIdFile rec;
     nccl_id_file_name(dir);
     const char* path = nccl_id_path;
@@ -235,7 +252,8 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
     if (c->world_rank == 0) {
         char tmp[4400];
         memset(&rec, 0, sizeof(rec));
-        rec.magic = NCCL_ID_MAGIC, rec.world_size = c->world_size, rec.written = entered;
+        rec.magic = NCCL_ID_MAGIC, rec.world_size = c->world_size, rec.written = entered, rec.live_port = live_port;
+        if (gethostname(rec.host, sizeof(rec.host) - 1) != 0) fatal("rank 0: gethostname: %s", strerror(errno));
         ncclCheck(ncclGetUniqueId(&rec.id));
         snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());  // written whole, then renamed: never half-read
         FILE* f = fopen_check(tmp, "wb");
@@ -250,7 +268,11 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
         FILE* f = fopen(path, "rb");
         int got = f && fread(&rec, sizeof(rec), 1, f) == 1;
         if (f) fclose(f);
-        if (got && rec.magic == NCCL_ID_MAGIC && rec.world_size == c->world_size && rec.written >= entered - skew) return rec.id;
+        if (got && rec.magic == NCCL_ID_MAGIC && rec.world_size == c->world_size && rec.written >= entered - skew) {
+            rec.host[sizeof(rec.host) - 1] = 0;
+            snprintf(host, host_n, "%s", rec.host), *port = rec.live_port;
+            return rec.id;
+        }
         if (c->timeout_s > 0 && wall_seconds() - start > c->timeout_s)
             fatal("rank %d: no NCCL id of this run appeared in '%s' within %.0f s (--comm-timeout; is rank 0 running? is the folder "
                   "shared?%s)", c->world_rank, path, c->timeout_s, got ? " the file there is from an earlier run or another world size" : "");
@@ -258,22 +280,32 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir) {
     }
 }
 
-// NCCL's unique id, drawn by rank 0 and shared with every rank
-static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir) {
+// NCCL's unique id, drawn by rank 0 and shared with every rank. Without mpirun, rank 0's liveness port
+// travels with it: *host, *port say where the other ranks connect (llmc/liveness.h; *port 0: under mpirun).
+static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir, char* host, size_t host_n, int* live_port) {
     ncclUniqueId id;
     if (use_mpi) {
         if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
         mpi_broadcast_bytes(c, &id, sizeof(id));
         return id;
     }
-    if (nccl_id_dir == NULL && getenv("MASTER_ADDR") && getenv("MASTER_PORT")) {  // torchrun's way: over TCP
-        char err[1024];
-        if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
-        if (rendezvous_from_env(c->world_rank, c->world_size, &id, sizeof(id), c->timeout_s, err, sizeof(err)) != 0) fatal("%s", err);
-        return id;
+    if (nccl_id_dir == NULL && (!getenv("MASTER_ADDR") || !getenv("MASTER_PORT")))
+        fatal("launching without mpirun needs MASTER_ADDR and MASTER_PORT, or --nccl-id-dir (a shared folder)");
+    char err[1024];
+    int port = c->world_rank == 0 ? liveness_listen(err, sizeof(err)) : 0;
+    if (port < 0) fatal("%s", err);
+    if (nccl_id_dir == NULL) {  // torchrun's way: over TCP, to MASTER_ADDR
+        struct { ncclUniqueId id; int32_t live_port; } blob;
+        memset(&blob, 0, sizeof(blob));
+        if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&blob.id)), blob.live_port = port;
+        if (rendezvous_from_env(c->world_rank, c->world_size, &blob, sizeof(blob), c->timeout_s, err, sizeof(err)) != 0) fatal("%s", err);
+        id = blob.id, port = blob.live_port;
+        snprintf(host, host_n, "%s", getenv("MASTER_ADDR"));
+    } else {
+        id = nccl_id_through_file(c, nccl_id_dir, port, host, host_n, &port);
     }
-    if (nccl_id_dir == NULL) fatal("launching without mpirun needs MASTER_ADDR and MASTER_PORT, or --nccl-id-dir (a shared folder)");
-    return nccl_id_through_file(c, nccl_id_dir);
+    *live_port = port;
+    return id;
 }
 
 // the 16-byte UUID of this rank's GPU, by which ranks find out whether they share one
@@ -289,12 +321,19 @@ static void gpu_uuid(char out[16]) {
 // communicators: creation and splitting return at once, and are polled against the deadline (a peer that
 // never joins would otherwise block here forever).
 static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
-    ncclUniqueId id = nccl_unique_id(c, use_mpi, nccl_id_dir);
+    char host[256] = "", err[1024];
+    int live_port = 0;
+    ncclUniqueId id = nccl_unique_id(c, use_mpi, nccl_id_dir, host, sizeof(host), &live_port);
     int in_emb = group_valid(&c->emb_group);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclCall(c, ncclCommInitRankConfig(&c->world.nccl, c->world_size, id, c->world_rank, &config), "creating the NCCL communicator");
     nccl_settle(c, "creating the NCCL communicator (every rank must join)");
+    if (live_port > 0) {  // (every rank has joined: a rank that never came was named just above)
+        int r = c->world_rank == 0 ? liveness_accept(c->world_size, c->timeout_s, err, sizeof(err))
+                                   : liveness_connect(host, live_port, c->world_rank, c->timeout_s, err, sizeof(err));
+        if (r != 0) fatal("%s", err);
+    }
     ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, &config), "splitting the DP group");
     nccl_settle(c, "splitting the DP group");
     ncclCall(c, ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, &config), "splitting the TP group");
@@ -319,6 +358,7 @@ static void nccl_finish(Comm* c) {
     c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
     for (int i = 0; i < n; i++) ncclCheck(ncclCommDestroy(comms[i]));
     if (c->world_rank == 0 && nccl_id_path[0]) remove(nccl_id_path);  // every rank has read it long ago
+    liveness_close();  // (after the last collective: no rank waits on another any more)
     for (int i = 0; i < c->timing_cap; i++) cudaCheck(cudaEventDestroy(c->timing[i]));
     free(c->timing);
     c->timing = NULL, c->timing_cap = 0;

@@ -366,15 +366,19 @@ static int rendezvous_broadcast(const char* host, int port, int rank, int world,
 // the launch's environment
 
 // The launch's identity as its launcher names it: torchrun's run id, or Slurm's job and step; "" if none.
+// Then torchrun's restart count: the workers of a restarted attempt keep the run id, and what an earlier
+// attempt left behind (its NCCL id file, a rank still knocking at the port) must not pass for theirs.
 static void launch_identity(char* out, size_t n) {
     const char* run = getenv("TORCHELASTIC_RUN_ID");
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID") ? getenv("SLURM_STEP_ID") : getenv("SLURM_STEPID");
+    const char* restart = getenv("TORCHELASTIC_RESTART_COUNT");
     out[0] = 0;
     if (run && strcmp(run, "none") != 0) snprintf(out, n, "%s", run);
     else if (job && step) snprintf(out, n, "%s.%s", job, step);
+    if (restart && restart[0]) snprintf(out + strlen(out), n - strlen(out), "%srestart %s", out[0] ? " " : "", restart);
 }
 
-// The exchange as torchrun launches it: at MASTER_ADDR:MASTER_PORT, within the launch's identity (and
+// The exchange as torchrun launches it: at MASTER_ADDR:MASTER_PORT, within the launch's identity (with
 // torchrun's restart count: a rank left from an earlier attempt is refused). Under torchrun's static
 // rendezvous (the one --master-addr/--master-port give) torchrun's own agent already listens on
 // MASTER_PORT on rank 0's node, and says so with TORCHELASTIC_USE_AGENT_STORE=True: then the exchange
@@ -387,10 +391,8 @@ static int rendezvous_from_env(int rank, int world, void* blob, size_t bytes, do
     if (host == NULL || !host[0] || port_text == NULL || *end || port < 1 || port + shift > 65535)
         return rdzv_fail(err, n, "MASTER_ADDR '%s' and MASTER_PORT '%s' name no host and port%s", host ? host : "", port_text ? port_text : "",
                          shift ? " (MASTER_PORT + 1 is used under torchrun)" : "");
-    char id[RDZV_JOB_CHARS / 2], job[RDZV_JOB_CHARS];
-    const char* restart = getenv("TORCHELASTIC_RESTART_COUNT");
-    launch_identity(id, sizeof(id));
-    snprintf(job, sizeof(job), "%s%s%s", id, restart ? " restart " : "", restart ? restart : "");
+    char job[RDZV_JOB_CHARS];
+    launch_identity(job, sizeof(job));
     int r = rendezvous_broadcast(host, (int)port + shift, rank, world, job, blob, bytes, timeout_s, err, n);
     if (r != 0 && shift) snprintf(err + strlen(err), n - strlen(err), " [MASTER_PORT + 1: torchrun's agent holds MASTER_PORT]");
     return r;

@@ -11,7 +11,9 @@
 #      some parameters twice) is refused
 #   3. failure: a rank killed mid-run ends every rank with a non-zero exit within 60 s; a divergence
 #      ends both ranks with one error line and exit 1; a stopped rank (SIGSTOP) ends the job through the
-#      watchdog (--comm-timeout) with one line; a slow checkpoint save waits under --io-timeout instead
+#      watchdog (--comm-timeout) with one line; a slow checkpoint save, or a slow final model, waits under
+#      --io-timeout instead;
+#      a sample longer than --comm-timeout is no dead peer (every DP group samples)
 #      --keep-last 1 leaves only the newest checkpoint's files (model and every shard)
 #   4. bad input: a world size that is not dp x tp x pp
 #   5. signals: SIGTERM sent to one rank of two (dp 2, ZeRO-1; a SIGUSR1 to the other right after it)
@@ -22,7 +24,8 @@
 #      naming the first difference (they hung, aborted in MPI, trained divergent replicas, reported a wrong
 #      accuracy, saved into two folders or sampled differently)
 #   7. launch: Slurm variables count only in a task of srun; torchrun's variables count over the PMIx ones
-#      of the srun task that started torchrun, and contradicting an MPI world they are refused; OpenMP
+#      of the srun task that started torchrun, and contradicting an MPI world they are refused; a RANK
+#      that is no number is named as such; OpenMP
 #      threads default to cores / local ranks (CPU target; the GPU target's ranks run one host thread)
 #   8. the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES, run here on host memory):
 #      chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for
@@ -152,6 +155,20 @@ rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error:' "$TMP/slow.out")" -eq 1 ] && grep -q "^error: rank 1: .*within 3 s (--io-timeout)" "$TMP/slow.out"; then
     echo "  ok    the same with --io-timeout 3: $(grep '^error:' "$TMP/slow.out")"
 else echo "  FAIL  the same with --io-timeout 3: exit $rc (want one error line naming --io-timeout)"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
+
+# the same for the final model (--save-model): every rank waits for rank 0's write under --io-timeout
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" "${SLOW[@]}" --save-every 0 --save-model "$TMP/slow.bin" >"$TMP/slow.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ "$(stat -c %s "$TMP/slow.bin" 2>/dev/null)" = "$(stat -c %s "$TMP/ck_slow/model_00000004.bin")" ]; then
+    echo "  ok    --save-model 8 s slow with --comm-timeout 4: the run completes, the model complete"
+else echo "  FAIL  --save-model 8 s slow with --comm-timeout 4: exit $rc"; tail -3 "$TMP/slow.out"; fails=$((fails + 1)); fi
+# sampling takes long on large models: at dp=2 only the first DP group sampled, and the other rank's
+# next collective passed --comm-timeout while it waited ("a peer rank is stopped, hung or gone")
+timeout 60 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 4 --vocab 50257 --tokenizer data/gpt2_tokenizer.bin \
+    --sample-every 2 --sample-len 4 --comm-timeout 2 --fault-slow-sample 4 >"$TMP/sample.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c '^sample:' "$TMP/sample.out")" -eq 2 ]; then echo "  ok    samples 4 s slow with --comm-timeout 2 at dp=2: the run completes"
+else echo "  FAIL  samples 4 s slow with --comm-timeout 2 at dp=2: exit $rc"; grep -m2 "^error" "$TMP/sample.out"; fails=$((fails + 1)); fi
 
 echo "4. bad input"
 expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
@@ -293,6 +310,12 @@ rc=$?
 if [ $rc -ne 0 ] && [ "$(grep -c '^error:' "$TMP/sb.out")" -eq 1 ] && grep -q "^error: the launchers disagree: .*WORLD_SIZE=4" "$TMP/sb.out"; then
     echo "  ok    mpirun -np 2 with WORLD_SIZE=4: exit $rc, $(grep '^error:' "$TMP/sb.out")"
 else echo "  FAIL  mpirun -np 2 with WORLD_SIZE=4: exit $rc (want one line: the launchers disagree)"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# a launcher variable that is no number: atoi made RANK=abc rank 0, and two ranks 0 named another cause
+env WORLD_SIZE=2 RANK=abc LOCAL_RANK=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 >"$TMP/sb.out" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && [ "$(grep -c . "$TMP/sb.out")" -eq 1 ] && grep -q "^error: RANK is 'abc': not a number" "$TMP/sb.out"; then
+    echo "  ok    RANK=abc: $(cat "$TMP/sb.out")"
+else echo "  FAIL  RANK=abc: exit $rc (want 1 and one line: RANK is not a number)"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
 # OpenMP threads: without OMP_NUM_THREADS, the cores this process may use / the ranks on the node
 cores=$(env -u OMP_NUM_THREADS nproc)  # (nproc itself honours OMP_NUM_THREADS)
 want=$((cores / 2)); [ $want -lt 1 ] && want=1

@@ -6,12 +6,16 @@
 # test_dp/tp/pp.sh: sums over ranks are taken in another order than one rank's):
 #   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1 and 2 (reduce-scatter, all-gather),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
-#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL"
+#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL";
+#      a final model written slower than --comm-timeout (the other ranks wait under --io-timeout)
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
 #      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
-#      PMIx variables of an srun task that started torchrun (torchrun's variables count)
+#      PMIx variables of an srun task that started torchrun (torchrun's variables count); a restarted
+#      attempt (TORCHELASTIC_RESTART_COUNT) beside the id file its crashed predecessor left
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
-#      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError)
+#      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError);
+#      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
+#      connection to rank 0 closes: llmc/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
@@ -84,6 +88,15 @@ nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --schedule 1f1b --pp-rematerial
 reference --batch-size 8 --micro-batches 4
 nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
 
+# the final model written slowly (--save-model, 6 s) under --comm-timeout 3: the other rank went on to
+# finalize the communicators, gave up after 3 s and ended the job while rank 0 was still writing
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${COMMON[@]}" --batch-size 2 --comm-timeout 3 --fault-slow-save 6 \
+    --save-model "$TMP/slow.bin" >"$TMP/slow.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ "$(stat -c %s "$TMP/slow.bin" 2>/dev/null)" = "$(stat -c %s "$TMP/ref.bin")" ]; then  # (the same model sizes)
+    echo "  ok    --save-model 6 s slow with --comm-timeout 3: exit 0 on both ranks, the model complete"
+else echo "  FAIL  --save-model 6 s slow with --comm-timeout 3: exit $rc"; grep -m2 "error" "$TMP/slow.out"; fails=$((fails + 1)); fi
+
 echo "2. launched without mpirun"
 reference --batch-size 4
 # (srun-pmix: torchrun started by `srun --mpi=pmix` on one node; its workers inherit the task's PMIx and
@@ -103,6 +116,45 @@ for how in tcp folder srun-pmix; do
         compare "dp=2, the NCCL id by $how" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
     fi
 done
+
+# torchrun restarts the workers of a failed attempt with the same run id and TORCHELASTIC_RESTART_COUNT + 1;
+# attempt 0 crashed and left its id file (rank 0 alone: creating the communicator timed out). Attempt 1's
+# rank 1 starts first: it read attempt 0's file, and both ranks ended "a peer rank is stopped, hung or gone".
+mkdir -p "$TMP/ids_restart"
+TORCHELASTIC_RUN_ID=job7 TORCHELASTIC_RESTART_COUNT=0 WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 \
+    --nccl-id-dir "$TMP/ids_restart" --comm-timeout 2 >"$TMP/attempt0.out" 2>&1
+stale=$(ls "$TMP/ids_restart" | tr '\n' ' ')
+rc0=0 rc1=0
+for r in 1 0; do
+    TORCHELASTIC_RUN_ID=job7 TORCHELASTIC_RESTART_COUNT=1 WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 timeout 120 "$BIN" \
+        "${COMMON[@]}" --batch-size 2 --nccl-id-dir "$TMP/ids_restart" --comm-timeout 20 --log "$TMP/run.jsonl" --save-model "$TMP/run.bin" \
+        >"$TMP/rank$r.out" 2>&1 &
+    eval "pid$r=$!"
+    sleep 2  # (rank 1 looks for the id before rank 0 of this attempt has written it)
+done
+wait "$pid0" || rc0=$?
+wait "$pid1" || rc1=$?
+if [ -n "$stale" ] && [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ]; then
+    compare "restart 1 beside attempt 0's id file ($stale)" "$TMP/run.jsonl" "$TMP/run.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+else
+    echo "  FAIL  restart 1 beside attempt 0's id file ('$stale'): exit $rc0 and $rc1"; tail -n 2 "$TMP/rank0.out" "$TMP/rank1.out"
+    fails=$((fails + 1))
+fi
+
+# RANK=abc read as rank 0: two ranks 0, and one of them said the port was already in use
+port=$(free_port)
+for r in 0 abc; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" WORLD_SIZE=2 RANK=$r LOCAL_RANK=0 timeout 60 "$BIN" "${COMMON[@]}" --batch-size 2 \
+        --comm-timeout 3 >"$TMP/rank$r.out" 2>&1 &
+    eval "pid_$r=$!"
+    sleep 1
+done
+rc1=0
+wait "$pid_abc" || rc1=$?
+wait "$pid_0"
+if [ $rc1 -eq 1 ] && [ "$(grep -c . "$TMP/rankabc.out")" -eq 1 ] && grep -q "^error: RANK is 'abc': not a number" "$TMP/rankabc.out"; then
+    echo "  ok    RANK=abc: $(cat "$TMP/rankabc.out")"
+else echo "  FAIL  RANK=abc: exit $rc1 (want 1 and one line: RANK is not a number)"; tail -n 2 "$TMP/rankabc.out"; fails=$((fails + 1)); fi
 
 echo "3. the deadline (--comm-timeout 3)"
 # NAME PATTERN RC SECONDS: rank 0 exited with RC within SECONDS (measured from $t0), its last line matching PATTERN
@@ -131,6 +183,33 @@ wait "$pid0" || rc=$?
 wait "$pid1"
 exec 2>&3 3>&-
 expect_end "rank 1 killed after step 3" "did not complete within 3 s" $rc 90
+
+# rank 0 killed while it writes a checkpoint (30 s slow): rank 1, waiting for the save, waited out
+# --io-timeout (an hour by default; 100 s here); it must end within seconds, naming rank 0
+for how in folder tcp; do
+    mkdir -p "$TMP/ids3"
+    if [ $how = tcp ]; then launch_two MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" -- --batch-size 2 --steps 100 --save-every 2 \
+        --fault-slow-save 30 --comm-timeout 3 --io-timeout 100 --checkpoint-dir "$TMP/ck_$how"
+    else launch_two -- --batch-size 2 --steps 100 --save-every 2 --fault-slow-save 30 --comm-timeout 3 --io-timeout 100 \
+        --nccl-id-dir "$TMP/ids3" --checkpoint-dir "$TMP/ck_$how"; fi
+    for _ in $(seq 600); do grep -q "^step     2" "$TMP/rank0.out" && break; sleep 0.1; done
+    sleep 1  # (rank 1 waits in the save's barrier; rank 0 sleeps before writing)
+    exec 3>&2 2>/dev/null  # (bash's "Killed" lines for the jobs)
+    kill -KILL $(children_of "$pid0")  # (the trainer, child of its `timeout`)
+    t0=$SECONDS
+    for _ in $(seq 300); do kill -0 "$pid1" 2>/dev/null || break; sleep 0.1; done
+    took=$((SECONDS - t0))
+    kill -KILL $(children_of "$pid1") 2>/dev/null  # (still waiting after 30 s)
+    rc=0
+    wait "$pid1" || rc=$?
+    wait "$pid0"
+    exec 2>&3 3>&-
+    if [ $rc -eq 1 ] && [ $took -le 10 ] && [ "$(grep -c '^error:' "$TMP/rank1.out")" -eq 1 ] \
+        && grep -q "^error: rank 1: rank 0 has ended .* around file I/O" "$TMP/rank1.out"; then
+        echo "  ok    rank 0 killed during a save (id by $how): rank 1 exit $rc after $took s: $(grep '^error:' "$TMP/rank1.out")"
+    else echo "  FAIL  rank 0 killed during a save (id by $how): rank 1 exit $rc after $took s (want 1 within 10 s, one line)"
+        tail -n 2 "$TMP/rank1.out"; fails=$((fails + 1)); fi
+done
 
 if [ -n "$BIN_BF16" ]; then
     echo "4. BF16 (ncclBfloat16): dp=2 ZeRO-2, the same bits as the MPI engine"
