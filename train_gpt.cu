@@ -646,9 +646,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
 static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
                                  const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
-    if (model->tp == 1) {
-        matmul_forward(scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
-        residual_forward(out, residual, scratch, (size_t)N * C);
+    if (model->tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
+        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
         return;
     }
     matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);

@@ -17,6 +17,7 @@
  *   GELU after fc      matmul_forward_gelu:  pre = inp . weight^T + bias, out = gelu(pre), one pass (GELU_AUX_BIAS)
  *   GELU before fcproj matmul_backward_gelu: dpre = (dout . weight) * gelu'(pre), and fc's bias gradient as
  *                      its column sums, in the dinp product (DGELU_BGRAD)
+ *   residual add       matmul_forward_residual: the residual stream read as the product's C (beta = 1)
  * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and one small kernel adds it.
  * Where cuBLASLt has no algorithm for an epilogue, the same launcher takes the separate kernels instead.
  * (An optimized BLAS would be faster still on the CPU; this one stays short, readable and deterministic.)
@@ -25,6 +26,7 @@
 
 #include "device.h"
 #include "gelu.h"
+#include "residual.h"
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
@@ -255,19 +257,20 @@ static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const void* vec, co
     return p;
 }
 
-// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate], then the epilogue with its vector
-// `vec` and GELU input `aux` (see Epilogue). A row-major matrix seen column-major is its transpose, which
-// is how the row-major products above map onto this call (see matmul_forward / matmul_backward).
-// `cached_plan` (--fused-kernels): keep the plan in the cache above for the next call of this shape, else
-// make it for this call only. Returns false, having done nothing, where cuBLASLt has no algorithm for
-// the epilogue.
+// Column-major D (m,n) = op(A) (m,k) . op(B) (k,n) [+ D if accumulate] [+ addend (m,n), a matrix like D],
+// then the epilogue with its vector `vec` and GELU input `aux` (see Epilogue). A row-major matrix seen
+// column-major is its transpose, which is how the row-major products above map onto this call (see
+// matmul_forward / matmul_backward). `cached_plan` (--fused-kernels): keep the plan in the cache above for
+// the next call of this shape, else make it for this call only. Returns false, having done nothing, where
+// cuBLASLt has no algorithm for the epilogue.
 static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a, bool trans_b,
                             bool accumulate, int cached_plan, Epilogue epilogue = EPI_NONE, const void* vec = NULL,
-                            const void* aux = NULL) {
+                            const void* aux = NULL, const floatX* addend = NULL) {
     matmul_init();
+    const floatX* c = addend != NULL ? addend : d;  // cuBLASLt's C, added with beta = 1 (C and D may differ)
+    uint32_t align_cd = pointer_alignment(c) < pointer_alignment(d) ? pointer_alignment(c) : pointer_alignment(d);
     MatmulPlan key = {.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .epilogue = epilogue,
-                      .align = {pointer_alignment(a), pointer_alignment(b), pointer_alignment(d), pointer_alignment(vec),
-                                pointer_alignment(aux)}};
+                      .align = {pointer_alignment(a), pointer_alignment(b), align_cd, pointer_alignment(vec), pointer_alignment(aux)}};
     MatmulPlan* plan = cached_plan ? matmul_plan_lookup(&key, vec, aux) : NULL;
     if (plan == NULL) {  // made for this call only
         plan = &key;
@@ -275,8 +278,8 @@ static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
     }
     bool ran = plan->usable;
     if (ran) {
-        const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-        cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, d, plan->ld, d, plan->ld,
+        const float alpha = 1.0f, beta = accumulate || addend != NULL ? 1.0f : 0.0f;
+        cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, c, plan->ld, d, plan->ld,
                                    &plan->algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
     }
     if (plan == &key) matmul_plan_destroy(plan);
@@ -405,6 +408,21 @@ static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
     matmul_cublaslt(dinp, weight, dout, IC, N, OC, false, false, false, fused);
     matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
 #endif
+}
+
+// A projection into the residual stream: out (N,OC) = residual + inp . weight^T + bias. With --fused-kernels
+// on the GPU one product, which reads residual as cuBLASLt's C (beta = 1) and adds the bias in its
+// epilogue, rounding once; otherwise the product into `proj` (N,OC) and the residual kernel's add.
+static void matmul_forward_residual(floatX* out, const floatX* residual, floatX* proj, const floatX* inp, const floatX* weight,
+                                    const floatX* bias, int N, int IC, int OC, Scratch* scratch, int fused) {
+#ifndef LLMC_CPU
+    if (fused) {
+        matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, fused, bias != NULL ? EPI_BIAS : EPI_NONE, bias, NULL, residual);
+        return;
+    }
+#endif
+    matmul_forward(proj, inp, weight, bias, N, IC, OC, scratch, fused);
+    residual_forward(out, residual, proj, (size_t)N * OC);
 }
 
 // A linear layer followed by GELU (the MLP's fc): pre (N,OC) = inp . weight^T + bias, out = gelu(pre).

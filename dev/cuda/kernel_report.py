@@ -205,6 +205,7 @@ def floors(X, consts):
          "a + b -> residual and its LayerNorm (the first: no add)"),
         ("layernorm_forward_kernel", "classic", 2 * L + 1, (2 * L + 1) * (2 * BTC * X + stats), 0, ""),
         ("residual_forward_kernel", "classic", 2 * L, 2 * L * 3 * BTC * X, 0, ""),
+        ("(the residual as fcproj's C)", "fused", L, L * BTC * X, 0, "the MLP's residual add inside its product (beta = 1)"),
         ("gelu_forward_vec_kernel", "fallbk", L, L * 2 * 4 * BTC * X, 0, "(B,T,4C) in and out"),
         ("(epilogue GELU_AUX_BIAS)", "fused", L, L * 4 * BTC * X, 0, "in fc's product: its GELU input, written too"),
         ("gelu_forward_kernel", "classic", L, L * 2 * 4 * BTC * X, 0, ""),
