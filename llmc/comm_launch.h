@@ -183,11 +183,11 @@ static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, 
     memset(c, 0, sizeof(*c));
     c->tp = tp;
     c->pp = pp;
+    c->timeout_s = timeout_s, c->io_timeout_s = io_timeout_s;  // (MPI_Init already waits under --comm-timeout)
     int use_mpi = comm_discover_ranks(c, argc, argv);
     if (c->world_rank < 0 || c->world_rank >= c->world_size) fatal("rank %d is outside the world size %d", c->world_rank, c->world_size);
     set_default_threads(c->local_size > 0 ? c->local_size : 1);
     comm_set_grid(c, dp);
-    c->timeout_s = timeout_s, c->io_timeout_s = io_timeout_s;
     if (c->world_size == 1) {
         c->engine = ENGINE_NONE;
         return;

@@ -16,6 +16,8 @@
 #pragma once
 
 #include <limits.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "comm_staging.h"
 
@@ -283,9 +285,37 @@ static void comm_abort_all(void) {
     if (g_comm && g_comm->mpi_initialized && g_comm->world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-// under mpirun: MPI_Init, this rank's place in the world and on its node
+// MPI_Init waits for every process of the launch, and cannot be polled: a process that never calls it
+// (another program in an MPMD launch, or one stopped or hung before it) would keep this one there forever.
+// So a timer ends the process at --comm-timeout, with one line written from the signal handler (write
+// and _exit only: the handler interrupts MPI, where nothing else is safe).
+static char mpi_init_expired_line[256];
+static size_t mpi_init_expired_len;
+static void mpi_init_expired(int sig) {
+    (void)sig;
+    ssize_t written = write(2, mpi_init_expired_line, mpi_init_expired_len);
+    (void)written;
+    _exit(1);
+}
+
+// under mpirun: MPI_Init (under --comm-timeout), this rank's place in the world and on its node
 static void mpi_start(Comm* c, int* argc, char*** argv) {
+    struct sigaction expired = {}, before;
+    int timed = c->timeout_s > 0;
+    if (timed) {
+        snprintf(mpi_init_expired_line, sizeof(mpi_init_expired_line),
+                 "error: MPI_Init did not complete within %.0f s (--comm-timeout): a process of this launch never started MPI "
+                 "(another program in an MPMD launch, or one stopped or hung before it)\n", ceil(c->timeout_s));
+        mpi_init_expired_len = strlen(mpi_init_expired_line);
+        expired.sa_handler = mpi_init_expired;
+        sigaction(SIGALRM, &expired, &before);
+        alarm(c->timeout_s < 1e6 ? (unsigned)ceil(c->timeout_s) : 1000000u);
+    }
     mpiCheck(MPI_Init(argc, argv));
+    if (timed) {
+        alarm(0);
+        sigaction(SIGALRM, &before, NULL);
+    }
     c->mpi_initialized = 1;
     g_comm = c;
     fatal_hook = comm_abort_all;

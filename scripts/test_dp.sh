@@ -316,6 +316,13 @@ rc=$?
 if [ $rc -eq 1 ] && [ "$(grep -c . "$TMP/sb.out")" -eq 1 ] && grep -q "^error: RANK is 'abc': not a number" "$TMP/sb.out"; then
     echo "  ok    RANK=abc: $(cat "$TMP/sb.out")"
 else echo "  FAIL  RANK=abc: exit $rc (want 1 and one line: RANK is not a number)"; tail -2 "$TMP/sb.out"; fails=$((fails + 1)); fi
+# an MPMD peer that never starts MPI (here `sleep`): MPI_Init cannot be polled, and waited until the peer ended
+start=$(date +%s)
+timeout 60 "${MPIRUN[@]}" -np 1 "$BIN" "${COMMON[@]}" --batch-size 2 --steps 1 --comm-timeout 3 : -np 1 sleep 40 >"$TMP/mi.out" 2>&1
+rc=$? took=$(($(date +%s) - start))
+if [ $rc -ne 0 ] && [ $took -le 20 ] && grep -q "^error: MPI_Init did not complete within 3 s (--comm-timeout)" "$TMP/mi.out"; then
+    echo "  ok    a peer that never starts MPI: exit $rc after $took s, $(grep '^error:' "$TMP/mi.out")"
+else echo "  FAIL  a peer that never starts MPI: exit $rc after $took s (want one line within 20 s: MPI_Init did not complete)"; grep -m2 . "$TMP/mi.out"; fails=$((fails + 1)); fi
 # OpenMP threads: without OMP_NUM_THREADS, the cores this process may use / the ranks on the node
 cores=$(env -u OMP_NUM_THREADS nproc)  # (nproc itself honours OMP_NUM_THREADS)
 want=$((cores / 2)); [ $want -lt 1 ] && want=1
