@@ -2845,9 +2845,9 @@ static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const cha
 }
 
 static int parse_optimization_flag(TrainConfig* tc, const char* f, const char* v) {
-    const long long BIG = 1LL << 40;
-    if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, BIG);
-    else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, BIG);
+    // at most INT_MAX steps: AdamW's step number is an int, and a state file holds no more (state_file.h)
+    if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, INT_MAX);
+    else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, INT_MAX);
     else if (!strcmp(f, "--lr")) tc->opt.lr = parse_float(f, v, 0.0, 10.0);
     else if (!strcmp(f, "--warmup")) tc->warmup = (int)parse_int(f, v, 0, 1 << 30);
     else if (!strcmp(f, "--lr-schedule")) {

@@ -9,7 +9,11 @@
  *      later shard must fit them.
  * The model file of the checkpoint is taken to be the tiny model's: TINY_CONFIG, the sizes the seeds
  * of make_seeds.sh are trained with (it also makes a seed of other sizes, which must be refused).
+ * What a read accepts must be usable: the step within AdamW's int step number, every m finite, every v
+ * finite and >= 0 (anything else would turn the run's updates into NaN without a word).
  */
+#include <limits.h>
+
 #include "fuzz_harness.h"
 #include "../llmc/state_file.h"
 
@@ -56,6 +60,16 @@ static void read_shards(const char* const* paths, int count) {
             return;
         }
     }
+    size_t n = gpt2_num_parameters(&TINY_CONFIG);
+    if (call.state.step > INT_MAX) {
+        fprintf(stderr, "step %lld accepted, beyond AdamW's int step number\n", call.state.step);
+        abort();
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(call.m[i]) || !isfinite(call.v[i]) || call.v[i] < 0.0f) {
+            fprintf(stderr, "moments m = %g, v = %g of parameter %zu accepted\n", call.m[i], call.v[i], i);
+            abort();
+        }
     char why[256];
     ranges_cover(&call.covered, gpt2_num_parameters(&call.state.config), call.state.version >= 2, why, sizeof(why));
     free(call.m);

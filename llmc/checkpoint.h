@@ -25,10 +25,40 @@ static int compare_steps_descending(const void* a, const void* b) {
     return x > y ? -1 : x < y;
 }
 
-// The steps of the checkpoints in dir (those with a first state shard, state_<step>_00000.bin), newest
-// first; *steps is malloc'ed. The folder is listed with readdir, not matched with a glob pattern, so any
-// character in its name is taken literally ("ck[1]"), and steps are compared as numbers (names of steps
-// at or above 1e8 have more than 8 digits). A folder that does not exist holds none.
+// The step in a checkpoint file's name: model_<step>.bin or state_<step>_<shard>.bin, with or without
+// the ".tmp" of an unfinished write; -1 for any other name. Only the exact names this program writes
+// count (the step as "%08lld" writes it, the shard as "%05d"), so that --keep-last and the clean-up of
+// an interrupted save never delete a file that merely looks like a checkpoint: "model_5.bin",
+// "model_000000005.bin", "model_00000005.bin.bak" or "state_00000005_1.bin" are the user's, not ours.
+// *shard: the state shard (-1 for a model file); *tmp: whether the name ends in ".tmp".
+static long long checkpoint_file_step(const char* name, int* shard, int* tmp) {
+    int is_state = strncmp(name, "state_", 6) == 0;
+    if (!is_state && strncmp(name, "model_", 6) != 0) return -1;
+    const char* p = name + 6;
+    size_t digits = 0;
+    while (p[digits] >= '0' && p[digits] <= '9') digits++;
+    if (digits < 8 || digits > 18 || (digits > 8 && p[0] == '0')) return -1;  // not what "%08lld" writes
+    long long step = strtoll(p, NULL, 10);
+    p += digits;
+    *shard = -1;
+    if (is_state) {
+        if (p[0] != '_') return -1;
+        p++;
+        for (digits = 0; p[digits] >= '0' && p[digits] <= '9'; digits++) {}
+        if (digits < 5 || digits > 8 || (digits > 5 && p[0] == '0')) return -1;  // not what "%05d" writes
+        *shard = (int)strtol(p, NULL, 10);
+        if (*shard >= (1 << 24)) return -1;  // more shards than a checkpoint can have
+        p += digits;
+    }
+    *tmp = strcmp(p, ".bin.tmp") == 0;
+    return *tmp || strcmp(p, ".bin") == 0 ? step : -1;
+}
+
+// The steps of the checkpoints in dir (those with a first state shard, state_<step>_00000.bin, by its
+// exact name: checkpoint_file_step), newest first; *steps is malloc'ed. The folder is listed with
+// readdir, not matched with a glob pattern, so any character in its name is taken literally ("ck[1]"),
+// and steps are compared as numbers (names of steps at or above 1e8 have more than 8 digits). A folder
+// that does not exist holds none.
 static int checkpoint_steps(const char* dir, long long** steps) {
     int n = 0, cap = 16;
     *steps = (long long*)malloc_check(cap * sizeof(long long));
@@ -38,13 +68,11 @@ static int checkpoint_steps(const char* dir, long long** steps) {
         fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));
     }
     for (struct dirent* e; (e = readdir(d)) != NULL;) {
-        const char* name = e->d_name;
-        size_t len = strlen(name), digits = 0;
-        if (strncmp(name, "state_", 6) != 0) continue;
-        while (6 + digits < len && name[6 + digits] >= '0' && name[6 + digits] <= '9') digits++;
-        if (digits < 1 || digits > 18 || strcmp(name + 6 + digits, "_00000.bin") != 0) continue;
+        int shard, tmp;
+        long long step = checkpoint_file_step(e->d_name, &shard, &tmp);
+        if (step < 0 || shard != 0 || tmp) continue;
         if (n == cap) *steps = (long long*)realloc_check(*steps, (cap *= 2) * sizeof(long long));
-        (*steps)[n++] = strtoll(name + 6, NULL, 10);
+        (*steps)[n++] = step;
     }
     closedir(d);
     qsort(*steps, n, sizeof(long long), compare_steps_descending);
@@ -98,20 +126,6 @@ static long long newest_complete_checkpoint(const char* dir) {
     return found;
 }
 
-// The step in a checkpoint file's name: model_<step>.bin or state_<step>_<shard>.bin, with or without
-// the ".tmp" of an unfinished write; -1 for any other name.
-static long long checkpoint_file_step(const char* name) {
-    const char* p = strncmp(name, "model_", 6) == 0 ? name + 6 : strncmp(name, "state_", 6) == 0 ? name + 6 : NULL;
-    if (p == NULL || *p < '0' || *p > '9') return -1;
-    char* end;
-    long long step = strtoll(p, &end, 10);
-    if (name[0] == 's') {  // _<shard>
-        if (*end != '_' || end[1] < '0' || end[1] > '9') return -1;
-        strtoll(end + 1, &end, 10);
-    }
-    return strcmp(end, ".bin") == 0 || strcmp(end, ".bin.tmp") == 0 ? step : -1;
-}
-
 // Deletes every file of the checkpoint of `step` in dir (model, state shards, and the ".tmp" files of an
 // unfinished write). Several ranks may delete the same files of a shared folder: one already gone is no
 // error. A file that cannot be deleted is reported, and the caller goes on.
@@ -119,12 +133,18 @@ static void delete_checkpoint_files(const char* dir, long long step) {
     DIR* d = opendir(dir);
     if (d == NULL) fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));
     for (struct dirent* e; (e = readdir(d)) != NULL;) {
-        if (checkpoint_file_step(e->d_name) != step) continue;
+        int shard, tmp;
+        if (checkpoint_file_step(e->d_name, &shard, &tmp) != step) continue;
         char path[4400];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (unlink(path) != 0 && errno != ENOENT) fprintf(stderr, "warning: cannot delete '%s': %s\n", path, strerror(errno));
     }
     closedir(d);
+}
+
+// Whether `step` is in the sorted list steps[0..n)
+static int step_listed(const long long* steps, int n, long long step) {
+    return n > 0 && bsearch(&step, steps, n, sizeof(long long), compare_steps_descending) != NULL;
 }
 
 // --keep-last: after the checkpoint of step `saved` is complete, keeps it and the keep-1 newest
@@ -133,6 +153,10 @@ static void delete_checkpoint_files(const char* dir, long long step) {
 // touched. Only resumable checkpoints count as kept, and nothing is deleted unless the one just saved
 // reads back as resumable: pruning never removes the last checkpoint a resume would accept. A file that
 // cannot be deleted is reported and training goes on: it costs space, not correctness.
+// What is deleted is only what a save of ours writes: files named exactly so (checkpoint_file_step),
+// and of those a model file only where its step has a state shard too. A model_<step>.bin alone is not
+// a checkpoint (a save writes the model first, but so may a user's --save-model into the folder), and
+// a model lost is worse than the space kept; a ".tmp" of our exact name is an unfinished write of ours.
 static void prune_checkpoints(const char* dir, long long saved, int keep) {
     if (!checkpoint_resumable(dir, saved)) {  // (a save checks its state first: this is the read-back)
         fprintf(stderr, "warning: --keep-last: the checkpoint of step %lld in '%s' does not read back as resumable; nothing deleted\n",
@@ -145,17 +169,30 @@ static void prune_checkpoints(const char* dir, long long saved, int keep) {
     for (int i = 0; i < n && kept < keep; i++)  // newest first
         if (steps[i] < saved && checkpoint_resumable(dir, steps[i])) oldest_kept = steps[i], kept++;
     free(steps);
+    // the older steps with a state shard of any number (written, or being written: a rank's shard may
+    // land before the first one), listed before anything is deleted
+    int n_state = 0, cap = 16, shard, tmp;
+    long long* state_steps = (long long*)malloc_check(cap * sizeof(long long));
     DIR* d = opendir(dir);
     if (d == NULL) fatal("cannot list checkpoint folder '%s': %s", dir, strerror(errno));
+    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+        long long step = checkpoint_file_step(e->d_name, &shard, &tmp);
+        if (step < 0 || step >= oldest_kept || shard < 0) continue;
+        if (n_state == cap) state_steps = (long long*)realloc_check(state_steps, (cap *= 2) * sizeof(long long));
+        state_steps[n_state++] = step;
+    }
+    qsort(state_steps, n_state, sizeof(long long), compare_steps_descending);
+    rewinddir(d);
     long long deleted_newest = -1;
     for (struct dirent* e; (e = readdir(d)) != NULL;) {
-        long long step = checkpoint_file_step(e->d_name);
-        if (step < 0 || step >= oldest_kept) continue;
+        long long step = checkpoint_file_step(e->d_name, &shard, &tmp);
+        if (step < 0 || step >= oldest_kept || (!tmp && !step_listed(state_steps, n_state, step))) continue;
         char path[4400];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (unlink(path) != 0) fprintf(stderr, "warning: --keep-last: cannot delete '%s': %s\n", path, strerror(errno));
         else if (step > deleted_newest) deleted_newest = step;
     }
     closedir(d);
+    free(state_steps);
     if (deleted_newest >= 0) printf("--keep-last %d: deleted the checkpoints before step %lld in '%s'\n", keep, oldest_kept, dir);
 }

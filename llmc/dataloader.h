@@ -14,7 +14,10 @@
  * resuming needs only k.
  *
  * Every token id is checked against the vocabulary size when the files are opened (one sequential read,
- * about a second per GB), so bad data fails at start-up, not hours into a run.
+ * about a second per GB), so bad data fails at start-up, not hours into a run. And again as each batch
+ * is read (a max over B*T+1 ids, nothing next to a step): a shard rewritten while the run goes on (a
+ * data job that regenerates it in place) is not checked at start-up, and an id >= V would index past the
+ * embedding's real rows (into the padded rows [V, Vp), which then train, or past the table: a crash).
  */
 #pragma once
 
@@ -32,6 +35,7 @@ typedef struct {
     long long total_tokens;
     int B, T;
     int D;                // micro-batches per global batch (the DP size)
+    int V;                // every id handed out is below it
     long long n_batches;  // global batches per epoch
     int shuffle;
     uint64_t seed;
@@ -89,6 +93,7 @@ static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, i
     globfree(&g);
     dl->B = B;
     dl->T = T;
+    dl->V = V;
     long long need = (long long)D * B * T + 1;
     if (dl->total_tokens < need)
         fatal("'%s' holds %lld tokens, fewer than one batch needs (dp*B*T+1 = %lld)", pattern, dl->total_tokens, need);
@@ -131,6 +136,13 @@ static void dataloader_read(DataLoader* dl, long long pos, long long n, uint16_t
         long long take = dl->file_tokens[i] - offset < n ? dl->file_tokens[i] - offset : n;
         fseek_check(dl->file, 1024 + 2 * offset, dl->paths[i]);
         fread_check(out, sizeof(uint16_t), (size_t)take, dl->file, dl->paths[i]);
+        uint16_t max_id = 0;
+        for (long long j = 0; j < take; j++) max_id = out[j] > max_id ? out[j] : max_id;
+        if (max_id >= dl->V)  // the file changed since start-up checked it: name the first bad id
+            for (long long j = 0; j < take; j++)
+                if (out[j] >= dl->V)
+                    fatal("'%s': token id %d at token %lld is >= the vocabulary size %d (the file changed after start-up checked it)",
+                          dl->paths[i], out[j], offset + j, dl->V);
         out += take;
         pos += take;
         n -= take;

@@ -35,19 +35,25 @@ static void logger_open(Logger* lg, const char* path, int append) {
 static void logger_open_resumed(Logger* lg, const char* path, long long step) {
     struct stat st;
     if (path != NULL && path[0] != '\0' && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-        char tmp[4200], line[4096];
+        char tmp[4200];
         snprintf(tmp, sizeof(tmp), "%s.tmp", path);
         FILE* in = fopen_check(path, "r");
         FILE* out = fopen_check(tmp, "w");
-        while (fgets(line, sizeof(line), in) != NULL) {
+        // getline, not a fixed buffer: a configuration line holds the whole command line and has no
+        // length limit, and a line cut in pieces would be dropped as torn
+        char* line = NULL;
+        size_t cap = 0;
+        ssize_t len;
+        while ((len = getline(&line, &cap, in)) > 0) {
             long long s;
-            size_t len = strlen(line);
             if (line[len - 1] != '\n') continue;  // torn
             int is_config = strncmp(line, "{\"config\": ", 11) == 0;  // the configuration of the run and of each resume
             if (!is_config && (sscanf(line, "{\"step\": %lld", &s) != 1 || s > step)) continue;
-            if (fputs(line, out) == EOF) fatal("cannot write '%s': %s", tmp, strerror(errno));
+            if (fwrite(line, 1, (size_t)len, out) != (size_t)len) fatal("cannot write '%s': %s", tmp, strerror(errno));
         }
-        if (ferror(in)) fatal("read error in '%s': %s", path, strerror(errno));
+        free(line);
+        // (getline also stops before the end when it cannot grow its buffer: never a silently shorter log)
+        if (ferror(in) || !feof(in)) fatal("read error in '%s': %s", path, strerror(errno));
         fclose(in);
         if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) fatal("cannot write '%s': %s", tmp, strerror(errno));
         if (rename(tmp, path) != 0) fatal("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));

@@ -37,6 +37,8 @@
  */
 #pragma once
 
+#include <limits.h>
+
 #include "atomic_file.h"
 #include "common.h"
 #include "model_file.h"
@@ -188,7 +190,9 @@ static void state_header_decode(const int* header, RunState* s, uint64_t* n, uin
 // range, else what is wrong, written into msg. A reader refuses a file that fails it; a save checks its
 // state with it before writing anything, so that no checkpoint is written that a resume would refuse.
 static const char* run_state_error(const RunState* s, char* msg, size_t len) {
-    const long long MAX_STEP = 1LL << 40;  // what --steps accepts
+    // what --steps accepts: AdamW's step number (updates + 1, at most the step) is an int, and a step
+    // count beyond it would wrap to a negative one in the bias correction
+    const long long MAX_STEP = INT_MAX;
     if (s->step < 0 || s->step > MAX_STEP) snprintf(msg, len, "step %lld is out of range (0 to %lld)", s->step, MAX_STEP);
     else if (s->updates < 0 || s->updates > s->step) snprintf(msg, len, "%lld optimizer updates in %lld steps is impossible", s->updates, s->step);
     else if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 || s->grad_accum > (1 << 20))
@@ -284,6 +288,16 @@ static void state_file_read(const char* path, const GPT2Config* model, RunState*
     }
     size_t pos = 0;
     for (uint64_t r = 0; r < n_ranges; r++) {
+        // The moments themselves: a NaN or infinite m, or a negative or infinite v (a mean of squares),
+        // would make every later update of its parameter NaN (the square root of a negative) or
+        // infinite, silently. Checked after the checksum, so that a damaged file is called corrupt; a
+        // file with a good checksum and such values was written so (forged, or by another program).
+        for (int64_t j = 0; j < ranges[2 * r + 1]; j++) {
+            float mj = m[pos + j], vj = v[pos + j];
+            if (!isfinite(mj) || !isfinite(vj) || vj < 0.0f)
+                fatal("'%s': AdamW moments m = %g, v = %g of parameter %lld: m must be finite, v finite and >= 0", path, mj, vj,
+                      (long long)(ranges[2 * r] + j));
+        }
         if (covered) range_list_append(covered, ranges[2 * r], ranges[2 * r + 1]);
         memcpy(*m_full + ranges[2 * r], m + pos, ranges[2 * r + 1] * sizeof(float));
         memcpy(*v_full + ranges[2 * r], v + pos, ranges[2 * r + 1] * sizeof(float));

@@ -6,8 +6,6 @@
  */
 #pragma once
 
-#include <ctype.h>
-
 #include "common.h"
 
 #define TOKENIZER_MAGIC 20240328
@@ -42,14 +40,21 @@ static void tokenizer_free(Tokenizer* tok) {
     free(tok->tokens);
 }
 
-// Prints one token. Single bytes that are not printable (parts of a split UTF-8 character, control
-// characters) are skipped so the terminal never receives garbage.
+// Prints one token. A lone byte of a split UTF-8 character is skipped (it is no character on its own),
+// and a control character other than newline and tab is printed as a visible escape (ESC as \x1b, and
+// the C1 controls U+0080 to U+009F, CSI among them, as \xc2\x9b): the decode table comes from a file,
+// and an escape sequence in it would otherwise reach the terminal and drive it (colors, cursor moves,
+// the window title), whether stdout is a terminal now or a saved output shown on one later.
 static void tokenizer_print(const Tokenizer* tok, int id) {
     if (id < 0 || id >= tok->V) {
         printf("[%d]", id);
         return;
     }
-    const char* s = tok->tokens[id];
-    if (s[0] != '\0' && s[1] == '\0' && !(isprint((unsigned char)s[0]) || isspace((unsigned char)s[0]))) return;
-    fputs(s, stdout);
+    const unsigned char* s = (const unsigned char*)tok->tokens[id];
+    if (s[0] >= 0x80 && s[1] == '\0') return;
+    for (; *s; s++) {
+        if (s[0] == 0xc2 && s[1] >= 0x80 && s[1] <= 0x9f) printf("\\x%02x\\x%02x", s[0], s[1]), s++;
+        else if ((*s < 0x20 && *s != '\n' && *s != '\t') || *s == 0x7f) printf("\\x%02x", *s);
+        else putchar(*s);
+    }
 }

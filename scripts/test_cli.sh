@@ -2,12 +2,15 @@
 # Bad input must end in one clear line on stderr ("error: ...") and exit code 1: never a crash (a
 # signal), a hang (timeout), silent garbage (exit 0) or a wall of text. Each case below feeds the trainer
 # one kind of bad input and checks all of that, plus a word of the expected message. Also on one rank:
-# forged checkpoints, a rollback into a folder of later checkpoints and a resume on other training data
-# (both refused), a requeue after a kill during a run's first save (starts fresh), a diverging run
-# (nothing non-finite is applied or saved), output paths checked before training (the signal
-# checkpoint's folder, empty paths, paths too long), bounds on OMP_NUM_THREADS, --print-schedule and
-# --plan, sampling (a cut --sample-len said, an empty vocab.bpe refused, a full stdout an error), a crash and resume (same samples and log lines as an uninterrupted run), and the CPU
-# memory plan against the measured peak memory.
+# forged checkpoints (header fields, non-finite moments), --keep-last deleting only its own files, a
+# rollback into a folder of later checkpoints and a resume on other training data (both refused), token
+# ids written into a shard under a running job, a requeue after a kill during a run's first save
+# (starts fresh), a diverging run (nothing non-finite is applied or saved), output paths checked before
+# training (the signal checkpoint's folder, empty paths, paths too long), bounds on OMP_NUM_THREADS,
+# --print-schedule and --plan, sampling (a cut --sample-len said, an empty vocab.bpe refused, a full
+# stdout an error, no control characters from the decode table), a crash and resume (same samples and
+# log lines as an uninterrupted run; a log line over 4 KiB kept), and the CPU memory plan against the
+# measured peak memory.
 #
 # usage: scripts/test_cli.sh [path/to/train_gpt]   (default build/cpu/train_gpt; needs build/ref from
 #        scripts/gpt2_reference.py for the model-file cases)
@@ -132,6 +135,17 @@ cp -r "$TMP/ck" "$TMP/ck_neg" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin
 expect_error "resume: forged step -3" "step -3 is out of range" "${GOOD[@]}" --resume "$TMP/ck_neg" --batch-size 2 --seq-len 8 --steps 4
 cp -r "$TMP/ck" "$TMP/ck_upd" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_upd/state_00000002_00000.bin" updates=-5
 expect_error "resume: forged updates -5" "-5 optimizer updates in 2 steps is impossible" "${GOOD[@]}" --resume "$TMP/ck_upd" --batch-size 2 --seq-len 8 --steps 4
+# moments a run could not have written (NaN or infinite m, infinite or negative v) and a step beyond
+# AdamW's int step number (its files named for that step): refused as they are read, not trained on
+for forged in "m=nan|m = nan, v = .* of parameter 0: m must be finite" "v=inf|v = inf of parameter 0: .*v finite and >= 0" \
+    "v=-1|v = -1 of parameter 0: .*v finite and >= 0" "step=2147483648 updates=2147483648|step 2147483648 is out of range (0 to 2147483647)"; do
+    fields=${forged%%|*} step=00000002 steps=4
+    [[ $fields == step=* ]] && step=2147483648 steps=2147483647
+    rm -rf "$TMP/ck_forged" && mkdir "$TMP/ck_forged" && cp "$TMP/ck/model_00000002.bin" "$TMP/ck_forged/model_$step.bin"
+    "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_forged/state_${step}_00000.bin" $fields
+    expect_error "resume: forged $fields" "${forged#*|}" "${GOOD[@]}" --resume "$TMP/ck_forged" --batch-size 2 --seq-len 8 --steps $steps
+done
+expect_error "--steps beyond an int" "--steps must be between 0 and 2147483647" --plan "${TINY[@]}" --steps 2147483648
 # a version 1 state file (no run id) is still read
 cp -r "$TMP/ck" "$TMP/ck_v1" && "${FORGE[@]}" "$TMP/ck/state_00000002_00000.bin" "$TMP/ck_v1/state_00000002_00000.bin" version=1 run_id_lo=0 run_id_hi=0
 timeout 60 "$BIN" "${GOOD[@]}" --resume "$TMP/ck_v1" --batch-size 2 --seq-len 8 --steps 3 --val-every 0 --sample-every 0 >"$TMP/out" 2>&1
@@ -168,6 +182,15 @@ mkdir -p "$TMP/kl" && touch "$TMP/kl/model_00000001.bin.tmp" "$TMP/kl/notes.txt"
 timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 5 --save-every 1 --keep-last 2 --checkpoint-dir "$TMP/kl" >/dev/null 2>&1
 check "--keep-last 2 keeps steps 4 and 5 only" test "$(ls "$TMP/kl" | tr '\n' ' ')" = \
     "model_00000004.bin model_00000005.bin notes.txt state_00000004_00000.bin state_00000005_00000.bin "
+# --keep-last deletes only what a save writes, by its exact name: not a model file without a state
+# shard of its step (a user's --save-model there), not names that only look alike ("model_1.bin", 9
+# digits, a shard of 1 digit, ".bak", another program's ".tmp"); an unfinished write of ours goes
+mkdir -p "$TMP/klx" && cp "$REF" "$TMP/klx/model_00000000.bin"
+touch "$TMP/klx/"{model_1.bin,model_000000001.bin,model_00000001.bin.bak,model_1.bin.tmp,state_00000001_1.bin,state_1_00000.bin,x.tmp}
+touch "$TMP/klx/"{model_00000000.bin.tmp,state_00000002_00001.bin.tmp}
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 5 --save-every 1 --keep-last 2 --checkpoint-dir "$TMP/klx" >/dev/null 2>&1
+check "--keep-last deletes only checkpoint files by their exact names" test "$(LC_ALL=C ls "$TMP/klx" | tr '\n' ' ')" = \
+    "model_00000000.bin model_000000001.bin model_00000001.bin.bak model_00000004.bin model_00000005.bin model_1.bin model_1.bin.tmp state_00000001_1.bin state_00000004_00000.bin state_00000005_00000.bin state_1_00000.bin x.tmp "
 # only resumable checkpoints count as kept: with step 2's state forged out of range (a resume refuses it),
 # --keep-last 3 after a resume to step 4 keeps 4, 3 and 1 (it counted step 2 and deleted step 1), and
 # leaves step 2 (newer than the oldest kept) alone
@@ -301,6 +324,49 @@ check "log: crashed + resumed == uninterrupted (steps and values)" test "$(log_v
 # the configuration line opens the log, and the resume adds its own (kept through the log's trimming)
 log_configs() { "$PY" -c 'import json, sys; [print(i, r["config"]["model"]["L"], r["config"].get("resumed_from")) for i, r in enumerate(map(json.loads, open(sys.argv[1]))) if "config" in r]' "$1"; }
 check "log: configuration first, and one per resume" test "$(log_configs "$TMP/r.jsonl" | tr '\n' ' ')" = "0 1 None 5 1 2 "
+
+# a configuration line longer than 4 KiB (it holds the command line: here two paths of 2,400
+# characters) is kept by the log's trimming like any other, whole
+LONG="$TMP/$(printf './%.0s' $(seq 1200))good.bin"
+LONGRUN=("$BIN" "${TINY[@]}" --train-data "$LONG" --val-data "$LONG" --tokenizer "" --log "$TMP/long.jsonl")
+timeout 60 "${LONGRUN[@]}" --steps 3 --save-every 2 --checkpoint-dir "$TMP/ck_long" >/dev/null 2>&1
+timeout 60 "${LONGRUN[@]}" --steps 4 --resume "$TMP/ck_long" >/dev/null 2>&1
+check "log: a configuration line over 4 KiB survives a resume" test "$("$PY" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(sum("config" in r for r in rows), [r["step"] for r in rows if "step" in r], max(len(l) for l in open(sys.argv[1])) > 4096)' \
+    "$TMP/long.jsonl" 2>&1)" = "2 [1, 2, 3, 4] True"
+
+echo "token files that change under a running job: each batch's ids checked as it is read"
+# start-up checked the file; then ids are written into it (in place, as a data job regenerating a shard
+# would): 65535 (past the embedding table) and, with --vocab 500, 505 (a padded row [V, Vp) that would
+# train). The run stops with one line naming the file and position, at the next batch that holds one.
+live_change() {  # live_change NAME ID ARGS...
+    local name=$1 id=$2
+    shift 2
+    # 50,000 ids below 500: more than stdio buffers (a file that fits in its buffer is never read again)
+    "$PY" -c 'import struct, sys; open(sys.argv[1], "wb").write(struct.pack("<256i", 20240520, 1, 50000, *[0] * 253) +
+        struct.pack("<50000H", *[i * 7 % 500 for i in range(50000)]))' "$TMP/live.bin"
+    rm -rf "$TMP/live.jsonl" "$TMP/live_ck"
+    timeout 60 "$BIN" "$@" --train-data "$TMP/live.bin" --val-data "" --tokenizer "" --steps 1000000 --log "$TMP/live.jsonl" \
+        --checkpoint-dir "$TMP/live_ck" >/dev/null 2>"$TMP/live.err" &
+    local pid=$! i
+    for i in $(seq 300); do grep -qs '"step": 1,' "$TMP/live.jsonl" && break; sleep 0.1; done
+    "$PY" -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(1024); f.write(struct.pack("<50000H", *[int(sys.argv[2])] * 50000))' \
+        "$TMP/live.bin" "$id"
+    wait $pid
+    local rc=$?
+    if [ $rc -eq 1 ] && [ "$(grep -c . "$TMP/live.err")" = 1 ] && \
+        grep -q "^error: '$TMP/live.bin': token id $id at token [0-9]* is >= the vocabulary size" "$TMP/live.err"; then
+        printf '  ok    %-28s %s\n' "$name" "$(cat "$TMP/live.err")"
+    else
+        printf '  FAIL  %-28s exit %d (want 1), stderr:\n' "$name" $rc
+        sed 's/^/        /' "$TMP/live.err" | head -5
+        fails=$((fails + 1))
+    fi
+}
+live_change "id 65535 written mid-run" 65535 "${TINY[@]}"
+live_change "id 505, V 500, mid-run" 505 "${TINY[@]}" --vocab 500
 
 echo "CPU target: the memory plan against the peak resident memory of runs"
 # (a GPU build's plan is of device memory, which resident host memory does not show: test_gpt checks it
@@ -506,6 +572,20 @@ check "--sample-len 20 with --seq-len 8: says it is cut to 7" grep -q "^--sample
 mkdir -p "$TMP/bpe_empty" && cp data/encoder.json "$TMP/bpe_empty/" && : >"$TMP/bpe_empty/vocab.bpe"
 printf 'hello world\n' >"$TMP/hello.txt"
 expect_error "empty vocab.bpe" "vocab.bpe' holds no merges" --encode "$TMP/hello.txt" --bpe-dir "$TMP/bpe_empty"
+# a decode table's control characters reach no terminal: every token of this one holds an escape
+# sequence (ESC, a C1 CSI in UTF-8, a carriage return), printed as visible \x.. escapes instead
+"$PY" - "$TMP/tok_esc.bin" <<'PYEOF'
+import struct, sys
+tokens = [b"\x1b[2J\x1b]0;title\x07\xc2\x9b31m\r%d\t\n" % i for i in range(511)] + [b"<|endoftext|>"]
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *([20240328, 2, 512, 511] + [0] * 252)))
+    f.write(b"".join(struct.pack("<B", len(t)) + t for t in tokens))
+PYEOF
+timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --tokenizer "$TMP/tok_esc.bin" --steps 0 --sample-every 1 --sample-len 4 >"$TMP/out" 2>&1
+check "sampling: no control bytes from the decode table, shown as \x1b" "$PY" -c '
+import re, sys
+out = open(sys.argv[1], "rb").read()
+sys.exit(0 if b"\\x1b[2J\\x1b]0;title\\x07\\xc2\\x9b31m\\x0d" in out and not re.search(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]", out) else 1)' "$TMP/out"
 # a sample that cannot be written (a full disk) is an error, not exit 0
 timeout 60 "$BIN" "${TINY[@]}" "${GOOD[@]}" --vocab 50257 --tokenizer data/gpt2_tokenizer.bin --steps 0 --sample-len 4 >/dev/full 2>"$TMP/err"
 full_rc=$?

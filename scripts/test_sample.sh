@@ -91,7 +91,7 @@ sample_text() { awk '/^sample:/ { on = 1 } /^done in/ { on = 0 } on' "$1"; }  # 
 # and the prompt (encoded by scripts/gpt2_tokenizer.py), printed as the trainer prints tokens. A step whose
 # best two logits are closer than 1e-5 could flip in float32 (rounding ~1e-6): then it says so instead.
 "$PY" - "$TMP/m.bin" "$PROMPT" >"$TMP/ref_greedy.text" <<'PYEOF' || fail "the float64 reference could not decode"
-import struct, sys
+import re, struct, sys
 import numpy as np, torch
 sys.path.insert(0, "scripts")
 import gpt2_reference as ref, gpt2_tokenizer
@@ -108,9 +108,11 @@ while at < len(tok):
     pieces.append(tok[at + 1:at + 1 + tok[at]])
     at += 1 + tok[at]
 def show(i):  # as tokenizer_print and the document break
-    b = pieces[i]
+    b = pieces[i].split(b"\0")[0]  # a C string: up to its first NUL
     if i == eot: return b"\n--- end of document ---\n"
-    return b"" if len(b) == 1 and not (32 <= b[0] < 127 or b[0] in b" \t\n\v\f\r") else b
+    if len(b) == 1 and b[0] >= 0x80: return b""  # a lone byte of a split UTF-8 character
+    # control characters but newline and tab (and the C1 ones, UTF-8 \xc2\x80-\x9f) as visible escapes
+    return re.sub(rb"\xc2[\x80-\x9f]|[\x00-\x08\x0b-\x1f\x7f]", lambda m: b"".join(b"\\x%02x" % c for c in m.group()), b)
 seq = [eot] + gpt2_tokenizer.GPT2Tokenizer().encode(sys.argv[2])
 out, n_prompt = b"sample: " + b"".join(show(i) for i in seq[1:]), len(seq)
 while len(seq) < min(n_prompt + 12, maxT):  # --sample-len 12, cut at --seq-len 32 = maxT
