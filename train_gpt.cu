@@ -1486,6 +1486,7 @@ typedef struct {
     double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
     double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
     int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
+    int fault_stop;              // testing: ... or stops itself there (SIGSTOP), as a hung node would
     double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint or the final model
     double fault_slow_sample;    // testing: each sample takes this many seconds longer
     long long fault_wait_signal; // testing: after this step every rank waits for a stop signal (-1: never)
@@ -2425,11 +2426,12 @@ static int checkpoint_if_due(Training* run, long long step, int last, int stop_s
     return stopping;
 }
 
-// --fault-rank R --fault-step S (testing): rank R dies at step S, as a crashed node would.
+// --fault-rank R --fault-step S (testing): rank R dies at step S, as a crashed node would; with
+// --fault-stop 1 it stops there instead (SIGSTOP), as a hung node would: alive, its connections open.
 static void fault_kill_if_due(const TrainConfig* tc, const Comm* comm, long long step) {
     if (comm->world_rank != tc->fault_rank || step != tc->fault_step) return;
-    fprintf(stderr, "rank %d: --fault-rank: killing myself at step %lld\n", comm->world_rank, step);
-    raise(SIGKILL);
+    fprintf(stderr, "rank %d: --fault-rank: %s myself at step %lld\n", comm->world_rank, tc->fault_stop ? "stopping" : "killing", step);
+    raise(tc->fault_stop ? SIGSTOP : SIGKILL);
 }
 
 typedef struct {
@@ -2669,6 +2671,7 @@ static void print_usage(void) {
         "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
         "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
+        "  --fault-stop 1        testing: ... stops itself instead (SIGSTOP), as a hung rank would\n"
         "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint and the final model\n"
         "  --fault-slow-sample S  testing: every sample takes S seconds longer (on every rank that samples)\n"
         "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
@@ -2809,6 +2812,7 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
     else if (!strcmp(f, "--fault-slow-sample")) tc->fault_slow_sample = parse_float(f, v, 0.0f, 3600.0f);
     else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
+    else if (!strcmp(f, "--fault-stop")) tc->fault_stop = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--fault-wait-signal")) tc->fault_wait_signal = parse_int(f, v, 1, 1 << 30);
     else if (!strcmp(f, "--fault-clock-skew")) tc->fault_clock_skew = parse_float(f, v, -1e6f, 1e6f);
     else return 0;

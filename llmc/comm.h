@@ -40,6 +40,8 @@
  * (--comm-timeout; waits around file I/O --io-timeout): the MPI engine polls non-blocking MPI calls, the
  * NCCL engine polls the streams and every communicator's asynchronous error state (creation and
  * splitting are non-blocking too), and a wait past its deadline ends the run with one line naming it.
+ * A host held inside a CUDA call behind NCCL's communication polls nothing: the NCCL engine's watchdog
+ * thread ends it (llmc/watchdog.h).
  */
 #pragma once
 
@@ -240,7 +242,9 @@ static void comm_barrier(Comm* c, Group* g) {
 // read): under the long --io-timeout, since writing gigabytes to network storage is no dead peer.
 static void comm_barrier_io(Comm* c, Group* g) {
     c->waiting_io = 1;
+    watchdog_waiting_io(1);  // (the NCCL engine's watchdog, llmc/watchdog.h, runs on another thread)
     comm_barrier(c, g);
+    watchdog_waiting_io(0);
     c->waiting_io = 0;
 }
 

@@ -56,6 +56,10 @@ static void nccl_abort_all(Comm* c) {
     c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
 }
 
+// The watchdog's abort (llmc/watchdog.h), from its thread: the main thread is held inside a CUDA call
+// and never reads the communicators again
+static void nccl_watchdog_abort(void* c) { nccl_abort_all((Comm*)c); }
+
 // One look at every communicator: an asynchronous error (a peer that died, a network failure) or the
 // deadline passed since `start` ends the run (all communicators aborted first, so no NCCL kernel keeps
 // the GPU). Returns 1 while a non-blocking NCCL call (creation, split, an enqueue) is still in progress.
@@ -149,6 +153,7 @@ static void nccl_wait_streams(Comm* c, Group** groups, int n) {
 static void nccl_wait(Comm* c) {
     Group* groups[5];
     nccl_wait_streams(c, groups, nccl_groups(c, groups));
+    watchdog_communicating(0);  // nothing outstanding: a long blocking call now is no peer's doing
     nccl_collect_times(c);  // (only when every stream is idle)
 }
 
@@ -197,6 +202,7 @@ static void nccl_enqueue(Comm* c, const CommOp* q) {
 }
 
 static void nccl_run(Comm* c, const CommOp* q) {
+    watchdog_communicating(1);
     comm_stream_follow_main(c, q->g);
     int timed = c->stats.on;
     if (timed) nccl_time_mark(c, q->g->stream);
@@ -211,6 +217,7 @@ static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
     check_internal(n <= COMM_HOST_MAX, "too many host scalars");
     copy_to_device(dev, values, n * sizeof(double));
     comm_stream_follow_main(c, g);
+    watchdog_communicating(1);
     ncclCall(c, ncclAllReduce(dev, dev, n, ncclDouble, nccl_op(op), g->nccl, g->stream), "queueing communication");
     nccl_wait(c);
     copy_to_host(values, dev, n * sizeof(double));
@@ -346,10 +353,13 @@ static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
     Group* groups[5];
     for (int i = 0, n = nccl_groups(c, groups); i < n; i++) cudaCheck(cudaStreamCreateWithFlags(&groups[i]->stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
+    // a host blocked inside CUDA behind communication never gets back to nccl_watch: the watchdog ends it
+    watchdog_start(c->world_rank, c->timeout_s, c->io_timeout_s, nccl_watchdog_abort, c);
 }
 
 // finalize (non-blocking: polled against the deadline), then free, children before the world
 static void nccl_finish(Comm* c) {
+    watchdog_stop();  // (before the communicators it would abort are freed)
     nccl_wait(c);
     ncclComm_t comms[5];
     int n = nccl_comms(c, comms);

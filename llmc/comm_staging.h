@@ -177,16 +177,16 @@ static void stage_begin(Staging* st) {
 }
 // the operation is complete when its call returns: the uploads are done
 static void stage_end(Staging* st) {
-    cudaCheck(cudaStreamSynchronize(st->down));
-    cudaCheck(cudaStreamSynchronize(st->up));
+    cudaCheckBlocking("a staged copy", cudaStreamSynchronize(st->down));
+    cudaCheckBlocking("a staged copy", cudaStreamSynchronize(st->up));
 }
-static void stage_wait_download(Staging* st, int s) { cudaCheck(cudaEventSynchronize(st->down_done[s])); }
+static void stage_wait_download(Staging* st, int s) { cudaCheckBlocking("a staged copy", cudaEventSynchronize(st->down_done[s])); }
 // bytes of a device buffer into host memory, on the download stream (after stage_begin), waited for
 static void stage_download_whole(Staging* st, char* host, const char* dev, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st->down));
-    cudaCheck(cudaStreamSynchronize(st->down));
+    cudaCheckBlocking("a staged copy", cudaStreamSynchronize(st->down));
 }
-static void stage_wait_upload(Staging* st, int s) { cudaCheck(cudaEventSynchronize(st->up_done[s])); }
+static void stage_wait_upload(Staging* st, int s) { cudaCheckBlocking("a staged copy", cudaEventSynchronize(st->up_done[s])); }
 
 static float* stage_wide(Staging* st, int s) {
     if (st->wide[s] == NULL) cudaCheck(cudaMalloc((void**)&st->wide[s], st->cap));

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "common.h"
+#include "watchdog.h"
 
 #ifdef LLMC_CPU
 // ----------------------------------------------------------------------------------------------------
@@ -41,6 +42,17 @@ static inline void cuda_check(cudaError_t err, const char* file, int line) {
     if (err != cudaSuccess) fatal("CUDA error at %s:%d: %s", file, line, cudaGetErrorString(err));
 }
 #define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
+
+// A CUDA call that can block the host until the GPU gets there (a wait; a copy to or from pageable host
+// memory), marked for the NCCL engine's watchdog (llmc/watchdog.h): should the GPU be held up by
+// communication that never completes, the watchdog ends the rank, naming the call (`what`).
+#define cudaCheckBlocking(what, call)       \
+    do {                                    \
+        watchdog_enter(what);               \
+        cudaError_t blocking_err_ = (call); \
+        watchdog_leave();                   \
+        cudaCheck(blocking_err_);           \
+    } while (0)
 
 static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS) fatal("cuBLAS error %d at %s:%d", (int)status, file, line);
@@ -196,7 +208,7 @@ static inline void device_free(void* p) {  // NULL: nothing (as free), so a dry-
 #ifdef LLMC_CPU
     free(p);
 #else
-    cudaCheck(cudaFree(p));
+    cudaCheckBlocking("freeing GPU memory", cudaFree(p));  // (cudaFree waits for the GPU)
 #endif
 }
 
@@ -227,12 +239,19 @@ static inline void* zeroed_device_buffer(const BuildMode* mode, size_t bytes, si
     return p;
 }
 
+#ifndef LLMC_CPU
+// a copy on the main stream, waited for
+static inline cudaError_t copy_and_wait(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, main_stream);
+    return err != cudaSuccess ? err : cudaStreamSynchronize(main_stream);
+}
+#endif
+
 static inline void copy_to_host(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU
     memcpy(dst, src, bytes);
 #else
-    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
+    cudaCheckBlocking("a copy from the GPU", copy_and_wait(dst, src, bytes, cudaMemcpyDeviceToHost));
 #endif
 }
 
@@ -240,18 +259,18 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU
     memcpy(dst, src, bytes);
 #else
-    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
-    cudaCheck(cudaStreamSynchronize(main_stream));
+    cudaCheckBlocking("a copy to the GPU", copy_and_wait(dst, src, bytes, cudaMemcpyHostToDevice));
 #endif
 }
 
 // The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, comm_staging.h),
-// which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once.
+// which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once. (CUDA
+// may still wait for the stream before it stages: marked for the watchdog too.)
 static inline void copy_to_device_nowait(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU
     memcpy(dst, src, bytes);
 #else
-    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+    cudaCheckBlocking("a copy to the GPU", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
 #endif
 }
 
@@ -265,7 +284,7 @@ static inline void device_copy(void* dst, const void* src, size_t bytes) {
 
 static inline void device_synchronize(void) {
 #ifndef LLMC_CPU
-    cudaCheck(cudaStreamSynchronize(main_stream));
+    cudaCheckBlocking("waiting for the GPU", cudaStreamSynchronize(main_stream));
 #endif
 }
 

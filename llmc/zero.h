@@ -189,8 +189,10 @@ static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
     int slot = l % 2;
     if (w->slot_pending[slot]) {
 #ifdef HAVE_NCCL
-        // NCCL: the main stream waits for the communication that reads this slot
-        if (c->engine == ENGINE_NCCL) cudaCheck(cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
+        // NCCL: the main stream waits for the communication that reads this slot. (Only the stream, on a
+        // GPU: the host blocks in the next copy or synchronization instead. The emulation blocks here.)
+        if (c->engine == ENGINE_NCCL)
+            cudaCheckBlocking("the main stream's wait for a ZeRO-2 reduce-scatter", cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
 #endif
         // MPI: done already, except in strict mode (llmc/comm.h), where the DP group's join runs it
         if (c->engine != ENGINE_NCCL) comm_join_group(c, &c->dp_group);

@@ -14,6 +14,7 @@
 #      attempt (TORCHELASTIC_RESTART_COUNT) beside the id file its crashed predecessor left
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
 #      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError);
+#      a rank stopped mid-run under ZeRO-2, while the other's host waits inside CUDA (llmc/watchdog.h);
 #      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
 #      connection to rank 0 closes: llmc/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
@@ -183,6 +184,23 @@ wait "$pid0" || rc=$?
 wait "$pid1"
 exec 2>&3 3>&-
 expect_end "rank 1 killed after step 3" "did not complete within 3 s" $rc 90
+# rank 1 stopped at step 3 (SIGSTOP: alive, its connections open) under ZeRO-2: rank 0's main stream waits
+# for the DP stream's reduce-scatter, and its host waits inside CUDA (the emulation: in that wait itself;
+# a GPU: in the next copy), where the engine's polling never runs; the watchdog (llmc/watchdog.h) must end
+# it with one line within --comm-timeout (without it: a hang, here until EMU_NCCL_TIMEOUT)
+mkdir -p "$TMP/ids4"
+launch_two -- --batch-size 2 --steps 100000 --zero 2 --nccl-id-dir "$TMP/ids4" --comm-timeout 3 --fault-rank 1 --fault-step 3 --fault-stop 1
+for _ in $(seq 600); do grep -q "stopping myself" "$TMP/rank1.out" && break; sleep 0.1; done
+t0=$SECONDS rc=0
+wait "$pid0" || rc=$?
+exec 3>&2 2>/dev/null  # (bash's "Killed" line for the job)
+kill -CONT $(children_of "$pid1") 2>/dev/null
+kill -KILL $(children_of "$pid1") 2>/dev/null
+wait "$pid1"
+exec 2>&3 3>&-
+expect_end "rank 1 stopped at step 3, ZeRO-2" "^error: rank 0: the main stream's wait for a ZeRO-2 reduce-scatter did not complete within 3 s (--comm-timeout)" $rc 15
+n=$(grep -c '^error:' "$TMP/rank0.out")
+[ "$n" -eq 1 ] || { echo "  FAIL  rank 1 stopped at step 3, ZeRO-2: $n error lines (want one)"; fails=$((fails + 1)); }
 
 # rank 0 killed while it writes a checkpoint (30 s slow): rank 1, waiting for the save, waited out
 # --io-timeout (an hour by default; 100 s here); it must end within seconds, naming rank 0

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,7 @@ struct ncclComm {
     std::vector<long> sends, recvs;                // per peer: the number of the next send to it / receive from it
     int splits = 0;                                // the number of the next split
     std::function<bool()> pending;                 // the call in progress: true once complete
-    int aborted = 0;
+    std::atomic<int> aborted{0};                   // (set by any thread: ncclCommAbort)
     ncclResult_t error = ncclSuccess;
 };
 
@@ -383,6 +384,8 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     delete c;
     return ncclSuccess;
 }
+// As NCCL's, callable from another thread (llmc/watchdog.h's, while the host waits in a CUDA call: the
+// waits read only `aborted`, atomic for it)
 ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (c != NULL) c->aborted = 1, c->pending = nullptr;  // (its queued operations complete at once; the object is leaked: the program is ending)
     return ncclSuccess;
