@@ -1,5 +1,5 @@
 # Builds the trainer and its tests for two targets from the same sources.
-#   make cpu            build/cpu/train_gpt, build/cpu/test_gpt        (g++ -x c++ -DLLMC_CPU, OpenMP)
+#   make cpu            build/cpu/train_gpt, build/cpu/test_gpt        (g++ -x c++ -DLLMC_CPU, OpenMP, OpenBLAS)
 #   make gpu            build/gpu-{bf16,fp32,fp16}/...                  (nvcc, cuBLASLt, NCCL)
 #   make dev            dev/cuda: kernel variants with checks and benchmarks (nvcc)
 #   make emulated       build/emu-{bf16,fp32,fp16}/{train_gpt,test_gpt}: the GPU target on the CPU emulation
@@ -19,7 +19,7 @@ export PYTHON
 # nvcc, NCCL, MPI, GPU_ARCH, the nvcc check and the flags stamps (see toolchain.mk)
 include toolchain.mk
 
-CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -DLLMC_CPU
+CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) $(BLAS_DEFINE) $(BLAS_CFLAGS) -x c++ -DLLMC_CPU
 HEADERS = $(wildcard llmc/*.h)
 
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
@@ -32,7 +32,7 @@ PRECISION_DEFINE_fp32 =
 # build/flags-<target>.txt holds the compiler and flags of the last build of that target; it changes
 # only when they do, and everything built for the target depends on it
 ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
-$(call flags_stamp,build/flags-cpu.txt,$(CXX) $(CPU_FLAGS) $(MPI_LIBS))
+$(call flags_stamp,build/flags-cpu.txt,$(CXX) $(CPU_FLAGS) $(MPI_LIBS) $(BLAS_LIBS))
 ifneq ($(NVCC),)
 $(foreach p,bf16 fp16 fp32,$(call flags_stamp,build/flags-gpu-$(p).txt,$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_$(p)) $(NVCC_LIBS)))
 endif
@@ -50,7 +50,7 @@ cpu: build/cpu/train_gpt build/cpu/test_gpt
 
 build/cpu/%: %.cu $(HEADERS) train_gpt.cu build/flags-cpu.txt
 	@mkdir -p $(@D)
-	$(CXX) $(CPU_FLAGS) $< $(MPI_LIBS) -o $@
+	$(CXX) $(CPU_FLAGS) $< $(MPI_LIBS) $(BLAS_LIBS) -o $@
 
 gpu: build/gpu-bf16/train_gpt build/gpu-bf16/test_gpt build/gpu-fp32/train_gpt build/gpu-fp32/test_gpt \
      build/gpu-fp16/train_gpt build/gpu-fp16/test_gpt

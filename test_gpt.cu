@@ -614,8 +614,8 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
     printf("memory plan with --attention flash (L=4 C=48 NH=12 V=700, T=16)\n");
     GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
     // this run's kernels, with classic and with flash attention (the model is built with flash)
-    KernelChoice classic_kernels = {.fused = kernels->fused, .flash_attention = 0};
-    KernelChoice flash_kernels = {.fused = kernels->fused, .flash_attention = 1};
+    KernelChoice classic_kernels = {.fused = kernels->fused, .flash_attention = 0, .cpu_blas = kernels->cpu_blas};
+    KernelChoice flash_kernels = {.fused = kernels->fused, .flash_attention = 1, .cpu_blas = kernels->cpu_blas};
     int bad = 0, T = 16;
     for (int tp = 1; tp <= 2; tp++)
         for (int R = 0; R <= 3; R += 3)
@@ -675,22 +675,131 @@ static void test_token_grouping(void) {
     free(inp), free(buf), free(seen);
 }
 
+#ifdef LLMC_CPU
+// --cpu-matmul: OpenBLAS against the reference GEMM (llmc/matmul.h). They sum each output's K products in
+// other orders, so they agree to fp32 rounding, not bit for bit. The reference adds the K terms one after
+// another: with random signs its rounding grows like 2^-24 x sqrt(K/2) of the result (1e-5 at the
+// classifier's K = 50304 in dinp, where 4e-6 is measured; 1e-6 and less at K <= 4096). The layer bound,
+// 5e-5, is that with a margin of five at the largest K, while a wrong transpose, stride or beta is off by
+// 1e-1 or more. Then the whole model, whose K are at most 512 (C, 4C, B x T, Vp): its 10 losses and first
+// gradients to 1e-5 (TOL.loss), and its parameters after 10 AdamW steps to TOL.params, the bound of the
+// PyTorch comparison.
+static void fill_uniform(float* x, size_t n, Rng* rng) {
+    for (size_t i = 0; i < n; i++) x[i] = 2.0f * rng_uniform(rng) - 1.0f;
+}
+
+static void test_cpu_matmul(const char* dir) {
+    if (!cpu_blas_linked) {
+        printf("--cpu-matmul: this build has no BLAS, the reference GEMM only (nothing to compare)\n");
+        return;
+    }
+    printf("--cpu-matmul blas against reference (layers, then the 'small' model)\n");
+    const double tol = 5e-5;
+    // (N, IC, OC): ragged against every tile size, the MLP's 4C, K = 4096 rows in dweight, a classifier
+    const int shapes[][3] = {{37, 48, 1000}, {64, 128, 512}, {256, 512, 128}, {4096, 64, 96}, {96, 256, 50304}};
+    KernelChoice ref = {.cpu_blas = 0}, blas = {.cpu_blas = 1};
+    Rng rng = {20240601};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+        size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
+        float *inp = (float*)malloc_check(ni * 4), *w = (float*)malloc_check(nw * 4), *b = (float*)malloc_check(OC * 4);
+        float *dout = (float*)malloc_check(no * 4), *dw0 = (float*)malloc_check(nw * 4);
+        fill_uniform(inp, ni, &rng), fill_uniform(w, nw, &rng), fill_uniform(b, OC, &rng), fill_uniform(dout, no, &rng);
+        fill_uniform(dw0, nw, &rng);  // dweight accumulates (+=): start from something
+        float* out[2];
+        float* dinp[2];
+        float* dw[2];
+        float* db[2];
+        Scratch scratch = {NULL, 0};
+        for (int k = 0; k < 2; k++) {
+            const KernelChoice* kc = k ? &blas : &ref;
+            out[k] = (float*)malloc_check(no * 4), dinp[k] = (float*)malloc_check(ni * 4);
+            dw[k] = (float*)malloc_check(nw * 4), db[k] = (float*)malloc_check(OC * 4);
+            memcpy(dw[k], dw0, nw * 4);
+            memcpy(db[k], b, OC * 4);
+            matmul_forward(out[k], inp, w, b, N, IC, OC, &scratch, kc);
+            matmul_backward(dinp[k], dw[k], db[k], dout, inp, w, N, IC, OC, &scratch, kc);
+        }
+        char what[4][64];
+        snprintf(what[0], 64, "N=%d IC=%d OC=%d: out", N, IC, OC);
+        snprintf(what[1], 64, "N=%d IC=%d OC=%d: dinp", N, IC, OC);
+        snprintf(what[2], 64, "N=%d IC=%d OC=%d: dweight +=", N, IC, OC);
+        snprintf(what[3], 64, "N=%d IC=%d OC=%d: dbias +=", N, IC, OC);
+        check(what[0], rel_norm_diff(out[1], out[0], no), tol);
+        check(what[1], rel_norm_diff(dinp[1], dinp[0], ni), tol);
+        check(what[2], rel_norm_diff(dw[1], dw[0], nw), tol);
+        check(what[3], rel_norm_diff(db[1], db[0], OC), tol);
+        for (int k = 0; k < 2; k++) free(out[k]), free(dinp[k]), free(dw[k]), free(db[k]);
+        free(inp), free(w), free(b), free(dout), free(dw0);
+        scratch_free(&scratch);
+    }
+
+    // the model: losses, gradients and 10 AdamW steps with each matmul, from one start on one batch
+    char model_path[4096], debug_path[4096];
+    snprintf(model_path, sizeof(model_path), "%s/ref_small_model.bin", dir);
+    snprintf(debug_path, sizeof(debug_path), "%s/ref_small_debug.bin", dir);
+    Reference r;
+    read_reference(&r, debug_path);
+    size_t BT = (size_t)r.B * r.T;
+    float losses[2][16], *grads[2], *params[2];
+    if (r.nsteps > 16) fatal("the 'small' reference has %d steps, more than this check keeps", r.nsteps);
+    for (int k = 0; k < 2; k++) {
+        GPT2 model;
+        load_model(&model, model_path, k ? &blas : &ref);
+        gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
+        Activations* a = &model.slots[0];
+        OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.weight_decay,
+                               .grad_clip = r.grad_clip};
+        LossScaler scaler = {.mode = SCALE_OFF, .scale = 1.0f, .growth = 2.0f, .backoff = 0.5f, .interval = 2000,
+                             .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
+        grads[k] = (float*)malloc_check(r.num_params * sizeof(float));
+        params[k] = (float*)malloc_check(r.num_params * sizeof(float));
+        for (int step = 0; step < r.nsteps; step++) {
+            gpt2_zero_grad(&model);
+            losses[k][step] = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
+            gpt2_backward(&model, a, r.B, r.T, 1);
+            if (step == 0) gpt2_export(&model, model.grads_memory, 1, grads[k]);
+            int skipped = 0;
+            gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped);
+        }
+        gpt2_export_master(&model, params[k]);
+        gpt2_free(&model);
+    }
+    double worst = 0.0;
+    for (int step = 0; step < r.nsteps; step++) worst = fmax(worst, rel_diff(losses[1][step], losses[0][step]));
+    check("model: 10 losses (worst)", worst, TOL.loss);
+    check("model: gradients at step 0", rel_norm_diff(grads[1], grads[0], r.num_params), TOL.loss);
+    // (AdamW divides by sqrt(v): where a gradient is tiny its rounding moves the update more; the same
+    // bound as the PyTorch comparison's parameters, TOL.params)
+    check("model: params after 10 steps", rel_norm_diff(params[1], params[0], r.num_params), TOL.params);
+    for (int k = 0; k < 2; k++) free(grads[k]), free(params[k]);
+    free(r.inputs), free(r.targets), free(r.logits), free(r.grads), free(r.losses), free(r.params_after);
+}
+#endif
+
 int main(int argc, char** argv) {
     const char* dir = "build/ref";
-    KernelChoice kernels = {.fused = 0, .flash_attention = 0};  // every check's models and runs use these kernels
+    // every check's models and runs use these kernels; the CPU matmul is the trainer's default (OpenBLAS
+    // where linked) unless --cpu-matmul says otherwise
+    KernelChoice kernels = {.fused = 0, .flash_attention = 0, .cpu_blas = cpu_blas_linked && TARGET_IS_CPU};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention") && i + 1 < argc) {
             if (strcmp(argv[i + 1], "classic") && strcmp(argv[i + 1], "flash")) fatal("--attention must be classic or flash");
             kernels.flash_attention = !strcmp(argv[++i], "flash");
-        } else if (argv[i][0] == '-') fatal("usage: test_gpt [reference folder] [--attention classic|flash]");
+        } else if (!strcmp(argv[i], "--cpu-matmul") && i + 1 < argc) {
+            if (strcmp(argv[i + 1], "blas") && strcmp(argv[i + 1], "reference")) fatal("--cpu-matmul must be blas or reference");
+            kernels.cpu_blas = !strcmp(argv[++i], "blas");
+            if (kernels.cpu_blas && !(cpu_blas_linked && TARGET_IS_CPU)) fatal("--cpu-matmul blas: this build has no BLAS");
+        } else if (argv[i][0] == '-') fatal("usage: test_gpt [reference folder] [--attention classic|flash] [--cpu-matmul blas|reference]");
         else dir = argv[i];
     }
     // LLMC_FUSED_KERNELS=1 runs every check with --fused-kernels 1 (llmc/device.h), same tolerances
     const char* fused = getenv("LLMC_FUSED_KERNELS");
     if (fused != NULL && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0) fatal("LLMC_FUSED_KERNELS must be 0 or 1, got '%s'", fused);
     kernels.fused = fused != NULL && strcmp(fused, "1") == 0;
-    printf("test_gpt: target %s, precision %s, fused kernels %s, attention %s, references in %s\n", TARGET_NAME, PRECISION_NAME,
-           kernels.fused ? "on" : "off", kernels.flash_attention ? "flash" : "classic", dir);
+    printf("test_gpt: target %s, precision %s, fused kernels %s, attention %s%s, references in %s\n", TARGET_NAME, PRECISION_NAME,
+           kernels.fused ? "on" : "off", kernels.flash_attention ? "flash" : "classic",
+           !TARGET_IS_CPU ? "" : kernels.cpu_blas ? ", matmuls OpenBLAS" : ", matmuls reference GEMM", dir);
     if (kernels.flash_attention) attention_flash_validate(64, 1, sizeof(floatX), 0);  // a clear error on CPU / FP32 builds
     device_require_gpu();
     if (kernels.flash_attention) {  // only head size 64 runs on the flash path
@@ -713,6 +822,9 @@ int main(int argc, char** argv) {
         test_recompute(&kernels, dir, "odd", 3, 37, 1000);
         test_memory_plan(&kernels);
         test_memory_plan_flash(&kernels);
+#ifdef LLMC_CPU
+        test_cpu_matmul(dir);
+#endif
     }
     test_token_grouping();
     if (failures) {

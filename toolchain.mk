@@ -1,5 +1,5 @@
 # toolchain.mk: what both Makefiles (this folder's and dev/cuda's) build with, found in one place.
-#   - finds nvcc, NCCL and Open MPI, and says once per make what it found and where (or what is missing
+#   - finds nvcc, NCCL, Open MPI and OpenBLAS, and says once per make what it found and where (or what is missing
 #     and what that costs), so a build that quietly left out NCCL or MPI cannot go unnoticed;
 #   - `gpu-toolchain`, an order-only prerequisite of every nvcc target: without nvcc (or with an NCCL_HOME
 #     that holds no nccl.h) the build stops with one `error:` line instead of running a recipe that
@@ -15,6 +15,8 @@
 #               [unset: nccl.h next to nvcc's toolkit headers, or /usr/include from Debian's libnccl-dev]
 #   MPI_CFLAGS, MPI_LIBS  Open MPI's compile and link flags [from `mpicxx --showme`]
 #   GPU_ARCH    nvcc -gencode list       [the local GPU's if nvidia-smi finds one, else sm_80 and sm_90]
+#   BLAS_CFLAGS, BLAS_LIBS  the CPU target's BLAS (cblas.h, cblas_sgemm) [Debian's OpenMP build of OpenBLAS,
+#               libopenblas-openmp-dev; NO_BLAS=1 builds the CPU target with its reference GEMM only]
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
@@ -68,12 +70,39 @@ ifneq ($(strip $(MPI_LIBS)),)
 MPI_DEFINE = -DUSE_MPI
 endif
 
+# OpenBLAS for the CPU target's matmuls (llmc/matmul.h): from the environment if set, else Debian's OpenMP
+# build (libopenblas-openmp-dev), so that OpenBLAS runs on the trainer's own OpenMP threads instead of a
+# pool of its own competing with them (its pthread build, libopenblas-pthread-dev, would oversubscribe the
+# cores). Its own folder, not the alternatives link /usr/include/<triplet>/cblas.h, which may be netlib's
+# reference BLAS; the run path makes the binary load this libopenblas.so.0 whatever the alternatives say.
+# Without it the CPU target builds with its reference GEMM only (--cpu-matmul reference).
+# (the multiarch folder is Debian's /usr/include/<triplet>/: found by the header's own path, not by asking
+# the compiler, which may be a wrapper)
+OPENBLAS_H := $(firstword $(wildcard /usr/include/*/openblas-openmp/cblas.h))
+OPENBLAS_TRIPLET = $(notdir $(patsubst %/openblas-openmp/cblas.h,%,$(OPENBLAS_H)))
+ifeq ($(NO_BLAS),1)
+BLAS_CFLAGS =
+BLAS_LIBS =
+BLAS_SOURCE = NO_BLAS=1
+else ifneq ($(strip $(BLAS_LIBS)),)
+BLAS_SOURCE = BLAS_CFLAGS and BLAS_LIBS
+else ifneq ($(OPENBLAS_H),)
+BLAS_LIBDIR = /usr/lib/$(OPENBLAS_TRIPLET)/openblas-openmp
+BLAS_CFLAGS = -I$(patsubst %/,%,$(dir $(OPENBLAS_H)))
+BLAS_LIBS = -L$(BLAS_LIBDIR) -Wl,-rpath,$(BLAS_LIBDIR) -lopenblas
+BLAS_SOURCE = $(OPENBLAS_H) (OpenMP build)
+endif
+ifneq ($(strip $(BLAS_LIBS)),)
+BLAS_DEFINE = -DLLMC_BLAS
+endif
+
 # the summary, once per make (not in make's own sub-makes, not for `make clean`)
 ifeq ($(MAKELEVEL),0)
 ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
 $(info toolchain: nvcc $(or $(NVCC),not found (on PATH or in $(CUDA_HOME)/bin): no GPU target; install the CUDA toolkit or set NVCC=))
 $(info toolchain: NCCL $(if $(NCCL_H),$(NCCL_H),not found in $(if $(NCCL_HOME),NCCL_HOME=$(NCCL_HOME)/include,$(if $(NVCC_ROOT),$(NVCC_ROOT)/include or )/usr/include): GPU ranks talk through MPI; set NCCL_HOME))
 $(info toolchain: MPI  $(if $(strip $(MPI_LIBS)),$(MPI_SOURCE),not found (no mpicxx): one rank only; install libopenmpi-dev))
+$(info toolchain: BLAS $(if $(strip $(BLAS_LIBS)),$(BLAS_SOURCE),$(if $(filter 1,$(NO_BLAS)),off (NO_BLAS=1),not found (no /usr/include/*/openblas-openmp/cblas.h)): CPU matmuls through the reference loop only; install libopenblas-openmp-dev))
 endif
 endif
 

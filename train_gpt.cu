@@ -647,10 +647,10 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
                                  const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
     if (model->tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
-        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
+        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
         return;
     }
-    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, model->kernels.fused);
+    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
     tp_g_forward(model->comm, model->tracer, scratch, (size_t)N * C);  // TP: g
     residual_bias_forward(out, residual, scratch, bias, N, C);
 }
@@ -713,11 +713,11 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     int fused = model->kernels.fused, flash = model->kernels.flash_attention;
     // attention block: residual2 = input + attproj(attention(ln1(input)))
     layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C, fused);
-    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, fused);  // TP: column-parallel, our heads
+    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // TP: column-parallel, our heads
     if (flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
     else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention);
     if (fused && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
-        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul, fused);
+        matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul, &model->kernels);
         residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, la->scratch, w->ln2w,
                                    w->ln2b, BT, C, fused);
     } else {
@@ -728,7 +728,7 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     // fc and GELU (TP: column-parallel, our hidden units); with --fused-kernels GELU in the product's
     // epilogue, unless backward recomputes it (recompute_layer: with the GELU kernel, so forward uses it too)
     int gelu_epilogue = fused && model->recompute == 0 && !model->kernels.separate_gelu;
-    matmul_forward_gelu(la->fch_gelu, la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul, fused, gelu_epilogue);
+    matmul_forward_gelu(la->fch_gelu, la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul, &model->kernels, gelu_epilogue);
     row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
 }
 
@@ -777,7 +777,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     if (!model->last) return 0.0f;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (Ls - 1) * BT * C, model->params.lnfw,
                       model->params.lnfb, BT, C, fused);
-    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, fused);  // tied: logits = lnf . wte^T (TP: our rows)
+    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
     if (fused) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
@@ -836,7 +836,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     zero2_begin_micro_step(&model->zero2);
     if (model->last) {
         // classifier: the fused kernel already turned logits into dlogits
-        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, fused);  // dlnf (=), dwte (+=)
+        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, &model->kernels);  // dlnf (=), dwte (+=)
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
@@ -856,16 +856,16 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
         matmul_backward_gelu(a->dwide, dw->fcprojw, dw->fcprojb, dw->fcb, a->dresidual, la.fch_gelu, la.fch, w->fcprojw, BT, 4 * Cl, C,
-                             &ks->matmul, fused);                                                                 // dfch =, dfcb +=
-        matmul_backward(a->scratch, dw->fcw, NULL, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, fused);  // dln2 = (dfcb: above)
+                             &ks->matmul, &model->kernels);                                                                 // dfch =, dfcb +=
+        matmul_backward(a->scratch, dw->fcw, NULL, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, &model->kernels);  // dln2 = (dfcb: above)
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual2 +=
         // attention block
-        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul, fused);  // datty =
+        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul, &model->kernels);  // datty =
         if (flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
         else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention);                // dqkv =
-        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul, fused);  // dln1 =
+        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // dln1 =
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual +=
@@ -1473,7 +1473,7 @@ typedef struct {
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
     int recompute;         // --recompute 0..3 (see LayerActs)
     int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
-    KernelChoice kernels;     // --fused-kernels, --attention (llmc/device.h): the model's kernel variants
+    KernelChoice kernels;     // --fused-kernels, --attention, --cpu-matmul (llmc/device.h): the model's kernel variants
     int plan;                 // --plan: print the memory plan and exit
     int print_schedule;       // --print-schedule: print every stage's pipeline schedule and exit
     const char* plan_precision;
@@ -1544,12 +1544,13 @@ static int plan_is_cpu(size_t elem_bytes) {
 #endif
 }
 
-// CPU target: the transposed operand the CPU matmuls keep (llmc/matmul.h, the largest weight in
-// forward, the largest output gradient in backward), and the vocab-parallel loss's scratch
-static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T) {
+// CPU target: the transposed operand the reference matmuls keep (llmc/matmul.h, the largest weight in
+// forward, the largest output gradient in backward; OpenBLAS reads operands in place), and the
+// vocab-parallel loss's scratch
+static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T, const KernelChoice* kernels) {
     size_t BT = (size_t)B * T, C = c->C, Cl = C / pl->tp, widest = 4 * Cl > C ? 4 * Cl : C;
     if (last && (size_t)c->Vp / pl->tp > widest) widest = c->Vp / pl->tp;
-    size_t transposed = C * widest > BT * widest ? C * widest : BT * widest;
+    size_t transposed = kernels->cpu_blas ? 0 : C * widest > BT * widest ? C * widest : BT * widest;
     return (transposed + (pl->tp > 1 ? 3 * BT : 0)) * sizeof(float);
 }
 
@@ -1597,7 +1598,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
 // or the GPU's
 static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int last, int B, int T, size_t elem_bytes,
                                    const KernelChoice* kernels) {
-    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
+    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
 }
 
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
@@ -1919,6 +1920,9 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     // other kernels round differently: replicas that each update the whole model would drift apart
     const KernelChoice* k = &tc->kernels;
     agree_int(&a, "the kernel variants (--fused-kernels, --attention)", (k->fused * 2 + k->flash_attention) * 2 + k->separate_gelu);
+    // OpenBLAS and the reference GEMM sum in other orders: ranks on different ones would compute other bits
+    // for the same inputs (TP's partial products, DP's replicas)
+    agree_int(&a, "the CPU matmul (--cpu-matmul)", k->cpu_blas);
     // The environment the engine reads, as it resolved it (comm_init). LLMC_MPI_STAGE_BYTES cuts each
     // operation into chunks of that size: a rank with other chunks posts messages of other sizes (an
     // error inside MPI). LLMC_COMM_STRICT runs each operation at its join instead of its post: peers
@@ -2050,6 +2054,7 @@ static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, 
             (long long)comm->dp * tc->B * tc->T * tc->grad_accum);
     fprintf(f, ", \"steps\": %lld, \"lr\": %g, \"warmup\": %d, \"lr_schedule\": \"%s\", \"seed\": %llu", tc->steps, tc->opt.lr,
             tc->warmup, tc->schedule, (unsigned long long)tc->seed);
+    if (TARGET_IS_CPU) fprintf(f, ", \"cpu_matmul\": \"%s\"", tc->kernels.cpu_blas ? "blas" : "reference");
     if (resumed_from >= 0) fprintf(f, ", \"resumed_from\": %lld", resumed_from);
     logger_config_end(lg);
 }
@@ -2300,8 +2305,9 @@ static void print_run_summary(const Training* run) {
         printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
                comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
 #if defined(LLMC_CPU) && defined(_OPENMP)
-        printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s)\n", omp_get_max_threads(),
-               getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks");
+        printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s), matmuls: %s\n", omp_get_max_threads(),
+               getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks",
+               tc->kernels.cpu_blas ? "OpenBLAS (--cpu-matmul blas)" : "reference GEMM (--cpu-matmul reference)");
 #endif
         printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
                c->maxT, model->num_parameters);
@@ -2602,6 +2608,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->seed = 1337;
     tc->comm_timeout = 120.0;
     tc->io_timeout = 3600.0;
+    tc->kernels.cpu_blas = cpu_blas_linked;  // llmc/matmul.h: OpenBLAS where the build linked it
     tc->B = 8;
     tc->T = 64;
     tc->grad_accum = 1;
@@ -2697,6 +2704,11 @@ static void print_usage(void) {
         "                        per shape, micro-step inputs copied without waiting, a step's losses summed on\n"
         "                        the device and copied once. Off until verified on a GPU (scripts/check_gpu.sh).\n"
         "                        CPU target: accepted, the same reference loops, identical results [0]\n"
+        "CPU speed\n"
+        "  --cpu-matmul M        blas: the CPU target's matmuls through OpenBLAS (cblas_sgemm); reference: its\n"
+        "                        hand-written GEMM (llmc/matmul.h), slower, the same bits at any thread count;\n"
+        "                        the two agree to fp32 rounding. GPU target: ignored [blas where the build\n"
+        "                        found OpenBLAS, else reference]\n"
         "optimization\n"
         "  --steps N             optimizer steps                      [%lld]\n"
         "  --stop-after N        end this run after step N (checkpointing there); resume later\n"
@@ -2844,7 +2856,13 @@ static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const cha
         if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
         tc->plan_precision = v;
     } else if (!strcmp(f, "--fused-kernels")) tc->kernels.fused = (int)parse_int(f, v, 0, 1);  // llmc/device.h
-    else return 0;
+    else if (!strcmp(f, "--cpu-matmul")) {
+        if (strcmp(v, "blas") && strcmp(v, "reference")) fatal("--cpu-matmul must be blas or reference, got '%s'", v);
+        tc->kernels.cpu_blas = strcmp(v, "blas") == 0;
+        if (tc->kernels.cpu_blas && !cpu_blas_linked && TARGET_IS_CPU)
+            fatal("--cpu-matmul blas: this build has no BLAS (OpenBLAS was not found when it was built: make deps installs "
+                  "libopenblas-openmp-dev, then rebuild); use --cpu-matmul reference");
+    } else return 0;
     return 1;
 }
 

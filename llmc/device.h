@@ -25,6 +25,7 @@ typedef float floatX;
 #define FP16_BUILD 0
 #define BF16_BUILD 0
 #define TARGET_NAME "CPU"
+#define TARGET_IS_CPU 1
 static inline float floatX_to_float(floatX x) { return x; }
 static inline floatX float_to_floatX(float x) { return x; }
 
@@ -78,6 +79,7 @@ typedef float floatX;
 #define FP16_BUILD 0
 #define BF16_BUILD 0
 #endif
+#define TARGET_IS_CPU 0
 #ifdef DEV_CUDA_EMULATED  // the GPU code on the CPU emulation of dev/cuda/emulate.h (`make emulated`)
 #define TARGET_NAME "GPU (emulated on the CPU)"
 #else
@@ -113,6 +115,10 @@ typedef struct {
     // so its output may differ in the last bit from the kernel's, which recomputation uses; the test of
     // recomputation sets this to compare every level with level 0 bit for bit.
     int separate_gelu;
+    // --cpu-matmul (llmc/matmul.h): 1 the CPU target's matmuls through OpenBLAS's cblas_sgemm, 0 through
+    // its reference GEMM. Default 1 where the build linked OpenBLAS (toolchain.mk), else 0; the GPU target
+    // has no CPU matmul and ignores it.
+    int cpu_blas;
 } KernelChoice;
 
 // The name of the device this rank computes on (for the log): the GPU's, or the CPU's model name.

@@ -7,10 +7,17 @@
  *             dbias (OC)      += column sums of dout
  *
  * GPU: cuBLASLt (bias fused as an epilogue in forward; fp32 accumulation; true FP32, no TF32, in the
- * FP32 build). CPU: one register-blocked GEMM, C (M,N) (+)= A (M,K) . B (K,N) with all matrices
- * row-major, tiles of 4x16 outputs held in registers and parallel over tiles with OpenMP. Every output
- * is one dot product summed in index order, so CPU results do not depend on the thread count. The three
- * products above map onto it after transposing one operand into a scratch buffer.
+ * FP32 build). CPU (--cpu-matmul, KernelChoice.cpu_blas): OpenBLAS's cblas_sgemm, the CPU's analog of
+ * cuBLAS, where the build found it (toolchain.mk: Debian's OpenMP build, which runs on the trainer's own
+ * OpenMP threads); the three products are its transpose flags on the row-major operands, no copies.
+ * OpenBLAS splits a product among threads by blocks of outputs and sums each output in an order fixed by
+ * its kernel, so a build gives the same bits run after run at one thread count (the tests that compare
+ * two runs bit for bit rely on this, with OMP_NUM_THREADS the same in both), not across thread counts or
+ * CPUs of another instruction set. Beside it, the reference: one register-blocked GEMM, C (M,N) (+)= A
+ * (M,K) . B (K,N) with all matrices row-major, tiles of 6x16 outputs held in registers and parallel over
+ * tiles with OpenMP. Every output is one dot product summed in index order, so its results do not depend
+ * on the thread count. The three products above map onto it after transposing one operand into a
+ * scratch buffer. The two agree to fp32 rounding of sums in another order (test_gpt checks it).
  * With --fused-kernels 1 the GPU keeps each shape's cuBLASLt plan (descriptor, layouts, algorithm) instead
  * of making it per call, and lets cuBLASLt's epilogues do what otherwise takes a pass over memory of its own:
  *   bias gradient      dbias = column sums of dout, read while the dweight product reads dout (BGRADB)
@@ -20,13 +27,15 @@
  *   residual add       matmul_forward_residual: the residual stream read as the product's C (beta = 1)
  * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and one small kernel adds it.
  * Where cuBLASLt has no algorithm for an epilogue, the same launcher takes the separate kernels instead.
- * (An optimized BLAS would be faster still on the CPU; this one stays short, readable and deterministic.)
  */
 #pragma once
 
 #include "device.h"
 #include "gelu.h"
 #include "residual.h"
+#if defined(LLMC_CPU) && defined(LLMC_BLAS)
+#include <cblas.h>  // OpenBLAS's (toolchain.mk puts its folder first on the include path)
+#endif
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
@@ -121,6 +130,47 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
     transpose_cpu(doutT, dout, N, OC);  // (OC, N)
     gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
     if (dbias != NULL) bias_backward_cpu(dbias, dout, N, OC);
+}
+
+// The same two layers through OpenBLAS. Row-major cblas_sgemm reads a transposed operand in place
+// (CblasTrans), so no scratch: forward is inp . weight^T, dinp is dout . weight, dweight += dout^T . inp
+// (beta = 1). The bias adds and sums stay the loops above (a pass over the output either way).
+#if defined(LLMC_CPU) && defined(LLMC_BLAS)
+static const int cpu_blas_linked = 1;
+static void matmul_forward_blas(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
+    if (bias != NULL) {
+#pragma omp parallel for
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+    }
+}
+static void matmul_backward_blas(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                                 int N, int IC, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+    if (dbias != NULL) bias_backward_cpu(dbias, dout, N, OC);
+}
+#else
+static const int cpu_blas_linked = 0;  // (KernelChoice.cpu_blas is refused at the command line: see train_gpt.cu)
+static void matmul_forward_blas(float*, const float*, const float*, const float*, int, int, int) {
+    fatal("internal: the CPU BLAS path in a build without a BLAS");
+}
+static void matmul_backward_blas(float*, float*, float*, const float*, const float*, const float*, int, int, int) {
+    fatal("internal: the CPU BLAS path in a build without a BLAS");
+}
+#endif
+
+// CPU target: OpenBLAS or the reference, as the run chose (--cpu-matmul)
+static void matmul_forward_host(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
+                                Scratch* scratch, const KernelChoice* k) {
+    if (k->cpu_blas) matmul_forward_blas(out, inp, weight, bias, N, IC, OC);
+    else matmul_forward_cpu(out, inp, weight, bias, N, IC, OC, scratch);
+}
+static void matmul_backward_host(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                                 int N, int IC, int OC, Scratch* scratch, const KernelChoice* k) {
+    if (k->cpu_blas) matmul_backward_blas(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+    else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -383,27 +433,28 @@ static void matmul_backward_weight_gpu(floatX* dweight, floatX* dbias, const flo
 // ----------------------------------------------------------------------------------------------------
 // launchers
 
-// `scratch`: the CPU target's transposed operand (the GPU path needs none); `fused`: the run's
-// --fused-kernels (KernelChoice.fused): on the GPU cached cuBLASLt plans and their epilogues
+// `scratch`: the CPU reference's transposed operand (OpenBLAS and the GPU path need none); `kernels`: the
+// run's choice (llmc/device.h): on the CPU --cpu-matmul, on the GPU --fused-kernels (cached cuBLASLt plans
+// and their epilogues)
 static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC,
-                           Scratch* scratch, int fused) {
+                           Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
-    (void)fused;
-    matmul_forward_cpu(out, inp, weight, bias, N, IC, OC, scratch);
+    matmul_forward_host(out, inp, weight, bias, N, IC, OC, scratch, kernels);
 #else
     (void)scratch;
+    int fused = kernels->fused;
     // column-major: out^T (OC,N) = weight (stored (IC,OC), transposed) . inp^T (IC,N)
     matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, fused, bias != NULL ? EPI_BIAS : EPI_NONE, bias);
 #endif
 }
 
-// `scratch`: the CPU target's transposed operand; on the GPU the bias gradient's partial sums
+// `scratch`: the CPU reference's transposed operand; on the GPU the bias gradient's partial sums
 static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int N, int IC, int OC, Scratch* scratch, int fused) {
+                            const floatX* weight, int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
-    (void)fused;
-    matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
+    matmul_backward_host(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, kernels);
 #else
+    int fused = kernels->fused;
     // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
     matmul_cublaslt(dinp, weight, dout, IC, N, OC, false, false, false, fused);
     matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
@@ -414,14 +465,15 @@ static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
 // on the GPU one product, which reads residual as cuBLASLt's C (beta = 1) and adds the bias in its
 // epilogue, rounding once; otherwise the product into `proj` (N,OC) and the residual kernel's add.
 static void matmul_forward_residual(floatX* out, const floatX* residual, floatX* proj, const floatX* inp, const floatX* weight,
-                                    const floatX* bias, int N, int IC, int OC, Scratch* scratch, int fused) {
+                                    const floatX* bias, int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifndef LLMC_CPU
-    if (fused) {
-        matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, fused, bias != NULL ? EPI_BIAS : EPI_NONE, bias, NULL, residual);
+    if (kernels->fused) {
+        matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, kernels->fused, bias != NULL ? EPI_BIAS : EPI_NONE, bias, NULL,
+                        residual);
         return;
     }
 #endif
-    matmul_forward(proj, inp, weight, bias, N, IC, OC, scratch, fused);
+    matmul_forward(proj, inp, weight, bias, N, IC, OC, scratch, kernels);
     residual_forward(out, residual, proj, (size_t)N * OC);
 }
 
@@ -431,7 +483,8 @@ static void matmul_forward_residual(floatX* out, const floatX* residual, floatX*
 // GELU from the unrounded sum, so its out may differ from gelu_forward(pre) in the last bit, and a run
 // that recomputes out (--recompute) must not use it.
 static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC,
-                                int OC, Scratch* scratch, int fused, int gelu_epilogue) {
+                                int OC, Scratch* scratch, const KernelChoice* kernels, int gelu_epilogue) {
+    int fused = kernels->fused;
 #ifndef LLMC_CPU
     // the GELU input's leading dimension must be a multiple of 8 (cuBLASLt)
     if (gelu_epilogue && bias != NULL && OC % 8 == 0 &&
@@ -439,7 +492,7 @@ static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, con
         return;
 #endif
     (void)gelu_epilogue;
-    matmul_forward(pre, inp, weight, bias, N, IC, OC, scratch, fused);
+    matmul_forward(pre, inp, weight, bias, N, IC, OC, scratch, kernels);
     gelu_forward(out, pre, (size_t)N * OC, fused);
 }
 
@@ -448,20 +501,21 @@ static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, con
 // column sums of dpre, the bias gradient of the layer that made pre (so that layer's matmul_backward
 // gets no dbias). With --fused-kernels on the GPU the dinp product does both in its epilogue.
 static void matmul_backward_gelu(floatX* dpre, floatX* dweight, floatX* dbias, floatX* dbias_pre, const floatX* dout, const floatX* inp,
-                                 const floatX* pre, const floatX* weight, int N, int IC, int OC, Scratch* scratch, int fused) {
+                                 const floatX* pre, const floatX* weight, int N, int IC, int OC, Scratch* scratch,
+                                 const KernelChoice* kernels) {
 #ifdef LLMC_CPU
-    (void)fused;
-    matmul_backward_cpu(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
+    matmul_backward_host(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, kernels);
     gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC);
     bias_backward_cpu(dbias_pre, dpre, N, IC);
 #else
+    int fused = kernels->fused;
     floatX* grad = fused ? (floatX*)scratch_get(scratch, (size_t)IC * sizeof(floatX)) : NULL;
     if (fused && IC % 8 == 0 && matmul_cublaslt(dpre, weight, dout, IC, N, OC, false, false, false, fused, EPI_DGELU_BGRAD, grad, pre)) {
         bias_accumulate(dbias_pre, grad, IC);
         matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
         return;
     }
-    matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, fused);
+    matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, kernels);
     gelu_backward(dpre, pre, dpre, (size_t)N * IC, fused);
     bias_backward_gpu(dbias_pre, dpre, N, IC, scratch, fused);
 #endif

@@ -7,6 +7,10 @@
 # JSONL logs (less the measured ms and tokens_per_s and the binary's path) and stdout loss lines.
 #   single rank; dp=2 ZeRO-2 with gradient accumulation; tp=2; pp=2 1F1B; 3D (dp2 tp2 pp2, ZeRO-1, 1F1B);
 #   recompute 3; dynamic loss scaling with an injected overflow that is skipped (dp=2 ZeRO-1)
+# Both builds run the same CPU matmul (llmc/matmul.h), as byte-identity needs: where both know
+# --cpu-matmul, each its default (OpenBLAS where linked: the same bits at the one thread count used here,
+# OMP_NUM_THREADS=1) or CPU_MATMUL=blas|reference for both; where BASE_REV predates the flag (its matmuls
+# are the reference GEMM), the working tree's runs get --cpu-matmul reference.
 # Usage: bash scripts/compare_builds.sh 181d0c0        (exit 0 when every configuration is identical)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +26,13 @@ echo "building $BASE and the working tree (CPU target)"
 make -s -C "$TMP/base" -j2 build/cpu/train_gpt >/dev/null
 make -s -j2 build/cpu/train_gpt >/dev/null
 declare -A BIN=([base]="$TMP/base/build/cpu/train_gpt" [new]="$PWD/build/cpu/train_gpt")
+declare -A MATMUL=([base]="" [new]="")
+if ! "${BIN[base]}" --help | grep -q -- --cpu-matmul; then
+    MATMUL[new]="--cpu-matmul reference"
+    echo "$BASE has no --cpu-matmul (reference GEMM only): the working tree runs with --cpu-matmul reference"
+elif [ -n "${CPU_MATMUL:-}" ]; then
+    MATMUL[base]="--cpu-matmul $CPU_MATMUL" MATMUL[new]="--cpu-matmul $CPU_MATMUL"
+fi
 
 "$PY" - "$TMP/tokens.bin" <<'PYEOF'
 import random, struct, sys
@@ -55,7 +66,7 @@ for entry in "${CONFIGS[@]}"; do
         out="$TMP/$side/$name"
         mkdir -p "$out"
         # shellcheck disable=SC2086
-        if ! (cd "$out" && timeout 300 "${MPIRUN[@]}" -np "$np" "${BIN[$side]}" "${COMMON[@]}" $flags \
+        if ! (cd "$out" && timeout 300 "${MPIRUN[@]}" -np "$np" "${BIN[$side]}" "${COMMON[@]}" $flags ${MATMUL[$side]} \
                 --log log.jsonl --save-model model.bin --checkpoint-dir ck >stdout.txt 2>&1); then
             echo "  FAIL  $name: the $side build did not run:"; tail -3 "$out/stdout.txt"; fails=$((fails + 1))
             continue 2
@@ -70,6 +81,7 @@ with open(out + "/log.results", "w") as f:      # the JSONL log without its meas
             r.pop(k, None)
         if "config" in r:
             r["config"].pop("argv")             # holds the binary's path
+            r["config"].pop("cpu_matmul", None) # (a base may predate it; both sides ran the same matmul, above)
         print(json.dumps(r, sort_keys=True), file=f)
 with open(out + "/stdout.results", "w") as f:   # stdout's results: loss lines up to lr, val losses, skips
     for line in open(out + "/stdout.txt"):

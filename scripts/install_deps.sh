@@ -7,6 +7,8 @@
 #                                                             CUDA toolkit, not a Debian 12 package)
 #   mpirun, mpicxx                       openmpi-bin          multi-rank runs, and MPI in the build
 #                                        libopenmpi-dev
+#   OpenBLAS's cblas.h, OpenMP build     libopenblas-openmp-  the CPU target's matmuls (without it they run
+#   (/usr/include/*/openblas-openmp/)    dev                  on the slower reference GEMM)
 #   $PYTHON and its modules regex,       python3 python3-regex data preparation and the tokenizer, the
 #   torch, numpy, matplotlib             python3-torch        PyTorch reference (on the CPU), pipeline
 #                                        python3-numpy        timelines (scripts/plot_trace.py)
@@ -65,6 +67,9 @@ PYEOF
         done
     fi
     [ -r "$DEVIL" ] || MISSING+=("dict-devil|The Devil's Dictionary, $DEVIL")
+    # (the OpenMP build, where toolchain.mk looks: it shares the trainer's threads)
+    compgen -G "/usr/include/*/openblas-openmp/cblas.h" >/dev/null \
+        || MISSING+=("libopenblas-openmp-dev|OpenBLAS for the CPU matmuls, /usr/include/<triplet>/openblas-openmp/cblas.h")
     if ! command -v clang++ >/dev/null 2>&1; then
         # (the runtimes are only Recommended by clang's packages, which make deps does not install)
         MISSING+=("clang|clang++ (command, for fuzz/)" "libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for fuzz/)")
@@ -105,6 +110,7 @@ fi
 if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1; then
     echo "install_deps: no apt-get here (not Debian), so nothing was installed; with your system's tools install:"
     echo "install_deps:   a C++17 compiler with OpenMP (g++) and make; Open MPI with its compiler wrapper (mpirun, mpicxx);"
+    echo "install_deps:   OpenBLAS built with OpenMP (then make cpu BLAS_CFLAGS=-I<its include> BLAS_LIBS=\"-L<its lib> -lopenblas\");"
     echo "install_deps:   for $PYTHON (or set PYTHON): the modules regex, torch (CPU is enough), numpy, matplotlib;"
     echo "install_deps:   The Devil's Dictionary as $DEVIL (only scripts/check_data.sh needs it);"
     echo "install_deps:   clang++ with its libFuzzer and sanitizer runtimes (only fuzz/ needs them)"

@@ -71,7 +71,7 @@ expect_error "NVCC=$TMP/no-such-nvcc is not an executable" gpu NVCC="$TMP/no-suc
 
 echo "== 2. the toolchain summary, once"
 mk cpu CXX="$FAKE" NVCC="$FAKE" || fail "make cpu failed"
-for what in "nvcc $FAKE" "NCCL " "MPI  "; do
+for what in "nvcc $FAKE" "NCCL " "MPI  " "BLAS "; do
     [ "$(grep -c "^toolchain: $what" "$TMP/out")" -eq 1 ] || { cat "$TMP/out"; fail "summary line 'toolchain: $what' not printed once"; }
 done
 echo "ok: $(grep -c '^toolchain:' "$TMP/out") summary lines"

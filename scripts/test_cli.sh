@@ -94,6 +94,7 @@ expect_error "trailing garbage" "expects an integer" "${TINY[@]}" "${GOOD[@]}" -
 expect_error "out of range" "must be between" "${TINY[@]}" "${GOOD[@]}" --batch-size 0
 expect_error "--zero out of range" "--zero must be between 0 and 2" "${TINY[@]}" "${GOOD[@]}" --zero 3
 expect_error "--fused-kernels out of range" "--fused-kernels must be between 0 and 1" "${TINY[@]}" "${GOOD[@]}" --fused-kernels 2
+expect_error "--cpu-matmul kind" "--cpu-matmul must be blas or reference" "${TINY[@]}" "${GOOD[@]}" --cpu-matmul fast
 expect_error "bad schedule" "lr-schedule" "${TINY[@]}" "${GOOD[@]}" --lr-schedule sawtooth
 expect_error "C not divisible by NH" "not divisible" "${TINY[@]}" "${GOOD[@]}" --channels 18 --heads 4
 expect_error "T > maxT (scratch)" "longer than maxT" "${TINY[@]}" "${GOOD[@]}" --seq-len 32
@@ -507,6 +508,21 @@ if "$BIN" --help | grep -q "target CPU"; then
         echo "  FAIL  --fused-kernels 1 changed the CPU results (or a run failed)"
         fails=$((fails + 1))
     fi
+fi
+
+# --cpu-matmul: OpenBLAS and the reference GEMM sum in other orders, so a run's losses agree to fp32
+# rounding (test_gpt bounds the layers and 10 steps of a model at 1e-5; 3 steps here, from the command line)
+if "$BIN" --help | grep -q "target CPU" && "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 1 --cpu-matmul blas >/dev/null 2>&1; then
+    echo "--cpu-matmul (CPU target)"
+    for m in reference blas; do
+        timeout 120 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --cpu-matmul $m --log "$TMP/mm_$m.jsonl" >/dev/null 2>&1 \
+            || echo "  (run with --cpu-matmul $m failed)"
+    done
+    check "--cpu-matmul blas: the same 3 losses as reference to 1e-5" "$PY" - "$TMP/mm_reference.jsonl" "$TMP/mm_blas.jsonl" <<'PYEOF'
+import json, sys
+runs = [[r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "step" in r] for p in sys.argv[1:]]
+sys.exit(0 if len(runs[0]) == 3 == len(runs[1]) and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(*runs)) else 1)
+PYEOF
 fi
 
 echo "--save-model-dtype bf16 (llm.c version 5)"
