@@ -277,6 +277,10 @@ mismatch "--prompt" "the sampling settings.*--prompt" "$SAMPLE --prompt Hello" "
 mismatch "--temperature" "the sampling settings.*--temperature" "--batch-size 2 --temperature 0" "--batch-size 2 --temperature 1"
 mismatch "--top-k" "the sampling settings.*--top-k" "--batch-size 2 --top-k 0" "--batch-size 2 --top-k 40"
 mismatch "--fused-kernels" "the kernel variants (--fused-kernels" "--batch-size 2 --fused-kernels 1" "--batch-size 2 --fused-kernels 0"
+# OpenBLAS and the reference GEMM round differently: TP's partial products and DP's replicas would differ
+if "$BIN" --cpu-matmul blas --plan >/dev/null 2>&1; then
+    mismatch "--cpu-matmul" "the CPU matmul (--cpu-matmul)" "--batch-size 2 --cpu-matmul blas" "--batch-size 2 --cpu-matmul reference"
+else echo "  skip  --cpu-matmul: this build has no BLAS"; fi
 # the environment the engine reads (chunks of other sizes: messages of other sizes; strict mode on one rank only)
 mismatch "LLMC_MPI_STAGE_BYTES" "the MPI engine's settings.*LLMC_MPI_STAGE_BYTES" "--batch-size 2" "--batch-size 2" "LLMC_MPI_STAGE_BYTES=100" ""
 mismatch "LLMC_COMM_STRICT" "the MPI engine's settings.*LLMC_COMM_STRICT" "--batch-size 2" "--batch-size 2" "LLMC_COMM_STRICT=1" "LLMC_COMM_STRICT=0"
