@@ -237,7 +237,7 @@ typedef struct {
     int world_size;
     double written;  // seconds since the epoch (the clocks of the nodes agree to well under a minute)
     ncclUniqueId id;
-    char host[256];     // rank 0's host name and the port where the others connect (llmc/liveness.h)
+    char host[256];     // where the others reach rank 0: its host name, then its addresses (liveness_addresses)
     int32_t live_port;
 } NcclIdFile;
 #define NCCL_ID_MAGIC 0x4e43434cu
@@ -260,7 +260,7 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port
         char tmp[4400];
         memset(&rec, 0, sizeof(rec));
         rec.magic = NCCL_ID_MAGIC, rec.world_size = c->world_size, rec.written = entered, rec.live_port = live_port;
-        if (gethostname(rec.host, sizeof(rec.host) - 1) != 0) fatal("rank 0: gethostname: %s", strerror(errno));
+        liveness_addresses(rec.host, sizeof(rec.host));
         ncclCheck(ncclGetUniqueId(&rec.id));
         snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());  // written whole, then renamed: never half-read
         FILE* f = fopen_check(tmp, "wb");

@@ -15,6 +15,10 @@
  */
 #pragma once
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
 #include "rendezvous.h"
 
 typedef struct {
@@ -65,21 +69,52 @@ static int liveness_accept(int world, double timeout_s, char* err, size_t n) {
     return 0;
 }
 
-// every other rank, once it has the id: connect to rank 0 at host:port and say this rank
-static int liveness_connect(const char* host, int port, int rank, double timeout_s, char* err, size_t n) {
+// rank 0, for a launch through a shared folder: where the others may reach it, space-separated, most
+// specific first: its host name (which need not resolve on the other nodes, nor even here: a container's
+// often does not), then its interfaces' addresses, loopback last (right when every rank is on this machine)
+static void liveness_addresses(char* out, size_t n) {
+    if (gethostname(out, n - 1) != 0) out[0] = 0;
+    out[n - 1] = 0;
+    struct ifaddrs* list = NULL;
+    if (getifaddrs(&list) == 0) {
+        for (struct ifaddrs* a = list; a != NULL; a = a->ifa_next) {
+            if (a->ifa_addr == NULL || (a->ifa_flags & IFF_LOOPBACK) || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6))
+                continue;
+            char text[INET6_ADDRSTRLEN];
+            const void* raw = a->ifa_addr->sa_family == AF_INET ? (const void*)&((struct sockaddr_in*)a->ifa_addr)->sin_addr
+                                                               : (const void*)&((struct sockaddr_in6*)a->ifa_addr)->sin6_addr;
+            if (inet_ntop(a->ifa_addr->sa_family, raw, text, sizeof(text)) == NULL || strchr(text, '%')) continue;
+            if (strlen(out) + strlen(text) + 2 + 10 < n) strcat(strcat(out, out[0] ? " " : ""), text);  // (room left for loopback)
+        }
+        freeifaddrs(list);
+    }
+    strcat(strcat(out, out[0] ? " " : ""), "127.0.0.1");
+}
+
+// every other rank, once it has the id: connect to rank 0 at one of `hosts` (space-separated, tried in
+// order, see liveness_addresses) and `port`, and say this rank
+static int liveness_connect(const char* hosts, int port, int rank, double timeout_s, char* err, size_t n) {
     double deadline = timeout_s > 0 ? wall_seconds() + timeout_s : 0;
-    char port_text[16], why[256] = "";
+    char port_text[16], why[256] = "", list[256];
     snprintf(port_text, sizeof(port_text), "%d", port);
-    int hopeless = 0, fd;
-    while ((fd = rdzv_connect_once(host, port_text, deadline, why, sizeof(why), &hopeless)) < 0) {
-        if (hopeless || rdzv_expired(deadline))
-            return rdzv_fail(err, n, "rank %d: cannot open a connection to rank 0 at %s:%d within %.0f s (--comm-timeout): %s", rank, host,
-                             port, timeout_s, why);
+    int fd = -1;
+    for (;;) {
+        int all_hopeless = 1;
+        snprintf(list, sizeof(list), "%s", hosts);
+        for (char *save = NULL, *host = strtok_r(list, " ", &save); host != NULL && fd < 0; host = strtok_r(NULL, " ", &save)) {
+            int hopeless = 0;
+            fd = rdzv_connect_once(host, port_text, deadline, why, sizeof(why), &hopeless);
+            all_hopeless &= hopeless;
+        }
+        if (fd >= 0) break;
+        if (all_hopeless || rdzv_expired(deadline))
+            return rdzv_fail(err, n, "rank %d: cannot open a connection to rank 0 at any of %s (port %d) within %.0f s (--comm-timeout): %s", rank,
+                             hosts, port, timeout_s, why);
         usleep(100000);
     }
     uint32_t r = htonl((uint32_t)rank);
     if (rdzv_transfer(fd, &r, sizeof(r), 1, deadline) != 0)
-        return close(fd), rdzv_fail(err, n, "rank %d: the connection to rank 0 at %s:%d broke at once", rank, host, port);
+        return close(fd), rdzv_fail(err, n, "rank %d: the connection to rank 0 (at one of %s, port %d) broke at once", rank, hosts, port);
     g_liveness.fds = (int*)malloc_check(sizeof(int));
     g_liveness.fds[0] = fd, g_liveness.n = 1;
     return 0;
