@@ -25,7 +25,7 @@
  *   GELU before fcproj matmul_backward_gelu: dpre = (dout . weight) * gelu'(pre), and fc's bias gradient as
  *                      its column sums, in the dinp product (DGELU_BGRAD)
  *   residual add       matmul_forward_residual: the residual stream read as the product's C (beta = 1)
- * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and one small kernel adds it.
+ * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and residual_forward adds it.
  * Where cuBLASLt has no algorithm for an epilogue, the same launcher takes the separate kernels instead.
  */
 #pragma once
@@ -96,17 +96,20 @@ static void transpose_cpu(float* dst, const float* src, int rows, int cols) {
         for (int r = 0; r < rows; r++) dst[(size_t)c * rows + r] = src[(size_t)r * cols + c];
 }
 
+// out (N, OC) += bias (OC), broadcast over the rows
+static void bias_add_cpu(float* out, const float* bias, int N, int OC) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
 // `scratch` holds the transposed operand
 static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
                                Scratch* scratch) {
     float* wT = (float*)scratch_get(scratch, (size_t)IC * OC * sizeof(float));
     transpose_cpu(wT, weight, OC, IC);  // (IC, OC)
     gemm_cpu(out, inp, wT, N, OC, IC, 0);
-    if (bias != NULL) {
-#pragma omp parallel for
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
-    }
+    if (bias != NULL) bias_add_cpu(out, bias, N, OC);
 }
 
 // dbias (OC) += column sums of dout (N, OC), each summed in row order (so not dependent on the thread
@@ -139,11 +142,7 @@ static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const
 static const int cpu_blas_linked = 1;
 static void matmul_forward_blas(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
-    if (bias != NULL) {
-#pragma omp parallel for
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
-    }
+    if (bias != NULL) bias_add_cpu(out, bias, N, OC);
 }
 static void matmul_backward_blas(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                                  int N, int IC, int OC) {
@@ -340,7 +339,7 @@ static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
 // per block row, then one thread per column adds them up (fixed order, no atomics).
 #define BIAS_CHUNKS 64
 #define BIAS_ROW_LANES 8
-#define BIAS_FINISH_THREADS 256  // bias_backward_finish_kernel's and bias_accumulate_kernel's block (a thread per column)
+#define BIAS_FINISH_THREADS 256  // bias_backward_finish_kernel's block (a thread per column)
 __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
     __shared__ float s[BIAS_ROW_LANES][32];
     int o = blockIdx.x * 32 + threadIdx.x;
@@ -363,12 +362,6 @@ __global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kern
     for (int i = 0; i < chunks; i++) sum += partial[(size_t)i * OC + o];
     dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + sum);
 }
-// dbias (OC) += grad (OC): the bias gradient an epilogue wrote, added to the accumulated one
-__global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_accumulate_kernel(floatX* dbias, const floatX* grad, int OC) {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o < OC) dbias[o] = float_to_floatX(floatX_to_float(dbias[o]) + floatX_to_float(grad[o]));
-}
-
 // --fused-kernels: the same sums with 16-byte loads. A block of 32 lanes x BIAS_ROW_LANES row-lanes covers
 // 32 packs (32 * Pack128::size columns, 256 in bf16); BIAS_VEC_CHUNKS chunks of rows, each summed into one
 // partial row, which bias_backward_finish_kernel adds up in order. Needs OC % Pack128::size == 0.
@@ -409,10 +402,8 @@ static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, 
     launchCheck();
 }
 
-static void bias_accumulate(floatX* dbias, const floatX* grad, int OC) {
-    bias_accumulate_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, grad, OC);
-    launchCheck();
-}
+// dbias (OC) += grad (OC): the bias gradient an epilogue wrote (it cannot add), added to the accumulated one
+static void bias_accumulate(floatX* dbias, const floatX* grad, int OC) { residual_forward(dbias, dbias, grad, (size_t)OC); }
 
 // the weight and bias gradients of matmul_backward: dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC), and
 // dbias += column sums of dout, with --fused-kernels read by the same product (BGRADB)

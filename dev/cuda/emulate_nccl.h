@@ -66,10 +66,6 @@ namespace emu_nccl {
     exit(1);
 }
 
-inline double timeout_s() {
-    const char* t = getenv("EMU_NCCL_TIMEOUT");
-    return t ? atof(t) : 300.0;
-}
 inline std::string root_dir() {
     if (const char* d = getenv("EMU_NCCL_DIR")) return d;
     struct stat st;
@@ -139,12 +135,7 @@ inline ncclResult_t start(ncclComm* c, std::function<bool()> step) {
         c->pending = step;
         return ncclInProgress;
     }
-    auto begun = std::chrono::steady_clock::now();
-    while (!step()) {
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count() > timeout_s())
-            emu_nccl::fail("a blocking call waited longer than EMU_NCCL_TIMEOUT for its peers");
-        usleep(200);
-    }
+    emu::wait_until(step, "a blocking NCCL call (creating, splitting or finalizing a communicator)");
     return ncclSuccess;
 }
 

@@ -53,10 +53,14 @@ inline void progress_all() {
     for (Stream* s : streams)
         while (!s->queue.empty() && s->queue.front().step()) s->queue.pop_front(), s->done++;
 }
+// how long a wait for other processes may take (EMU_NCCL_TIMEOUT, default 300 s)
+inline double wait_timeout_s() {
+    const char* t = getenv("EMU_NCCL_TIMEOUT");
+    return t ? atof(t) : 300.0;
+}
 // the host waits until ready() while every stream makes progress
 inline void wait_until(const std::function<bool()>& ready, const char* waiting_in) {
-    const char* t = getenv("EMU_NCCL_TIMEOUT");
-    double timeout = t ? atof(t) : 300.0;
+    double timeout = wait_timeout_s();
     auto begun = std::chrono::steady_clock::now();
     for (;;) {
         progress_all();
@@ -77,7 +81,6 @@ inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string wha
     st->queue.push_back({std::move(step), std::move(what)});
     st->queued++;
 }
-inline bool stream_idle(Stream* s) { return s->queue.empty(); }
 // work queued on s after this call must follow what s has queued: a copy runs at its call, so the queue
 // is completed first
 inline void drain(cudaStream_t s, const char* waiting_in) {
@@ -111,7 +114,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) { return emu::drain(s, "cudaSt
 cudaError_t cudaDeviceSynchronize(void) { return emu::drain_all("cudaDeviceSynchronize"), cudaSuccess; }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     emu::progress_all();
-    return emu::stream_idle(emu::stream_of(s)) ? cudaSuccess : cudaErrorNotReady;
+    return emu::stream_of(s)->queue.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = (cudaEvent_t) new emu::Event{0.0, &emu::default_stream, 0}, cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }

@@ -233,7 +233,7 @@ def floors(X, consts):
         ("bias_backward_partial_kernel", "classic", 4 * L, L * 9 * C * BT * X, 0, ""),
         ("bias_backward_finish_kernel", "classic", 4 * L, 0, 0, "(C-sized partial sums: negligible)"),
         ("(epilogue BGRADB)", "fused", 3 * L, 0, 0, "qkv, attproj, fcproj: dout's column sums as dweight reads it"),
-        ("bias_accumulate_kernel", "fused", 4 * L, 0, 0, "an epilogue's bias gradient added (C-sized: negligible)"),
+        ("residual_forward_kernel", "fused", 4 * L, 0, 0, "an epilogue's bias gradient added to dbias (C-sized: negligible)"),
         ("encoder_backward_wte_kernel", "both", 1, BTC * X, 0, "dout in (+ the touched rows of dwte)"),
         ("encoder_backward_wpe_kernel", "both", 1, BTC * X + 2 * T * C * X, 0, ""),
         ("sum_squares_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
