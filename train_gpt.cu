@@ -24,30 +24,38 @@
  * contiguous range, which is what the parallel modes slice, communicate and shard. Conversion to the
  * llm.c file order happens only when reading and writing files.
  */
-#include "llmc/adamw.h"
-#include "llmc/agreement.h"
-#include "llmc/attention.h"
-#include "llmc/checkpoint.h"
-#include "llmc/classifier.h"
-#include "llmc/common.h"
-#include "llmc/dataloader.h"
-#include "llmc/device.h"
-#include "llmc/encoder.h"
-#include "llmc/gelu.h"
-#include "llmc/global_norm.h"
-#include "llmc/layernorm.h"
-#include "llmc/logger.h"
-#include "llmc/loss_scaler.h"
-#include "llmc/matmul.h"
-#include "llmc/pipeline.h"
-#include "llmc/residual.h"
-#include "llmc/stop_signal.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/tokenizer.h"
-#include "llmc/trace.h"
-#include "llmc/bpe.h"
-#include "llmc/eval.h"
-#include "llmc/zero.h"
+// the layers: CPU reference and CUDA kernels side by side
+#include "llmc/attention.h"        // attention_forward/_backward, and flash attention's
+#include "llmc/classifier.h"       // classifier_forward_backward, loss_mean
+#include "llmc/encoder.h"          // the token + position embedding, forward and backward
+#include "llmc/gelu.h"             // gelu_forward
+#include "llmc/layernorm.h"        // layernorm_forward/_backward, residual_layernorm_forward
+#include "llmc/matmul.h"           // matmul_forward/_backward, cuBLASLt epilogues, the CPU's BLAS or reference GEMM
+#include "llmc/residual.h"         // residual_forward, residual_bias_forward
+// the optimizer and the numerics
+#include "llmc/adamw.h"            // OptimizerConfig, adamw_update_ranges, round_params
+#include "llmc/global_norm.h"      // NormParts: the gradient norm over the owned ranges
+#include "llmc/loss_scaler.h"      // LossScaler: dynamic loss scaling
+// the parallelisms
+#include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
+#include "llmc/pipeline.h"         // Schedule, pipeline_schedule: GPipe and 1F1B
+#include "llmc/tensor_parallel.h"  // Placement, f and g, the vocabulary-parallel embedding and loss
+#include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
+// the run around the model
+#include "llmc/checkpoint.h"       // the checkpoint folder, load_checkpoint
+#include "llmc/cli.h"              // parse_args, --help
+#include "llmc/dataloader.h"       // DataLoader: token shards, in the data-order contract
+#include "llmc/eval.h"             // EvalSet: multiple-choice examples
+#include "llmc/fault.h"            // FaultPlan: the testing flags' fault injection
+#include "llmc/logger.h"           // Logger: the JSONL log
+#include "llmc/lr_schedule.h"      // learning_rate
+#include "llmc/run_config.h"       // TrainConfig, check_ranks_agree
+#include "llmc/run_identity.h"     // new_run_id, the checkpoint folder's owner
+#include "llmc/run_log.h"          // log_run_config, print_step_line
+#include "llmc/sampling.h"         // SampleConfig, draw_token, encode_prompt
+#include "llmc/stop_signal.h"      // a signal stops the run after its step, with a checkpoint
+#include "llmc/tokenizer.h"        // Tokenizer: ids to text for samples
+#include "llmc/trace.h"            // Tracer: --trace's spans
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -883,10 +891,6 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
 }
 
-typedef struct {
-    float lr, beta1, beta2, eps, weight_decay, grad_clip;
-} OptimizerConfig;
-
 // The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
 // chunk of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
 static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t* hi, size_t* shard_k) {
@@ -1295,111 +1299,6 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);  // only now: the new one is complete
 }
 
-// Reads the newest complete checkpoint in dir: its model file into *params (file order) and the
-// optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
-// there (a crash during a save) is skipped for the one before it. Every shard must be the one its name
-// says, of the same checkpoint and run, and together the shards must cover the model (version 2:
-// exactly once; see llmc/state_file.h).
-static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
-    char path[4200], first_path[4200], why[256];
-    long long* steps;
-    int n_steps = checkpoint_steps(dir, &steps);
-    if (n_steps == 0) fatal("no checkpoint (state_*_00000.bin) found in '%s'", dir);
-    for (int i = 0; i < n_steps; i++) {
-        long long step = steps[i];
-        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
-        if (access(path, R_OK) != 0) {
-            printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
-            continue;
-        }
-        // the model's sizes first (its header, checked against its length): every shard must have the
-        // same, so no shard can size the moment arrays, or write past them, beyond what the model needs
-        GPT2Config model_config;
-        model_file_read(path, &model_config, NULL);
-        int complete = 1;
-        *m = *v = NULL;
-        RunState first;
-        RangeList covered = {.pairs = NULL, .n = 0, .cap = 0};
-        snprintf(first_path, sizeof(first_path), "%s/state_%08lld_00000.bin", dir, step);
-        state_file_read(first_path, &model_config, &first, m, v, &covered);
-        for (int s = 1; complete && s < first.num_shards; s++) {
-            snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
-            complete = access(path, R_OK) == 0;
-        }
-        if (!complete) {
-            printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
-            free(*m), free(*v), free(covered.pairs);
-            continue;
-        }
-        for (int s = 0; s < first.num_shards; s++) {
-            snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
-            if (s > 0) state_file_read(path, &model_config, state, m, v, &covered);
-            else *state = first;
-            if (state->shard != s || state->step != step)
-                fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path, state->shard, state->step);
-            if (state->model_hash != first.model_hash || state->num_shards != first.num_shards || state->run_id != first.run_id ||
-                state->version != first.version || state->data_hash != first.data_hash)
-                fatal("'%s' does not belong to the same checkpoint as '%s'", path, first_path);
-        }
-        if (!ranges_cover(&covered, gpt2_num_parameters(&first.config), first.version >= 2, why, sizeof(why)))
-            fatal("the optimizer state shards of step %lld in '%s' do not cover the model: %s", step, dir, why);
-        free(covered.pairs);
-        *state = first;
-        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
-        uint64_t hash = model_file_read(path, config, params);
-        if (hash != state->model_hash) fatal("'%s' is not the model saved with its state file (checksum mismatch)", path);
-        if (memcmp(config, &state->config, sizeof(*config)) != 0) fatal("'%s' does not match the sizes in its state file", path);
-        free(steps);
-        return;
-    }
-    fatal("no complete checkpoint found in '%s'", dir);
-}
-
-// How to sample: the prompt's tokens (after an end-of-text token), how many tokens to generate, and how
-// to draw each one: temperature 0 is greedy (the most likely token), otherwise softmax(logits / temperature)
-// restricted to the top_k most likely tokens (0: all; tokens tied with the k-th are kept too).
-typedef struct {
-    const int* prompt;
-    int n_prompt;
-    int len;
-    float temperature;
-    int top_k;
-} SampleConfig;
-
-static int compare_floats_descending(const void* a, const void* b) {
-    float x = *(const float*)a, y = *(const float*)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-// Draws the next token from the logits of the V real tokens (r uniform in [0, 1)). `probs` and `sorted`
-// are scratch of V floats.
-static int draw_token(const SampleConfig* sc, const float* logits, int V, float r, float* probs, float* sorted) {
-    int best = 0;
-    for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (sc->temperature == 0.0f) return best;  // greedy
-    float cut = -INFINITY;                     // top-k: logits below the k-th largest are excluded
-    if (sc->top_k > 0 && sc->top_k < V) {
-        memcpy(sorted, logits, V * sizeof(float));
-        qsort(sorted, V, sizeof(float), compare_floats_descending);
-        cut = sorted[sc->top_k - 1];
-    }
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += probs[i] = logits[i] >= cut ? expf((logits[i] - logits[best]) / sc->temperature) : 0.0f;
-    double target = r * sum, acc = 0.0;
-    for (int i = 0; i < V; i++) {
-        acc += probs[i];
-        if (target < acc) return i;
-    }
-    return V - 1;
-}
-
-// Prints a sampled token; an end-of-text token is a document break, shown as a marker line
-static void print_sampled_token(const Tokenizer* tok, int id) {
-    if (id == tok->eot) printf("\n--- end of document ---\n");
-    else tokenizer_print(tok, id);
-}
-
 // Generates sc->len tokens after an end-of-text token and the prompt, printing them if `print`. Reads
 // logits at the last position of a full forward over the sequence so far (no KV cache: clear, and cheap
 // at these lengths). With TP it is collective over the TP group: the vocabulary slices of the logits are
@@ -1449,80 +1348,6 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
 // ----------------------------------------------------------------------------------------------------
 // 5. the run's configuration, and the memory planner (--plan): what each rank will allocate, without
 //    allocating it
-
-// Everything the command line sets.
-typedef struct {
-    // data
-    const char* train_data;
-    const char* val_data;
-    const char* tokenizer;
-    int shuffle;
-    // model: from a file, or from scratch with these sizes
-    const char* model_file;
-    GPT2Config arch;
-    int arch_given;  // bit mask of the sizes given on the command line: 1 L, 2 C, 4 NH, 8 V, 16 maxT
-    uint64_t seed;
-    // batch (B is per rank: the global batch of a micro-step is dp x B sequences)
-    int B, T, grad_accum;
-    // parallelism
-    int dp;              // data-parallel ranks (0: the world size / tp)
-    int tp;              // tensor-parallel ranks
-    int pp;              // pipeline stages
-    const char* pp_split;  // layers per stage "a,b,c", or NULL: as even as possible
-    Schedule pipe_schedule;  // GPipe or 1F1B
-    int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
-    int recompute;         // --recompute 0..3 (see LayerActs)
-    int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
-    KernelChoice kernels;     // --fused-kernels, --attention, --cpu-matmul (llmc/device.h): the model's kernel variants
-    int plan;                 // --plan: print the memory plan and exit
-    int print_schedule;       // --print-schedule: print every stage's pipeline schedule and exit
-    const char* plan_precision;
-    double device_memory;     // --device-memory, bytes (0: not given)
-    const char* trace;     // --trace FILE, or NULL
-    int trace_steps;
-    int zero;            // ZeRO stage 0, 1, 2
-    const char* engine;  // auto | mpi | nccl
-    const char* nccl_id_dir;
-    double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
-    double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
-    int fault_rank, fault_step;  // testing: this rank kills itself at this step (-1: never)
-    int fault_stop;              // testing: ... or stops itself there (SIGSTOP), as a hung node would
-    double fault_slow_save;      // testing: rank 0 takes this many seconds longer to save a checkpoint or the final model
-    double fault_slow_sample;    // testing: each sample takes this many seconds longer
-    long long fault_wait_signal; // testing: after this step every rank waits for a stop signal (-1: never)
-    double fault_clock_skew;     // testing: --trace's clock on rank r reads r times this many seconds ahead
-    int fault_inf_rank, fault_inf_step;  // testing: this rank puts an inf into a gradient at this step
-    LossScaler scaler;   // loss scaling settings (llmc/loss_scaler.h)
-    // optimization
-    long long steps;
-    long long stop_after;  // end this run after this step (0: run to --steps); the schedule still plans for steps
-    OptimizerConfig opt;
-    int warmup;
-    const char* schedule;  // cosine | linear | constant
-    float lr_min_frac;
-    // evaluation, sampling, checkpoints, logs
-    int val_every, val_batches, sample_every, sample_len;
-    const char* prompt;      // --prompt TEXT: samples continue it (NULL: they start from end-of-text alone)
-    const char* bpe_dir;     // folder of encoder.json and vocab.bpe (NULL: beside --tokenizer, else data/)
-    const char* encode_file; // --encode FILE: print its GPT-2 tokens and exit
-    float temperature;       // sampling: 0 greedy
-    const char* eval_data;   // --eval-data: multiple-choice examples (llm.c's format), or NULL
-    int eval_every;
-    const char* eval_dump;   // --eval-dump: each example's completion losses (checks)
-    int top_k;               // sampling: 0 all tokens
-    int save_every;
-    const char* checkpoint_dir;
-    const char* resume;  // checkpoint folder to resume from, or NULL
-    const char* resume_if_present;  // resume from this folder if it holds a complete checkpoint, else start fresh
-    int keep_last;       // keep this many newest checkpoints, delete older ones (0: keep all)
-    int allow_data_change;  // --allow-data-change: a resume may train on other data than its checkpoint's
-    const char* log_file;
-    const char* save_model;  // write the final model here (llm.c format), or NULL
-    int save_model_version;  // its model file version: 3 fp32 (default) or 5 bf16
-    int quiet;               // no per-step lines (tests)
-    int argc;                // the command line, for the log's configuration line
-    char** argv;
-} TrainConfig;
 
 typedef struct {
     size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
@@ -1686,17 +1511,6 @@ static void print_plan(const TrainConfig* tc, const char* precision, double devi
 // 6. training loop
 
 
-static float learning_rate(const TrainConfig* tc, long long step) {
-    float lr = tc->opt.lr, lr_min = tc->opt.lr * tc->lr_min_frac;
-    if (step < tc->warmup) return lr * (float)(step + 1) / (float)tc->warmup;
-    if (strcmp(tc->schedule, "constant") == 0) return lr;
-    long long decay_steps = tc->steps - tc->warmup;
-    float progress = decay_steps > 0 ? (float)(step - tc->warmup) / (float)decay_steps : 1.0f;
-    if (progress > 1.0f) progress = 1.0f;
-    if (strcmp(tc->schedule, "linear") == 0) return lr - (lr - lr_min) * progress;
-    return lr_min + (lr - lr_min) * 0.5f * (1.0f + cosf((float)M_PI * progress));  // cosine
-}
-
 // Mean validation loss over max_batches global micro-batches: DP rank d of D evaluates micro-batches
 // i*D + d (the data-order contract), and the means are averaged across the DP group.
 static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
@@ -1817,270 +1631,6 @@ static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm)
     comm_print_stats(comm);
 }
 
-// A random identity for a run that starts from scratch (kept in its checkpoints and through every
-// resume, see llmc/state_file.h): drawn by rank 0, shared with every rank in 16-bit pieces (exact as
-// doubles). Never 0, which stands for "unknown" (version 1 state files).
-static uint64_t new_run_id(Comm* comm) {
-    uint64_t id = 0;
-    if (comm->world_rank == 0) {
-        FILE* f = fopen("/dev/urandom", "rb");
-        if (f == NULL || fread(&id, sizeof(id), 1, f) != 1) id = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
-        if (f != NULL) fclose(f);
-        if (id == 0) id = 1;
-    }
-    double parts[4];
-    for (int i = 0; i < 4; i++) parts[i] = (double)((id >> (16 * i)) & 0xffff);
-    comm_all_reduce_host(comm, &comm->world, parts, 4, REDUCE_SUM);  // the other ranks add 0
-    id = 0;
-    for (int i = 0; i < 4; i++) id |= (uint64_t)parts[i] << (16 * i);
-    return id;
-}
-
-// The folder of encoder.json and vocab.bpe: --bpe-dir, else the --tokenizer file's folder if it holds
-// encoder.json, else data/
-static const char* bpe_dir_of(const TrainConfig* tc, char* buf, size_t cap) {
-    if (tc->bpe_dir) return tc->bpe_dir;
-    const char* slash = tc->tokenizer ? strrchr(tc->tokenizer, '/') : NULL;
-    snprintf(buf, cap, "%.*s/encoder.json", slash ? (int)(slash - tc->tokenizer) : 1, slash ? tc->tokenizer : ".");
-    struct stat st;
-    if (tc->tokenizer && tc->tokenizer[0] != '\0' && stat(buf, &st) == 0) {
-        buf[strlen(buf) - strlen("/encoder.json")] = '\0';
-        return buf;
-    }
-    return "data";
-}
-
-// Before the first collective of the run: every rank must run the same job (llmc/agreement.h). What may
-// differ between ranks is left out: output paths only rank 0 writes (--log, --save-model's name,
-// --eval-dump: one rank only), what only rank 0 does (--keep-last: rank 0 deletes old checkpoints), the
-// folders files are read from (node-local copies are fine if their files are the same), each rank's own
-// deadlines (--comm-timeout, --io-timeout: the first rank past one ends the run) and threads
-// (OMP_NUM_THREADS: a node's cores are its own, and what replicas must compute alike, the gradient norm,
-// is summed in fixed chunks whatever the thread count). --comm is compared by the engine's choice
-// (mpi_agree_engine), the launchers' variables at the start (llmc/comm_launch.h, llmc/rendezvous.h).
-static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Config* c, const RunState* state) {
-    if (comm->world_size == 1) return;
-    Agreement a = {.names = {NULL}, .hashes = {0}, .n = 0};
-    agree_string(&a, "the build (target and precision)", TARGET_NAME " " PRECISION_NAME);
-    agree_int(&a, "--steps", tc->steps);
-    agree_int(&a, "--stop-after", tc->stop_after);
-    agree_int(&a, "--batch-size", tc->B);
-    agree_int(&a, "--seq-len", tc->T);
-    agree_int(&a, "--grad-accum / --micro-batches", tc->grad_accum);
-    agree_int(&a, "the grid (--dp, --tp, --pp)", (long long)comm->dp * 1000003 * 1000003 + comm->tp * 1000003 + comm->pp);
-    agree_int(&a, "--zero", tc->zero);
-    long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, 0};
-    agree_bytes(&a, "the pipeline settings (--pp-split, --schedule, --pp-rematerialize)", pipe, sizeof(pipe), tc->pp_split);
-    agree_int(&a, "--recompute", tc->recompute);
-    agree_int(&a, "--seed", (long long)tc->seed);
-    agree_int(&a, "--shuffle", tc->shuffle);
-    agree_double(&a, "--lr", tc->opt.lr);
-    double opt[5] = {tc->opt.beta1, tc->opt.beta2, tc->opt.eps, tc->opt.weight_decay, tc->opt.grad_clip};
-    agree_bytes(&a, "the optimizer settings (--beta1, --beta2, --eps, --weight-decay, --grad-clip)", opt, sizeof(opt), NULL);
-    double sched[2] = {(double)tc->warmup, tc->lr_min_frac};
-    agree_bytes(&a, "the learning-rate schedule (--warmup, --lr-schedule, --lr-min-frac)", sched, sizeof(sched), tc->schedule);
-    const LossScaler* ls = &tc->scaler;
-    double scaling[6] = {(double)ls->mode, ls->scale, ls->growth, ls->backoff, (double)ls->interval, (double)ls->hysteresis};
-    agree_bytes(&a, "the loss scaling settings", scaling, sizeof(scaling), NULL);
-    agree_int(&a, "--stochastic-rounding", tc->stochastic_rounding);
-    agree_bytes(&a, "the model sizes (L, C, NH, V, maxT)", c, sizeof(*c), NULL);
-    agree_files(&a, "the model file (--model)", tc->model_file);
-    agree_files(&a, "the training data (--train-data: a file's name, size or first MiB)", tc->train_data);
-    agree_files(&a, "the validation data (--val-data: a file's name, size or first MiB)", tc->val_data);
-    // the DP ranks score their share of the examples and add up the counts: another file or another
-    // schedule on one rank gives a wrong accuracy, or a collective that the others never reach
-    agree_files(&a, "the multiple-choice data (--eval-data: a file's name, size or first MiB)", tc->eval_data);
-    long long evals[3] = {tc->val_every, tc->val_batches, tc->eval_every};
-    agree_bytes(&a, "the evaluation settings (--val-every, --val-batches, --eval-every)", evals, sizeof(evals), NULL);
-    agree_files(&a, "the tokenizer (--tokenizer)", tc->tokenizer);
-    // the TP (and PP) ranks of a sample compute its tokens together: each must draw the same way
-    double sampling[4] = {(double)tc->sample_every, (double)tc->sample_len, tc->temperature, (double)tc->top_k};
-    agree_bytes(&a, "the sampling settings (--sample-every, --sample-len, --prompt, --temperature, --top-k)", sampling, sizeof(sampling),
-                tc->prompt);
-    uint64_t bpe = AGREE_FNV_INIT;  // the prompt's tokens: from these files, in whichever folder (--bpe-dir)
-    if (tc->prompt) {
-        char dir[4200], path[4300];
-        const char* d = bpe_dir_of(tc, dir, sizeof(dir));
-        snprintf(path, sizeof(path), "%s/encoder.json", d);
-        bpe = agree_file(bpe, path);
-        snprintf(path, sizeof(path), "%s/vocab.bpe", d);
-        bpe = agree_file(bpe, path);
-    }
-    agree_add(&a, "the encoding of --prompt (encoder.json and vocab.bpe: their size or first MiB)", bpe);
-    long long saving[3] = {tc->save_every, tc->save_model != NULL, tc->save_model_version};
-    agree_bytes(&a, "the saving settings (--save-every, --save-model-dtype, whether --save-model is given)", saving, sizeof(saving), NULL);
-    agree_int(&a, "the resume step (--resume)", tc->resume ? state->step : -1);
-    agree_add(&a, "the checkpoint resumed from (its run and model)", tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
-    // every rank writes its shards into its own --checkpoint-dir: two folders would each hold part of a
-    // checkpoint (compared as written: name the folder the same way on every rank)
-    agree_string(&a, "--checkpoint-dir (where checkpoints are saved: --resume's folder unless given)", tc->checkpoint_dir);
-    agree_int(&a, "--fault-wait-signal", tc->fault_wait_signal);
-    agree_bytes(&a, "--fault-clock-skew", &tc->fault_clock_skew, sizeof(tc->fault_clock_skew), NULL);
-    agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
-    // other kernels round differently: replicas that each update the whole model would drift apart
-    const KernelChoice* k = &tc->kernels;
-    agree_int(&a, "the kernel variants (--fused-kernels, --attention)", k->fused * 2 + k->flash_attention);  // (separate_gelu: tests only)
-    // OpenBLAS and the reference GEMM sum in other orders: ranks on different ones would compute other bits
-    // for the same inputs (TP's partial products, DP's replicas)
-    agree_int(&a, "the CPU matmul (--cpu-matmul)", k->cpu_blas);
-    // The environment the engine reads, as it resolved it (comm_init). LLMC_MPI_STAGE_BYTES cuts each
-    // operation into chunks of that size: a rank with other chunks posts messages of other sizes (an
-    // error inside MPI). LLMC_COMM_STRICT runs each operation at its join instead of its post: peers
-    // meet in another order than they post, and the check it exists for would hold on some ranks only.
-    agree_int(&a, "the MPI engine's settings (LLMC_MPI_STAGE_BYTES, LLMC_COMM_STRICT)", (long long)comm->stage_bytes * 2 + comm->strict);
-    agree_check(comm, &a);
-}
-
-// A run saves into its checkpoint folder only if every checkpoint already there is its own: after
-// another run's checkpoints, a later --resume would continue whichever run saved the newest step. Nor
-// may the folder hold a complete checkpoint of its own run after start_step, the step it starts from:
-// that is a later part of the same run (a rollback resumes an older copy into the original folder), which
-// its saves would overwrite step by step with another branch, leaving a mix whose newest step a later
-// --resume would continue. An incomplete one after start_step is what a crash during a save left (a
-// requeue resumes from the step before it): no resume can read it, and this run writes that step anew.
-//
-// An incomplete checkpoint of another run is no checkpoint either: no resume can read it, so no later
-// --resume can continue that run from it. It is what a kill during a run's first save leaves (a fresh
-// start draws a new run id, so its requeue finds "another run's" files); refusing it would refuse that
-// requeue forever. It is deleted instead of being left: were this run to save the same step and be
-// killed midway, that run's files mixed with this one's could look complete (a resume then refuses
-// them, and the folder is stuck again). Deleting is safe because it happens only when the folder holds
-// no complete checkpoint of another run (else this run is refused, and nothing is touched): that run
-// has nothing here to continue from. (A second job saving into the same folder at the same time is
-// not something a start-up check can prevent, nor was it before.) With `clean` 0 nothing is deleted and
-// the first conflict is returned in msg (NULL: none), for a warning.
-static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, long long start_step, int clean, char* msg, size_t cap) {
-    long long* steps;
-    int n = checkpoint_steps(dir, &steps), n_debris = 0;
-    long long* debris = (long long*)malloc_check((n > 0 ? n : 1) * sizeof(long long));
-    const char* conflict = NULL;
-    for (int i = 0; i < n && conflict == NULL; i++) {  // newest first
-        char path[4200];
-        int header[HEADER_INTS];
-        long long size;
-        snprintf(path, sizeof(path), "%s/state_%08lld_00000.bin", dir, steps[i]);
-        FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
-        fclose(f);
-        uint64_t id = header[1] >= 2 ? get_u64(header + 33) : 0;
-        int complete = checkpoint_complete(dir, steps[i]);
-        if (!complete && id != run_id) debris[n_debris++] = steps[i];
-        else if (complete && id != run_id)
-            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, "
-                     "or save into another folder", dir, steps[i]), conflict = msg;
-        else if (complete && steps[i] > start_step)
-            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: "
-                     "step %lld): its saves would mix a second branch into them, and the next --resume there would continue the old "
-                     "branch's newest step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
-                     dir, start_step, steps[i], start_step), conflict = msg;
-    }
-    if (conflict == NULL && clean)
-        for (int i = 0; i < n_debris; i++) {
-            printf("--checkpoint-dir '%s': deleting the incomplete checkpoint of step %lld that another run's interrupted save left\n",
-                   dir, debris[i]);
-            delete_checkpoint_files(dir, debris[i]);
-        }
-    free(steps), free(debris);
-    return conflict;
-}
-
-// Refuses a run's saving into dir when checkpoint_dir_conflict finds a conflict; else clears the debris.
-static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
-    char msg[1600];
-    if (checkpoint_dir_conflict(dir, run_id, start_step, 1, msg, sizeof(msg))) fatal("%s", msg);
-}
-
-// --encode FILE: prints the GPT-2 token ids of the file's text on one line
-static void encode_file(const TrainConfig* tc) {
-    char dir[4200];
-    BpeEncoder bpe;
-    bpe_init(&bpe, bpe_dir_of(tc, dir, sizeof(dir)));
-    size_t n, count;
-    char* text = read_whole_file(tc->encode_file, &n);
-    int* ids = bpe_encode(&bpe, text, n, &count);
-    for (size_t i = 0; i < count; i++) printf(i ? " %d" : "%d", ids[i]);
-    printf("\n");
-    if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write the token ids: %s", strerror(errno));
-    free(ids), free(text);
-    bpe_free(&bpe);
-}
-
-// --prompt: its tokens (malloc'd), checked against the model's vocabulary and the sequence length
-static int* encode_prompt(const TrainConfig* tc, const GPT2Config* c, int* n_prompt) {
-    char dir[4200];
-    BpeEncoder bpe;
-    bpe_init(&bpe, bpe_dir_of(tc, dir, sizeof(dir)));
-    size_t count;
-    int* ids = bpe_encode(&bpe, tc->prompt, strlen(tc->prompt), &count);
-    bpe_free(&bpe);
-    if (count == 0) fatal("--prompt is empty");
-    if (1 + count >= (size_t)tc->T)
-        fatal("--prompt is %zu tokens: after the end-of-text token that starts a sample it leaves no room to generate "
-              "within --seq-len %d", count, tc->T);
-    for (size_t i = 0; i < count; i++)
-        if (ids[i] >= c->V) fatal("--prompt: token %d is outside the model's vocabulary of %d", ids[i], c->V);
-    *n_prompt = (int)count;
-    return ids;
-}
-
-// A signal stops the run after the current step with a checkpoint (llmc/stop_signal.h). Its folder was
-// checked at the start only if the run meant to save: otherwise it is checked now, before the save.
-static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id, long long start_step) {
-    if (tc->save_every > 0 || tc->stop_after > 0) return;
-    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
-    check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
-}
-
-// After the checkpoint of a run stopped by a signal: one line saying so, and the exit code to come.
-static void report_signal_stop(const TrainConfig* tc, Comm* comm, int sig, long long step) {
-    stop_signal_ended_run = 1;
-    if (comm->world_rank == 0)
-        printf("stopped by %s after step %lld: checkpoint saved in '%s'; continue with --resume %s (exit code %d)\n",
-               stop_signal_name(sig), step, tc->checkpoint_dir, tc->checkpoint_dir, EXIT_STOPPED_BY_SIGNAL);
-}
-
-// The log's first line (and one per resume): the command line and what it resolved to (llmc/logger.h).
-static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2* model, long long resumed_from) {
-    if (!logger_config_begin(lg, tc->argc, tc->argv)) return;
-    const GPT2Config* c = &model->config;
-    char device[256];
-    device_name(device, sizeof(device));
-    FILE* f = lg->f;
-    fprintf(f, ", \"target\": \"%s\", \"precision\": \"%s\", \"device\": ", TARGET_NAME, PRECISION_NAME);
-    json_string(f, device);
-    fprintf(f, ", \"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d", comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero);
-    fprintf(f, ", \"model\": {\"L\": %d, \"C\": %d, \"NH\": %d, \"V\": %d, \"Vp\": %d, \"maxT\": %d, \"parameters\": %zu}", c->L, c->C,
-            c->NH, c->V, c->Vp, c->maxT, model->num_parameters);
-    fprintf(f, ", \"batch\": {\"B\": %d, \"T\": %d, \"grad_accum\": %d, \"tokens_per_step\": %lld}", tc->B, tc->T, tc->grad_accum,
-            (long long)comm->dp * tc->B * tc->T * tc->grad_accum);
-    fprintf(f, ", \"steps\": %lld, \"lr\": %g, \"warmup\": %d, \"lr_schedule\": \"%s\", \"seed\": %llu", tc->steps, tc->opt.lr,
-            tc->warmup, tc->schedule, (unsigned long long)tc->seed);
-    if (TARGET_IS_CPU) fprintf(f, ", \"cpu_matmul\": \"%s\"", tc->kernels.cpu_blas ? "blas" : "reference");
-    if (resumed_from >= 0) fprintf(f, ", \"resumed_from\": %lld", resumed_from);
-    logger_config_end(lg);
-}
-
-// hours:minutes:seconds, or minutes:seconds under an hour
-static void format_duration(double seconds, char* buf, size_t cap) {
-    long long s = seconds > 0 && isfinite(seconds) ? (long long)(seconds + 0.5) : 0;
-    if (s >= 3600) snprintf(buf, cap, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
-    else snprintf(buf, cap, "%lld:%02lld", s / 60, s % 60);
-}
-
-// The line of a finished step: loss, norm, lr, time, throughput (MFU on a known GPU), the time since
-// the loop started and the time left to the last step of this run (--stop-after or --steps), at the
-// mean pace of the steps so far.
-static void print_step_line(const TrainConfig* tc, long long step, long long start_step, double loop_start, float loss,
-                            float norm, float lr, double ms, double tokens_per_s, double mfu) {
-    long long end = tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps;
-    double elapsed = wall_seconds() - loop_start;
-    char el[32], eta[32];
-    format_duration(elapsed, el, sizeof(el));
-    format_duration(elapsed / (double)(step - start_step) * (double)(end - step), eta, sizeof(eta));
-    printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step, tc->steps, loss, norm, lr, ms, tokens_per_s);
-    if (mfu > 0) printf(" | MFU %.1f%%", mfu);
-    printf(" | %s elapsed, ETA %s\n", el, eta);
-}
-
 // What a training run holds besides its configuration: the model, its data, what it evaluates and
 // samples, its log and trace, and the state a checkpoint saves and a resume restores.
 typedef struct {
@@ -2113,18 +1663,6 @@ typedef struct {
     double flops_per_token, peak_flops, loop_start;
     float val_loss;            // the last validation loss (NAN: none yet)
 } Training;
-
-// Every output path fails now if it cannot be written, not at its first write after hours of training.
-// A run that trains can be stopped by a signal, which saves a checkpoint into --checkpoint-dir even
-// without --save-every: found unusable only then, after hours of training, the run would end with
-// nothing saved. So the folder is checked for every run that trains; it is created only for a run that
-// means to save (the default "checkpoints" of a run that is never stopped is never made).
-static void check_output_paths(const TrainConfig* tc, int main_rank) {
-    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
-    else if (tc->steps > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir (where a stop signal saves)", 2, CHECKPOINT_NAME_MAX);
-    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model", strlen(".tmp"));
-    if (tc->trace) check_writable_file(tc->trace, "--trace", strlen(".rank") + 7);  // every rank writes its part next to it
-}
 
 // What the run starts from: the newest checkpoint in --resume (the model, the AdamW moments into *m, *v
 // and the run state), a --model file, or nothing (*params stays NULL: random initialization). The model
@@ -2291,7 +1829,7 @@ static void restore_run_state(Training* run) {
     }
     if (run->main_rank && tc->resume) logger_open_resumed(&run->logger, tc->log_file, run->start_step);
     else if (run->main_rank) logger_open(&run->logger, tc->log_file, 0);
-    log_run_config(&run->logger, tc, run->comm, &run->model, tc->resume ? run->start_step : -1);
+    log_run_config(&run->logger, tc, run->comm, &run->model.config, run->model.num_parameters, tc->resume ? run->start_step : -1);
 }
 
 // The start-up lines: the target, the grid, the model, the batch, the data and the pipeline (main rank),
@@ -2386,7 +1924,7 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
     }
     // --steps 0 samples once, from the model as given
     if (run->have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last)) {
-        if (tc->fault_slow_sample > 0) usleep((useconds_t)(tc->fault_slow_sample * 1e6));  // a long sample of a large model
+        fault_delay(tc->fault.slow_sample);  // testing: a long sample of a large model
         gpt2_sample(&run->model, &run->tok, &run->sample_rng, &run->sample, run->main_rank);
     }
 }
@@ -2425,19 +1963,11 @@ static int checkpoint_if_due(Training* run, long long step, int last, int stop_s
     int periodic = tc->save_every > 0 && step > run->start_step && (step % tc->save_every == 0 || last);
     if (periodic || (stopping && step > run->start_step)) {
         fill_run_state(run, step);
-        if (run->main_rank && tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
+        if (run->main_rank) fault_delay(tc->fault.slow_save);  // testing: slow storage
         save_checkpoint(&run->model, tc->checkpoint_dir, &run->state, tc->keep_last);
     }
     if (stop_sig && !last) report_signal_stop(tc, run->comm, stop_sig, step);
     return stopping;
-}
-
-// --fault-rank R --fault-step S (testing): rank R dies at step S, as a crashed node would; with
-// --fault-stop 1 it stops there instead (SIGSTOP), as a hung node would: alive, its connections open.
-static void fault_kill_if_due(const TrainConfig* tc, const Comm* comm, long long step) {
-    if (comm->world_rank != tc->fault_rank || step != tc->fault_step) return;
-    fprintf(stderr, "rank %d: --fault-rank: %s myself at step %lld\n", comm->world_rank, tc->fault_stop ? "stopping" : "killing", step);
-    raise(tc->fault_stop ? SIGSTOP : SIGKILL);
 }
 
 typedef struct {
@@ -2458,7 +1988,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     double t0 = wall_seconds();
     run->tracer.enabled = tc->trace && step > run->start_step && step <= run->start_step + tc->trace_steps;  // skip the first step
     comm->stats.on = run->tracer.enabled;  // the engine's bytes and time over the same steps (comm_print_stats)
-    if (run->tracer.enabled && step == run->start_step + 1) trace_align_clocks(&run->tracer, comm, tc->fault_clock_skew);
+    if (run->tracer.enabled && step == run->start_step + 1) trace_align_clocks(&run->tracer, comm, tc->fault.clock_skew);
     gpt2_zero_grad(model);
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
@@ -2467,7 +1997,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     char why[64];
     snprintf(why, sizeof(why), "the loss is %g", r.loss);
     if (!isfinite(r.loss)) end_diverged(comm, step + 1, why, 0);  // the mean over all ranks: every rank sees it
-    if (comm->world_rank == tc->fault_inf_rank && step + 1 == tc->fault_inf_step) inject_inf_gradient(model);
+    if (fault_inf_due(&tc->fault, comm->world_rank, step + 1)) inject_inf_gradient(model);
     r.lr = learning_rate(tc, step);
     double t_opt = trace_now_us(&run->tracer);
     float scale_before = loss_scale(&run->scaler);
@@ -2535,7 +2065,7 @@ static void training_finish(Training* run) {
             end_every_rank(run->comm, msg);
         }
         if (run->main_rank) {
-            if (tc->fault_slow_save > 0) usleep((useconds_t)(tc->fault_slow_save * 1e6));  // slow storage
+            fault_delay(tc->fault.slow_save);  // testing: slow storage
             model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
             if (!tc->quiet) printf("wrote %s\n", tc->save_model);
         }
@@ -2572,444 +2102,18 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
         // before saving (the sampling generator in the checkpoint is past that sample): not again
         if (!(tc->resume && step == run.start_step)) evaluate_and_sample(&run, step, last);
         if (checkpoint_if_due(&run, step, last, stop_sig) || last) break;
-        fault_kill_if_due(tc, comm, step);
+        fault_kill_if_due(&tc->fault, comm->world_rank, step);
         StepResult r = train_step(&run, step, losses, max_losses);
         stop_sig = stop_signal_agreed(comm);
         if (!r.skipped) report_step(&run, step, &r);
-        if (step + 1 == tc->fault_wait_signal && !stop_sig) stop_sig = stop_signal_wait(comm, step + 1, 60.0);  // (step + 1 is done)
+        if (step + 1 == tc->fault.wait_signal && !stop_sig) stop_sig = stop_signal_wait(comm, step + 1, 60.0);  // (step + 1 is done)
     }
     training_finish(&run);
     return run.val_loss;
 }
 
-// "80GiB", "80GB", "512MiB", or bytes
-static double parse_size(const char* flag, const char* v) {
-    char* end;
-    double x = strtod(v, &end);
-    double unit = 1.0;
-    if (!strcmp(end, "GiB") || !strcmp(end, "G")) unit = 1073741824.0;
-    else if (!strcmp(end, "GB")) unit = 1e9;
-    else if (!strcmp(end, "MiB") || !strcmp(end, "M")) unit = 1048576.0;
-    else if (!strcmp(end, "MB")) unit = 1e6;
-    else if (*end != '\0' || end == v) fatal("%s expects a size like 80GiB, 80GB or 512MiB, got '%s'", flag, v);
-    if (!(x > 0) || !isfinite(x * unit)) fatal("%s must be a positive, finite size, got '%s'", flag, v);
-    return x * unit;
-}
-
 // ----------------------------------------------------------------------------------------------------
 // command line
-
-static void default_train_config(TrainConfig* tc) {
-    memset(tc, 0, sizeof(*tc));
-    tc->train_data = "data/devil_train.bin";
-    tc->val_data = "data/devil_val.bin";
-    tc->tokenizer = "data/gpt2_tokenizer.bin";
-    tc->arch = (GPT2Config){.maxT = 128, .V = 50257, .Vp = 0, .L = 4, .NH = 4, .C = 128};  // Vp: derived from V
-    tc->seed = 1337;
-    tc->comm_timeout = 120.0;
-    tc->io_timeout = 3600.0;
-    tc->kernels.cpu_blas = cpu_blas_linked;  // llmc/matmul.h: OpenBLAS where the build linked it
-    tc->B = 8;
-    tc->T = 64;
-    tc->grad_accum = 1;
-    tc->steps = 150;
-    tc->opt = (OptimizerConfig){.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
-    tc->warmup = 20;
-    tc->schedule = "cosine";
-    tc->lr_min_frac = 0.1f;
-    tc->val_every = 50;
-    tc->val_batches = 10;
-    tc->sample_every = 75;
-    tc->sample_len = 48;
-    tc->temperature = 1.0f;
-    tc->eval_every = 50;
-    tc->checkpoint_dir = "checkpoints";
-    tc->save_model_version = 3;
-    tc->engine = "auto";
-    tc->tp = 1;
-    tc->pp = 1;
-    tc->pipe_schedule = SCHEDULE_GPIPE;
-    tc->trace_steps = 2;
-    tc->fault_rank = -1;
-    tc->fault_step = -1;
-    tc->fault_wait_signal = -1;
-    tc->stochastic_rounding = BF16_BUILD;
-    tc->fault_inf_rank = -1;
-    tc->fault_inf_step = -1;
-    // FP16 needs loss scaling; BF16 and FP32 have fp32's exponent range and do not
-    tc->scaler = (LossScaler){.mode = FP16_BUILD ? SCALE_DYNAMIC : SCALE_OFF, .scale = 65536.0f, .growth = 2.0f, .backoff = 0.5f,
-                              .interval = 2000, .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
-}
-
-static void print_usage(void) {
-    TrainConfig d;
-    default_train_config(&d);
-    printf(
-        "usage: train_gpt [flags]   (GPT-2 trainer, target %s, precision %s)\n"
-        "\n"
-        "data\n"
-        "  --train-data GLOB     token shards to train on             [%s]\n"
-        "  --val-data GLOB       token shards for validation (\"\" off) [%s]\n"
-        "  --tokenizer FILE      decode table for samples (\"\" off)    [%s]\n"
-        "  --shuffle 0|1         visit micro-batches in a seeded random order per epoch [0: in order]\n"
-        "model (from a file, or from scratch with GPT-2 initialization)\n"
-        "  --model FILE          start from this llm.c model file (versions 3 fp32 and 5 bf16)\n"
-        "  --layers L            [%d]   --channels C   [%d]   --heads NH   [%d]\n"
-        "  --vocab V             [%d]   --max-seq-len maxT [%d]   --seed N   [%llu]\n"
-        "batch\n"
-        "  --batch-size B        sequences per micro-batch, per rank  [%d]\n"
-        "  --seq-len T           tokens per sequence (<= maxT)        [%d]\n"
-        "  --grad-accum N        micro-batches per optimizer step     [%d]\n"
-        "parallelism (launch with mpirun -np W, or torchrun-style RANK/WORLD_SIZE/LOCAL_RANK on GPUs)\n"
-        "  --dp D                data-parallel ranks                  [world size / (tp x pp)]\n"
-        "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
-        "  --pp P                pipeline stages (P <= L)             [1]\n"
-        "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
-        "  --schedule S          gpipe | 1f1b                         [gpipe]\n"
-        "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
-        "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
-        "  --print-schedule      print every stage's schedule for --pp, --micro-batches, --schedule\n"
-        "                        (timeline, actions, which sends pair with which receives), and exit\n"
-        "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
-        "  --trace-steps N       steps to trace, after the first      [2]\n"
-        "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
-        "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
-        "  --nccl-id-dir DIR     without mpirun: a shared folder for the NCCL id [none: TCP at MASTER_ADDR:MASTER_PORT]\n"
-        "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
-        "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
-        "  --fault-rank R --fault-step S   testing: rank R kills itself at step S\n"
-        "  --fault-stop 1        testing: ... stops itself instead (SIGSTOP), as a hung rank would\n"
-        "  --fault-slow-save S   testing: rank 0 takes S seconds longer to save each checkpoint and the final model\n"
-        "  --fault-slow-sample S  testing: every sample takes S seconds longer (on every rank that samples)\n"
-        "  --fault-wait-signal S  testing: after step S every rank waits (up to 60 s) for a stop signal\n"
-        "  --fault-clock-skew S  testing: rank r's clock for --trace reads r x S seconds ahead (the trace must not show it)\n"
-        "mixed precision\n"
-        "  --loss-scale S        dynamic | off | a fixed scale (1 to 2^24) [%s]\n"
-        "  --loss-scale-init X   first dynamic scale (1 to 2^24)      [65536]\n"
-        "  --loss-scale-growth X  --loss-scale-backoff X  --loss-scale-interval N  --loss-scale-hysteresis N [2 0.5 2000 1]\n"
-        "  --stochastic-rounding 0|1  BF16: round parameter updates stochastically [1 in BF16 builds]\n"
-        "  --fault-inf-rank R --fault-inf-step S   testing: rank R makes a gradient inf at step S\n"
-        "memory\n"
-        "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
-        "  --attention classic|flash  classic: cuBLAS over the stored (B,NH,T,T) probabilities (the CPU\n"
-        "                        reference's algorithm); flash: tensor-core flash attention, BF16/FP16 GPU builds,\n"
-        "                        head size 64, no T x T buffer (not yet verified on a GPU) [classic]\n"
-        "  --plan                print each rank's memory for this configuration (any size, dp/tp/pp/zero/\n"
-        "                        recompute/batch) without allocating, and exit\n"
-        "  --device-memory SIZE  with --plan: also the largest micro-batch that fits, e.g. 80GiB\n"
-        "  --precision P         with --plan: bf16 | fp16 | fp32      [this build's]\n"
-        "GPU speed\n"
-        "  --fused-kernels 0|1   GPU: fused LayerNorm (residual add + forward; one-pass backward), 16-byte\n"
-        "                        classifier kernels, GELU and bias gradients in cuBLASLt epilogues, plans kept\n"
-        "                        per shape, micro-step inputs copied without waiting, a step's losses summed on\n"
-        "                        the device and copied once. Off until verified on a GPU (scripts/check_gpu.sh).\n"
-        "                        CPU target: accepted, the same reference loops, identical results [0]\n"
-        "CPU speed\n"
-        "  --cpu-matmul M        blas: the CPU target's matmuls through OpenBLAS (cblas_sgemm); reference: its\n"
-        "                        hand-written GEMM (llmc/matmul.h), slower, the same bits at any thread count;\n"
-        "                        the two agree to fp32 rounding. GPU target: ignored [blas where the build\n"
-        "                        found OpenBLAS, else reference]\n"
-        "optimization\n"
-        "  --steps N             optimizer steps                      [%lld]\n"
-        "  --stop-after N        end this run after step N (checkpointing there); resume later\n"
-        "  --lr X                peak learning rate                   [%g]\n"
-        "  --warmup N            linear warmup steps                  [%d]\n"
-        "  --lr-schedule S       cosine | linear | constant           [%s]\n"
-        "  --lr-min-frac X       final lr as a fraction of --lr       [%g]\n"
-        "  --beta1 X  --beta2 X  --eps X                               [%g %g %g]\n"
-        "  --weight-decay X      on 2-D weights only                  [%g]\n"
-        "  --grad-clip X         max global gradient norm, 0 = off    [%g]\n"
-        "evaluation, sampling, checkpoints, logs\n"
-        "  --val-every N         validation loss every N steps, 0 off [%d]\n"
-        "  --val-batches N       micro-batches per validation         [%d]\n"
-        "  --eval-data FILE      multiple-choice examples (llm.c's HellaSwag format): accuracy\n"
-        "  --eval-every N        multiple-choice accuracy every N steps (and at the end) [50]\n"
-        "  --eval-dump FILE      one rank: write each example's 4 mean completion losses\n"
-        "  --sample-every N      print a sample every N steps, 0 off  [%d]\n"
-        "  --sample-len N        tokens per sample                    [%d]\n"
-        "  --prompt TEXT         samples continue TEXT (GPT-2 BPE; needs encoder.json and vocab.bpe)\n"
-        "  --temperature X       sampling temperature, 0 = greedy     [1]\n"
-        "  --top-k K             sample among the K most likely tokens, 0 = all [0]\n"
-        "  --bpe-dir DIR         folder of encoder.json, vocab.bpe    [beside --tokenizer, else data]\n"
-        "  --encode FILE         print the GPT-2 token ids of a UTF-8 text file and exit\n"
-        "                        (--steps 0 --model FILE --prompt TEXT: sample once from a model, no training)\n"
-        "  --save-every N        checkpoint every N steps, 0 off      [%d]\n"
-        "  --checkpoint-dir DIR  where checkpoints go (created if missing) [%s]\n"
-        "  --resume DIR          continue from the newest checkpoint in DIR (and save there: --checkpoint-dir's default)\n"
-        "  --resume-if-present DIR  the same if DIR holds a complete checkpoint, else start fresh (from --model or\n"
-        "                        from scratch), saving into DIR: one command line for a job that is requeued\n"
-        "  --keep-last N         after each save keep the N newest resumable checkpoints, delete older ones [all kept]\n"
-        "  --allow-data-change   resume on other training data than the checkpoint's (else refused: its files, sizes\n"
-        "                        and tokens are recorded in the checkpoint)\n"
-        "  --save-model FILE     write the final model (llm.c format)\n"
-        "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even; what llm.c's GPU builds read) [fp32]\n"
-        "  --log FILE            one JSON object per line per step and evaluation\n"
-        "  --help                this text\n"
-        "exit codes: 0 done, 1 error, 3 stopped by SIGINT, SIGTERM or SIGUSR1: the step in progress was finished\n"
-        "  and checkpointed into --checkpoint-dir (continue with --resume)\n",
-        TARGET_NAME, PRECISION_NAME, d.train_data, d.val_data, d.tokenizer, d.arch.L, d.arch.C, d.arch.NH, d.arch.V,
-        d.arch.maxT, (unsigned long long)d.seed, d.B, d.T, d.grad_accum,
-        d.scaler.mode == SCALE_DYNAMIC ? "dynamic" : "off", d.steps, d.opt.lr, d.warmup, d.schedule,
-        d.lr_min_frac, d.opt.beta1, d.opt.beta2, d.opt.eps, d.opt.weight_decay, d.opt.grad_clip, d.val_every,
-        d.val_batches, d.sample_every, d.sample_len, d.save_every, d.checkpoint_dir);
-}
-
-static long long parse_int(const char* flag, const char* s, long long lo, long long hi) {
-    char* end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0') fatal("%s expects an integer, got '%s'", flag, s);
-    if (v < lo || v > hi) fatal("%s must be between %lld and %lld, got %lld", flag, lo, hi, v);
-    return v;
-}
-
-static float parse_float(const char* flag, const char* s, double lo, double hi) {
-    char* end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !isfinite(v)) fatal("%s expects a number, got '%s'", flag, s);
-    if (v < lo || v > hi) fatal("%s must be between %g and %g, got %g", flag, lo, hi, v);
-    return (float)v;
-}
-
-enum { MAX_PRINTED_STAGES = 64, MAX_PRINTED_MICRO_BATCHES = 1024, MAX_PLANNED_ACTIONS = 1 << 22 };
-
-// Flags whose meaning depends on others, remembered until all are read (check_flag_combinations).
-typedef struct {
-    int micro_batches;                 // --micro-batches M (0: not given)
-    const char* checkpoint_dir_given;  // --checkpoint-dir (NULL: not given, the default or --resume's folder)
-} FlagsSeen;
-
-// The flags that take a value, one function per part of --help. Each returns 0 for a flag not its own.
-static int parse_data_model_flag(TrainConfig* tc, const char* f, const char* v) {  // data, model, batch
-    const long long BIG = 1LL << 40;
-    if (!strcmp(f, "--train-data")) tc->train_data = v;
-    else if (!strcmp(f, "--val-data")) tc->val_data = v;
-    else if (!strcmp(f, "--tokenizer")) tc->tokenizer = v;
-    else if (!strcmp(f, "--shuffle")) tc->shuffle = (int)parse_int(f, v, 0, 1);
-    else if (!strcmp(f, "--model")) tc->model_file = v;
-    else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= 1; }
-    else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 2; }
-    else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 4; }
-    else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 8; }
-    else if (!strcmp(f, "--max-seq-len")) { tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20); tc->arch_given |= 16; }
-    else if (!strcmp(f, "--seed")) tc->seed = (uint64_t)parse_int(f, v, 0, BIG);
-    else if (!strcmp(f, "--batch-size")) tc->B = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--seq-len")) tc->T = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--grad-accum")) tc->grad_accum = (int)parse_int(f, v, 1, 1 << 20);
-    else return 0;
-    return 1;
-}
-
-static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {
-    if (!strcmp(f, "--dp")) tc->dp = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--tp")) tc->tp = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
-    else if (!strcmp(f, "--schedule")) {
-        if (strcmp(v, "gpipe") && strcmp(v, "1f1b")) fatal("--schedule must be gpipe or 1f1b, got '%s'", v);
-        tc->pipe_schedule = strcmp(v, "gpipe") == 0 ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
-    } else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
-    else if (!strcmp(f, "--trace")) tc->trace = v;
-    else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
-    else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
-    else if (!strcmp(f, "--comm")) {
-        if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
-        tc->engine = v;
-    } else if (!strcmp(f, "--nccl-id-dir")) tc->nccl_id_dir = v;
-    else if (!strcmp(f, "--comm-timeout")) tc->comm_timeout = parse_float(f, v, 0.0f, 1e9f);
-    else if (!strcmp(f, "--io-timeout")) tc->io_timeout = parse_float(f, v, 0.0f, 1e9f);
-    else if (!strcmp(f, "--fault-rank")) tc->fault_rank = (int)parse_int(f, v, 0, 1 << 20);
-    else if (!strcmp(f, "--fault-slow-save")) tc->fault_slow_save = parse_float(f, v, 0.0f, 3600.0f);
-    else if (!strcmp(f, "--fault-slow-sample")) tc->fault_slow_sample = parse_float(f, v, 0.0f, 3600.0f);
-    else if (!strcmp(f, "--fault-step")) tc->fault_step = (int)parse_int(f, v, 0, 1 << 30);
-    else if (!strcmp(f, "--fault-stop")) tc->fault_stop = (int)parse_int(f, v, 0, 1);
-    else if (!strcmp(f, "--fault-wait-signal")) tc->fault_wait_signal = parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--fault-clock-skew")) tc->fault_clock_skew = parse_float(f, v, -1e6f, 1e6f);
-    else return 0;
-    return 1;
-}
-
-static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const char* v) {  // mixed precision, memory, GPU speed
-    if (!strcmp(f, "--loss-scale")) {
-        if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
-        else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;
-        else {
-            tc->scaler.mode = SCALE_STATIC;
-            tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
-        }
-    } else if (!strcmp(f, "--loss-scale-init")) tc->scaler.scale = parse_float(f, v, 1e-30, 1e30);
-    else if (!strcmp(f, "--loss-scale-growth")) tc->scaler.growth = parse_float(f, v, 1.0, 1e6);
-    else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
-    else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
-    else if (!strcmp(f, "--fault-inf-rank")) tc->fault_inf_rank = (int)parse_int(f, v, 0, 1 << 20);
-    else if (!strcmp(f, "--fault-inf-step")) tc->fault_inf_step = (int)parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
-    else if (!strcmp(f, "--attention")) {
-        if (strcmp(v, "classic") && strcmp(v, "flash")) fatal("--attention must be classic or flash, got '%s'", v);
-        tc->kernels.flash_attention = strcmp(v, "flash") == 0;
-    } else if (!strcmp(f, "--device-memory")) tc->device_memory = parse_size(f, v);
-    else if (!strcmp(f, "--precision")) {
-        if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
-        tc->plan_precision = v;
-    } else if (!strcmp(f, "--fused-kernels")) tc->kernels.fused = (int)parse_int(f, v, 0, 1);  // llmc/device.h
-    else if (!strcmp(f, "--cpu-matmul")) {
-        if (strcmp(v, "blas") && strcmp(v, "reference")) fatal("--cpu-matmul must be blas or reference, got '%s'", v);
-        tc->kernels.cpu_blas = strcmp(v, "blas") == 0;
-        if (tc->kernels.cpu_blas && !cpu_blas_linked && TARGET_IS_CPU)
-            fatal("--cpu-matmul blas: this build has no BLAS (OpenBLAS was not found when it was built: make deps installs "
-                  "libopenblas-openmp-dev, then rebuild); use --cpu-matmul reference");
-    } else return 0;
-    return 1;
-}
-
-static int parse_optimization_flag(TrainConfig* tc, const char* f, const char* v) {
-    // at most INT_MAX steps: AdamW's step number is an int, and a state file holds no more (state_file.h)
-    if (!strcmp(f, "--steps")) tc->steps = parse_int(f, v, 0, INT_MAX);
-    else if (!strcmp(f, "--stop-after")) tc->stop_after = parse_int(f, v, 1, INT_MAX);
-    else if (!strcmp(f, "--lr")) tc->opt.lr = parse_float(f, v, 0.0, 10.0);
-    else if (!strcmp(f, "--warmup")) tc->warmup = (int)parse_int(f, v, 0, 1 << 30);
-    else if (!strcmp(f, "--lr-schedule")) {
-        if (strcmp(v, "cosine") && strcmp(v, "linear") && strcmp(v, "constant"))
-            fatal("--lr-schedule must be cosine, linear or constant, got '%s'", v);
-        tc->schedule = v;
-    } else if (!strcmp(f, "--lr-min-frac")) tc->lr_min_frac = parse_float(f, v, 0.0, 1.0);
-    else if (!strcmp(f, "--beta1")) tc->opt.beta1 = parse_float(f, v, 0.0, 0.999999);
-    else if (!strcmp(f, "--beta2")) tc->opt.beta2 = parse_float(f, v, 0.0, 0.999999);
-    else if (!strcmp(f, "--eps")) {
-        tc->opt.eps = parse_float(f, v, 0.0, 1.0);
-        // AdamW divides m by sqrt(v) + eps, and m = v = 0 where a gradient is always 0 (the padded
-        // vocabulary rows): eps = 0 would write 0/0 = NaN into the model
-        if (!(tc->opt.eps > 0.0f)) fatal("--eps must be positive as a float32 (with 0, AdamW computes 0/0 for parameters whose gradient is 0), got '%s'", v);
-    } else if (!strcmp(f, "--weight-decay")) tc->opt.weight_decay = parse_float(f, v, 0.0, 10.0);
-    else if (!strcmp(f, "--grad-clip")) tc->opt.grad_clip = parse_float(f, v, 0.0, 1e9);
-    else return 0;
-    return 1;
-}
-
-static int parse_output_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {  // evaluation, sampling, checkpoints, logs
-    if (!strcmp(f, "--val-every")) tc->val_every = (int)parse_int(f, v, 0, 1 << 30);
-    else if (!strcmp(f, "--val-batches")) tc->val_batches = (int)parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--eval-data")) tc->eval_data = v;
-    else if (!strcmp(f, "--eval-every")) tc->eval_every = (int)parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--eval-dump")) tc->eval_dump = v;
-    else if (!strcmp(f, "--sample-every")) tc->sample_every = (int)parse_int(f, v, 0, 1 << 30);
-    else if (!strcmp(f, "--sample-len")) tc->sample_len = (int)parse_int(f, v, 1, 1 << 20);
-    else if (!strcmp(f, "--prompt")) tc->prompt = v;
-    else if (!strcmp(f, "--temperature")) tc->temperature = parse_float(f, v, 0.0, 1e6);
-    else if (!strcmp(f, "--top-k")) tc->top_k = (int)parse_int(f, v, 0, 1 << 30);
-    else if (!strcmp(f, "--bpe-dir")) tc->bpe_dir = v;
-    else if (!strcmp(f, "--encode")) tc->encode_file = v;
-    else if (!strcmp(f, "--save-every")) tc->save_every = (int)parse_int(f, v, 0, 1 << 30);
-    else if (!strcmp(f, "--checkpoint-dir")) tc->checkpoint_dir = seen->checkpoint_dir_given = v;
-    else if (!strcmp(f, "--resume")) tc->resume = v;
-    else if (!strcmp(f, "--resume-if-present")) tc->resume_if_present = v;
-    else if (!strcmp(f, "--keep-last")) tc->keep_last = (int)parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--save-model")) tc->save_model = v;
-    else if (!strcmp(f, "--save-model-dtype")) {
-        if (strcmp(v, "fp32") && strcmp(v, "bf16")) fatal("--save-model-dtype must be fp32 or bf16, got '%s'", v);
-        tc->save_model_version = strcmp(v, "bf16") == 0 ? 5 : 3;
-    } else if (!strcmp(f, "--log")) tc->log_file = v;
-    else return 0;
-    return 1;
-}
-
-// What one flag means depends on another: conflicts, --micro-batches turned into B and grad_accum, the
-// checkpoint folder of a resumed run, and a model from the command line's sizes.
-static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
-    if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
-    if (tc->resume && tc->resume_if_present) fatal("give --resume or --resume-if-present, not both");
-    // a resumed run saves where it resumed from, so that the next resume finds its newest checkpoint
-    if (!seen->checkpoint_dir_given && (tc->resume || tc->resume_if_present)) tc->checkpoint_dir = tc->resume ? tc->resume : tc->resume_if_present;
-    if (seen->micro_batches > 0) {  // B sequences per step, in M micro-batches of B/M: gradient accumulation over M
-        if (tc->grad_accum != 1) fatal("give --micro-batches or --grad-accum, not both");
-        if (tc->B % seen->micro_batches != 0)
-            fatal("--batch-size %d does not split into %d micro-batches (it must be a multiple)", tc->B, seen->micro_batches);
-        tc->B /= seen->micro_batches;
-        tc->grad_accum = seen->micro_batches;
-    }
-    if (tc->pp > 1 && tc->zero == 2)
-        fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its micro-batches "
-              "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
-              "per micro-batch; use --zero 1, which shards the optimizer state");
-    if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
-    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, and
-    // printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
-    // --micro-batches gets an answer at once, not a loop of hours or gigabytes of text
-    if (tc->print_schedule && (tc->pp > MAX_PRINTED_STAGES || tc->grad_accum > MAX_PRINTED_MICRO_BATCHES))
-        fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)", MAX_PRINTED_STAGES,
-              MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
-    if (tc->plan && (long long)tc->pp * tc->grad_accum > MAX_PLANNED_ACTIONS)
-        fatal("--plan: --pp %d x %d micro-batches is more than the %d stage micro-batches it plans (a pipeline of that many "
-              "micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, MAX_PLANNED_ACTIONS);
-    char why[256];
-    if (loss_scaler_settings_error(&tc->scaler, why, sizeof(why))) fatal("%s", why);
-    if (tc->fault_wait_signal >= tc->steps)  // (a signal after the last step stops nothing: the run is done)
-        fatal("--fault-wait-signal %lld must be below --steps %lld", tc->fault_wait_signal, tc->steps);
-    if (tc->prompt && (tc->tokenizer == NULL || tc->tokenizer[0] == '\0' || tc->sample_every == 0))
-        fatal("--prompt needs sampling on: a --tokenizer and --sample-every above 0");
-    tc->arch.Vp = padded_vocab(tc->arch.V);
-    if (!tc->model_file && !tc->resume) validate_config(&tc->arch, "command line");
-    if (!tc->model_file && !tc->resume && tc->T > tc->arch.maxT)
-        fatal("sequence length T=%d is longer than maxT=%d", tc->T, tc->arch.maxT);
-}
-
-static void parse_args(TrainConfig* tc, int argc, char** argv) {
-    default_train_config(tc);
-    tc->argc = argc;
-    tc->argv = argv;
-    FlagsSeen seen = {.micro_batches = 0, .checkpoint_dir_given = NULL};
-    for (int i = 1; i < argc; i++) {
-        const char* f = argv[i];
-        if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
-            print_usage();
-            exit(0);
-        }
-        if (strncmp(f, "--", 2) != 0) fatal("unexpected argument '%s' (flags start with --; see --help)", f);
-        if (!strcmp(f, "--plan")) {
-            tc->plan = 1;
-            continue;
-        }
-        if (!strcmp(f, "--print-schedule")) {
-            tc->print_schedule = 1;
-            continue;
-        }
-        if (!strcmp(f, "--allow-data-change")) {
-            tc->allow_data_change = 1;
-            continue;
-        }
-        if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);
-        const char* v = argv[++i];
-        if (!parse_data_model_flag(tc, f, v) && !parse_parallel_flag(tc, &seen, f, v) && !parse_precision_memory_flag(tc, f, v) &&
-            !parse_optimization_flag(tc, f, v) && !parse_output_flag(tc, &seen, f, v))
-            fatal("unknown flag %s (see --help)", f);
-    }
-    check_flag_combinations(tc, &seen);
-}
-
-// --resume-if-present DIR: a requeued job's fixed command line. If DIR holds a complete checkpoint, the
-// run resumes from it (as --resume DIR); otherwise it starts fresh (from --model, or from scratch) and
-// says so. Every rank must see the same folder: the ranks compare what they found.
-static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
-    if (!tc->resume_if_present) return;
-    long long step = newest_complete_checkpoint(tc->resume_if_present);
-    double found[2] = {(double)step, -(double)step};  // the largest and (negated) the smallest over the ranks
-    comm_all_reduce_host(comm, &comm->world, found, 2, REDUCE_MAX);
-    double hi = found[0], lo = -found[1];
-    if (lo != hi)
-        fatal("--resume-if-present '%s': the ranks see different checkpoints (newest complete: step %.0f on some, %.0f on "
-              "others); the folder must be shared", tc->resume_if_present, lo, hi);
-    if (step >= 0) {
-        tc->resume = tc->resume_if_present;
-        tc->model_file = NULL;  // the checkpoint holds the model
-    } else if (comm->world_rank == 0) {
-        printf("--resume-if-present: no complete checkpoint in '%s': starting %s\n", tc->resume_if_present,
-               tc->model_file ? "from --model" : "from scratch");
-    }
-}
 
 #ifndef TRAIN_GPT_NO_MAIN
 int main(int argc, char** argv) {

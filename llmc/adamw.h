@@ -17,6 +17,13 @@
 
 #include "device.h"
 
+// The optimizer's settings for a run (--lr, --beta1, --beta2, --eps, --weight-decay, --grad-clip): lr is
+// the peak rate the learning-rate schedule scales (llmc/lr_schedule.h); grad_clip the largest global
+// gradient norm (0: no clipping)
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+} OptimizerConfig;
+
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale;  // multiplies every gradient (clip_grad_norm_'s coefficient, or 1)

@@ -196,3 +196,62 @@ static void prune_checkpoints(const char* dir, long long saved, int keep) {
     free(state_steps);
     if (deleted_newest >= 0) printf("--keep-last %d: deleted the checkpoints before step %lld in '%s'\n", keep, oldest_kept, dir);
 }
+// Reads the newest complete checkpoint in dir: its model file into *params (file order) and the
+// optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
+// there (a crash during a save) is skipped for the one before it. Every shard must be the one its name
+// says, of the same checkpoint and run, and together the shards must cover the model (version 2:
+// exactly once; see llmc/state_file.h).
+static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
+    char path[4200], first_path[4200], why[256];
+    long long* steps;
+    int n_steps = checkpoint_steps(dir, &steps);
+    if (n_steps == 0) fatal("no checkpoint (state_*_00000.bin) found in '%s'", dir);
+    for (int i = 0; i < n_steps; i++) {
+        long long step = steps[i];
+        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
+        if (access(path, R_OK) != 0) {
+            printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
+            continue;
+        }
+        // the model's sizes first (its header, checked against its length): every shard must have the
+        // same, so no shard can size the moment arrays, or write past them, beyond what the model needs
+        GPT2Config model_config;
+        model_file_read(path, &model_config, NULL);
+        int complete = 1;
+        *m = *v = NULL;
+        RunState first;
+        RangeList covered = {.pairs = NULL, .n = 0, .cap = 0};
+        snprintf(first_path, sizeof(first_path), "%s/state_%08lld_00000.bin", dir, step);
+        state_file_read(first_path, &model_config, &first, m, v, &covered);
+        for (int s = 1; complete && s < first.num_shards; s++) {
+            snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
+            complete = access(path, R_OK) == 0;
+        }
+        if (!complete) {
+            printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
+            free(*m), free(*v), free(covered.pairs);
+            continue;
+        }
+        for (int s = 0; s < first.num_shards; s++) {
+            snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, step, s);
+            if (s > 0) state_file_read(path, &model_config, state, m, v, &covered);
+            else *state = first;
+            if (state->shard != s || state->step != step)
+                fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path, state->shard, state->step);
+            if (state->model_hash != first.model_hash || state->num_shards != first.num_shards || state->run_id != first.run_id ||
+                state->version != first.version || state->data_hash != first.data_hash)
+                fatal("'%s' does not belong to the same checkpoint as '%s'", path, first_path);
+        }
+        if (!ranges_cover(&covered, gpt2_num_parameters(&first.config), first.version >= 2, why, sizeof(why)))
+            fatal("the optimizer state shards of step %lld in '%s' do not cover the model: %s", step, dir, why);
+        free(covered.pairs);
+        *state = first;
+        snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
+        uint64_t hash = model_file_read(path, config, params);
+        if (hash != state->model_hash) fatal("'%s' is not the model saved with its state file (checksum mismatch)", path);
+        if (memcmp(config, &state->config, sizeof(*config)) != 0) fatal("'%s' does not match the sizes in its state file", path);
+        free(steps);
+        return;
+    }
+    fatal("no complete checkpoint found in '%s'", dir);
+}
