@@ -38,8 +38,9 @@
 #include "llmc/loss_scaler.h"      // LossScaler: dynamic loss scaling
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
+#include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
 #include "llmc/pipeline.h"         // Schedule, pipeline_schedule: GPipe and 1F1B
-#include "llmc/tensor_parallel.h"  // Placement, f and g, the vocabulary-parallel embedding and loss
+#include "llmc/tensor_parallel.h"  // f and g, the vocabulary-parallel embedding and loss
 #include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
 // the run around the model
 #include "llmc/checkpoint.h"       // the checkpoint folder, load_checkpoint
@@ -49,8 +50,10 @@
 #include "llmc/fault.h"            // FaultPlan: the testing flags' fault injection
 #include "llmc/logger.h"           // Logger: the JSONL log
 #include "llmc/lr_schedule.h"      // learning_rate
+#include "llmc/memory_plan.h"      // MemoryPlan, print_plan: --plan
 #include "llmc/run_config.h"       // TrainConfig, check_ranks_agree
 #include "llmc/run_identity.h"     // new_run_id, the checkpoint folder's owner
+#include "llmc/run_inputs.h"       // RunInputs: the start point, data, eval set, tokenizer, prompt
 #include "llmc/run_log.h"          // log_run_config, print_step_line
 #include "llmc/sampling.h"         // SampleConfig, draw_token, encode_prompt
 #include "llmc/stop_signal.h"      // a signal stops the run after its step, with a checkpoint
@@ -62,6 +65,11 @@
 
 // ----------------------------------------------------------------------------------------------------
 // 1. parameter layout
+//
+// A rank's parameters are one flat buffer, laid out layer by layer so that each layer's tensors (a
+// bucket) are one contiguous range; which tensors and slices it holds follow from its place in the grid.
+// llmc/param_layout.h computes that layout (ParamLayout: a TensorSlot per tensor, a Bucket per layer) and
+// its mapping to the llm.c file order. The model reads its tensors through tables of pointers into it:
 
 typedef struct {
     floatX *ln1w, *ln1b;          // (C)
@@ -79,126 +87,6 @@ typedef struct {
     LayerWeights* layers;  // [L]
     floatX *lnfw, *lnfb;   // (C) final LayerNorm
 } Weights;
-
-// One tensor's place in the flat buffer. Offsets are rounded up to 64 elements so every tensor starts
-// 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero. With tensor parallelism a
-// rank holds its slice of the split tensors (see llmc/tensor_parallel.h), so numel is the local size.
-typedef struct {
-    int kind;   // which tensor: a FileTensor (llmc/model_file.h)
-    int layer;  // 0..L-1 for per-layer tensors, 0 otherwise
-    int bucket; // the communication bucket it belongs to (see below)
-    size_t offset, numel;
-    TensorShape whole;  // the whole tensor (all TP ranks), and how it is split
-    size_t file_base;   // where the whole tensor starts in the file order
-    int decay;  // weight decay applies (2-D weights: wte, wpe, qkvw, attprojw, fcw, fcprojw)
-} TensorSlot;
-
-// Buckets group the tensors that become final together in backward, and are what data parallelism
-// communicates: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. Each bucket is
-// padded to a multiple of 64 * D elements so that it splits into D aligned chunks (llmc/zero.h).
-typedef struct {
-    int num_slots;  // 12 L + 4, in memory order
-    TensorSlot* slots;
-    int num_buckets;  // L + 2
-    Bucket* buckets;
-    size_t total;  // elements of the flat buffer, gaps included
-    int tp, tp_rank;  // the slices held: rank tp_rank of tp
-} ParamLayout;
-
-// Where a rank sits in the dp x tp x pp grid, what it owns, and how its optimizer state is sharded.
-typedef struct {
-    int zero;            // ZeRO stage
-    int dp, dp_rank;     // data parallelism
-    int tp, tp_rank;     // tensor parallelism: slice tp_rank of the split tensors
-    int pp, pp_rank;     // pipeline parallelism: this stage owns layers [l0, l1)
-    int l0, l1;
-} Placement;
-
-static Placement placement_single(const GPT2Config* c) { return (Placement){.dp = 1, .tp = 1, .pp = 1, .l1 = c->L}; }
-static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
-static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
-
-// Which tensors a pipeline stage holds: the first stage the embeddings, the last the final LayerNorm,
-// both the tied wte, each its own layers.
-static int stage_has(const Placement* p, int kind, int layer) {
-    if (kind == WTE) return is_first_stage(p) || is_last_stage(p);
-    if (kind == WPE) return is_first_stage(p);
-    if (kind == LNFW || kind == LNFB) return is_last_stage(p);
-    return layer >= p->l0 && layer < p->l1;
-}
-
-// the i-th tensor in memory order (wte, wpe, layer 0's 12 tensors, ..., layer L-1's, lnfw, lnfb), and
-// its layer (0 for the tensors that are not per layer)
-static int memory_order_tensor(int i, int L, int* layer) {
-    int k = i - 2;  // index among the layers' tensors
-    *layer = 0;
-    if (i < 2) return i == 0 ? WTE : WPE;
-    if (k >= NUM_LAYER_TENSORS * L) return k - NUM_LAYER_TENSORS * L == 0 ? LNFW : LNFB;
-    *layer = k / NUM_LAYER_TENSORS;
-    return LN1W + k % NUM_LAYER_TENSORS;
-}
-
-static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
-    ParamLayout lay;
-    lay.tp = p->tp;
-    lay.tp_rank = p->tp_rank;
-    lay.slots = (TensorSlot*)malloc_check((NUM_LAYER_TENSORS * c->L + 4) * sizeof(TensorSlot));
-    // every tensor's place in the file order, and the slots of the ones this stage holds
-    size_t* file_base = (size_t*)malloc_check(NUM_FILE_TENSORS * c->L * sizeof(size_t));  // [kind][layer]
-    size_t file_offset = 0;
-    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
-        for (int l = 0; l < (tensor_is_per_layer(kind) ? c->L : 1); l++) {
-            file_base[kind * c->L + l] = file_offset;
-            file_offset += file_tensor_numel(c, kind);
-        }
-    lay.num_slots = 0;
-    for (int i = 0; i < NUM_LAYER_TENSORS * c->L + 4; i++) {  // memory order: wte, wpe, layers, lnfw, lnfb
-        int layer, kind = memory_order_tensor(i, c->L, &layer);
-        if (!stage_has(p, kind, layer)) continue;
-        TensorSlot* s = &lay.slots[lay.num_slots++];
-        s->kind = kind;
-        s->layer = layer;
-        s->bucket = tensor_is_per_layer(kind) ? 1 + layer : kind == WTE || kind == WPE ? 0 : c->L + 1;
-        s->whole = file_tensor_shape(c, kind);
-        TensorShape local = local_shape(s->whole, p->tp);
-        s->numel = local.rows * local.cols;
-        s->file_base = file_base[kind * c->L + layer];
-        s->decay = tensor_is_matrix(kind);
-    }
-    lay.num_buckets = c->L + 2;  // buckets of layers on other stages stay empty
-    lay.buckets = (Bucket*)calloc_check(lay.num_buckets * sizeof(Bucket));
-    size_t offset = 0;
-    for (int i = 0; i < lay.num_slots; i++) {
-        TensorSlot* s = &lay.slots[i];
-        if (i == 0 || s->bucket != lay.slots[i - 1].bucket) {  // a new bucket starts
-            offset = round_up(offset, 64 * (size_t)p->dp);
-            lay.buckets[s->bucket].offset = offset;
-        }
-        s->offset = offset;
-        offset = round_up(offset + s->numel, 64);
-        lay.buckets[s->bucket].size = round_up(offset, 64 * (size_t)p->dp) - lay.buckets[s->bucket].offset;
-    }
-    lay.total = round_up(offset, 64 * (size_t)p->dp);
-    for (int b = 0; b < lay.num_buckets; b++)  // empty buckets sit at the end, owning nothing
-        if (lay.buckets[b].size == 0) lay.buckets[b].offset = lay.total;
-    free(file_base);
-    return lay;
-}
-
-// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of slot i held by TP rank r, in the
-// file order. Returns a malloc'ed array and its length in *n.
-static Run* slot_runs(const ParamLayout* lay, int i, int r, size_t lo, size_t hi, size_t* n) {
-    const TensorSlot* s = &lay->slots[i];
-    TensorShape local = local_shape(s->whole, lay->tp);
-    Run* runs = (Run*)malloc_check(((hi - lo) / local.cols + 2) * sizeof(Run));
-    *n = tensor_runs(s->whole, lay->tp, r, s->file_base, lo, hi, runs);
-    return runs;
-}
-
-static void free_layout(ParamLayout* lay) {
-    free(lay->slots);
-    free(lay->buckets);
-}
 
 // Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
 // offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
@@ -225,28 +113,6 @@ static Weights point_weights_flat(const GPT2Config* c, const ParamLayout* lay, f
     Weights w = point_weights(c, lay, bases);
     free(bases);
     return w;
-}
-
-// memory layout of TP rank r <-> llm.c file order, for float buffers on the host (layout_to_file_order
-// writes only rank r's slices of the split tensors)
-static void copy_layout_file(const ParamLayout* lay, int r, float* mem, float* file, int to_file) {
-    for (int i = 0; i < lay->num_slots; i++) {
-        size_t n;
-        Run* runs = slot_runs(lay, i, r, 0, lay->slots[i].numel, &n);
-        for (size_t k = 0; k < n; k++) {
-            float* m = mem + lay->slots[i].offset + runs[k].local;
-            if (to_file) memcpy(file + runs[k].file, m, runs[k].count * sizeof(float));
-            else memcpy(m, file + runs[k].file, runs[k].count * sizeof(float));
-        }
-        free(runs);
-    }
-}
-static void layout_to_file_order(const ParamLayout* lay, int r, const float* mem, float* file) {
-    copy_layout_file(lay, r, (float*)mem, file, 1);
-}
-static void file_order_to_layout(const ParamLayout* lay, const float* file, float* mem) {
-    memset(mem, 0, lay->total * sizeof(float));
-    copy_layout_file(lay, lay->tp_rank, mem, (float*)file, 0);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -331,7 +197,6 @@ typedef struct {
     KernelChoice kernels;   // which kernel variants forward and backward launch (llmc/device.h)
     Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
     Placement place;        // this rank's grid position, its layers and its slices
-    int tp, tp_rank;        // = place.tp, place.tp_rank (used everywhere)
     int first, last;        // this is the first / last pipeline stage (both without pipelining)
     ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
     floatX* params_memory;  // (layout.total) what forward and backward read, always whole
@@ -372,13 +237,6 @@ static Comm comm_single(void) {
     return single;
 }
 
-// Checks that the model splits over tp ranks (whole heads, whole hidden units, whole vocabulary rows).
-static void validate_tp(const GPT2Config* c, int tp) {
-    if (c->NH % tp != 0) fatal("--tp %d: the %d attention heads do not split evenly", tp, c->NH);
-    if ((4 * c->C) % tp != 0) fatal("--tp %d: the MLP's 4C=%d hidden units do not split evenly", tp, 4 * c->C);
-    if (c->Vp % tp != 0) fatal("--tp %d: the padded vocabulary Vp=%d does not split evenly", tp, c->Vp);
-}
-
 static void gpt2_init_norm_parts(GPT2* model);
 
 // Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
@@ -395,8 +253,6 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->config = *c;
     model->comm = comm;
     model->place = *place;
-    model->tp = place->tp;
-    model->tp_rank = place->tp_rank;
     model->first = is_first_stage(place);
     model->last = is_last_stage(place);
     int zero_stage = place->zero, dp = place->dp, dp_rank = place->dp_rank;
@@ -452,13 +308,13 @@ static void gpt2_free(GPT2* model) {
 
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
 // themselves in FP32 builds.
-static float* master_of_bucket(GPT2* model, int b) {
+static float* owned_master(GPT2* model, int b) {
     if (master_is_params(model)) return (float*)model->params_memory + owned_start(&model->zero, b);
     return model->master + model->zero.owned_offset[b];
 }
 
 // The reduced gradients of bucket b's owned range.
-static floatX* grads_of_bucket(GPT2* model, int b) {
+static floatX* owned_grads(GPT2* model, int b) {
     if (model->zero.stage == 2) return model->zero2.shard + model->zero.owned_offset[b];
     return model->grads_memory + owned_start(&model->zero, b);
 }
@@ -472,7 +328,7 @@ static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard)
 // parameters from a host float array in file order: the whole floatX copy, and our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
-    file_order_to_layout(&model->layout, file_order, mem);
+    file_order_to_layout(&model->layout, model->place.tp_rank, file_order, mem);
     upload_floats(model->params_memory, mem, model->layout.total);
     if (!master_is_params(model)) {
         float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
@@ -490,7 +346,7 @@ static void gpt2_set_optimizer_state(GPT2* model, const float* m_file, const flo
     const float* src[2] = {m_file, v_file};
     float* dst[2] = {model->m, model->v};
     for (int i = 0; i < 2; i++) {
-        file_order_to_layout(&model->layout, src[i], mem);
+        file_order_to_layout(&model->layout, model->place.tp_rank, src[i], mem);
         shard_from_layout(&model->zero, mem, shard);
         copy_to_device(dst[i], shard, model->zero.shard_total * sizeof(float));
     }
@@ -504,7 +360,7 @@ static void gpt2_export(const GPT2* model, const void* buffer, int is_floatX, fl
     float* mem = (float*)malloc_check(n * sizeof(float));
     if (is_floatX) download_floats(mem, (const floatX*)buffer, n);
     else copy_to_host(mem, buffer, n * sizeof(float));
-    layout_to_file_order(&model->layout, model->tp_rank, mem, file_order);
+    layout_to_file_order(&model->layout, model->place.tp_rank, mem, file_order);
     free(mem);
 }
 
@@ -515,22 +371,22 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     const ZeroPlan* z = &model->zero;
     Comm* comm = model->comm;
     size_t n = model->layout.total;
-    float* whole = (float*)device_malloc(n * model->tp * sizeof(float));  // [TP rank 0 | 1 | ...]
-    float* mine = whole + (size_t)model->tp_rank * n;
+    float* whole = (float*)device_malloc(n * model->place.tp * sizeof(float));  // [TP rank 0 | 1 | ...]
+    float* mine = whole + (size_t)model->place.tp_rank * n;
     device_memset_zero(mine, n * sizeof(float));
     for (int b = 0; b < z->num_buckets; b++) {
-        float* src = master_of_bucket(model, b);
+        float* src = owned_master(model, b);
         device_copy(mine + owned_start(z, b), src, owned_size(z, b) * sizeof(float));
         if (z->stage > 0) comm_all_gather(comm, &comm->dp_group, mine + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
     }
     comm_join_group(comm, &comm->dp_group);  // the TP all-gather sends what the DP all-gathers wrote
     comm_all_gather(comm, &comm->tp_group, whole, n, DT_FLOAT);
     comm_join(comm);
-    float* host = (float*)malloc_check(n * model->tp * sizeof(float));
-    copy_to_host(host, whole, n * model->tp * sizeof(float));
+    float* host = (float*)malloc_check(n * model->place.tp * sizeof(float));
+    copy_to_host(host, whole, n * model->place.tp * sizeof(float));
     size_t total = model->num_parameters;
     memset(file_order, 0, total * sizeof(float));
-    for (int r = 0; r < model->tp; r++) layout_to_file_order(&model->layout, r, host + (size_t)r * n, file_order);
+    for (int r = 0; r < model->place.tp; r++) layout_to_file_order(&model->layout, r, host + (size_t)r * n, file_order);
     free(host);
     device_free(whole);
     if (model->place.pp > 1) {  // PP: each stage filled in its own tensors; the sum over stages is the model
@@ -568,6 +424,26 @@ static void gpt2_init_random(GPT2* model, uint64_t seed) {
     free(p);
 }
 
+// Recomputation (--recompute R): what R does not keep per layer lives in a single layer-sized buffer that
+// every layer reuses, and backward recomputes it just before it needs it (recompute_layer):
+//   R = 0  everything is kept
+//   R = 1  the GELU output is recomputed from the MLP hidden                   saves (B,T,4C) per layer
+//   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
+//   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
+//          recomputed in backward ("full checkpointing")
+// Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
+// recompute_keeps is the one mapping from R to buffers: the allocation (gpt2_allocate_activations) sizes
+// them by it and layer_acts indexes them by it. The pipeline's --pp-rematerialize is the coarser form:
+// a stage keeps only each micro-batch's input and reruns its whole forward before the backward
+// (micro_batch_activations, schedule_backward).
+typedef struct {
+    int all;   // 1: everything a layer's backward reads is kept per layer (R < 3)
+    int ln;    // 1: the LayerNorm outputs are kept per layer (R < 2)
+    int gelu;  // 1: the GELU output is kept per layer (R < 1)
+} RecomputeKeeps;
+
+static RecomputeKeeps recompute_keeps(int R) { return (RecomputeKeeps){.all = R < 3, .ln = R < 2, .gelu = R < 1}; }
+
 // The activations of this rank's layers for micro-batches of (B, T): n_slots sets for the micro-batches
 // a pipeline schedule keeps in flight (1 without pipelining), plus the workspace they share. With
 // rematerialization the slots keep only each micro-batch's stage input and ids, and one full set is
@@ -576,7 +452,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     const GPT2Config* c = &model->config;
     if (T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", T, c->maxT);
     // with tensor parallelism the split activations hold this rank's heads, hidden units and vocabulary
-    size_t L = model->place.l1 - model->place.l0, C = c->C, tp = model->tp, BT = (size_t)B * T;
+    size_t L = model->place.l1 - model->place.l0, C = c->C, tp = model->place.tp, BT = (size_t)B * T;
     size_t Cl = C / tp, NHl = c->NH / tp, Vpl = model->last ? c->Vp / tp : 0, lf = model->last ? 1 : 0;
     size_t fx = model->mode.elem_bytes, f = sizeof(float);
     int n_full = rematerialize ? 1 : n_slots;
@@ -600,9 +476,9 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
         size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
         int flash = model->kernels.flash_attention;
-        // per-layer buffers, or one layer's worth for what --recompute recomputes (see LayerActs)
-        int R = model->recompute;
-        size_t Lall = R < 3 ? L : 1, Lln = R < 2 ? L : 1, Lgelu = R < 1 ? L : 1;
+        // per-layer buffers, or one layer's worth for what --recompute recomputes (recompute_keeps)
+        RecomputeKeeps keep = recompute_keeps(model->recompute);
+        size_t Lall = keep.all ? L : 1, Lln = keep.ln ? L : 1, Lgelu = keep.gelu ? L : 1;
         BufferSpec per[] = {
             {(void**)&a->encoded, BT * C * fx},                  {(void**)&a->ln1, k * Lln * BT * C * fx},
             {(void**)&a->ln1_mean, k * Lall * BT * f},           {(void**)&a->ln1_rstd, k * Lall * BT * f},
@@ -654,7 +530,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
 static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
                                  const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
-    if (model->tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
+    if (model->place.tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
         matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
         return;
     }
@@ -663,15 +539,7 @@ static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residua
     residual_bias_forward(out, residual, scratch, bias, N, C);
 }
 
-// One layer's activations (local index li of this stage) inside the activation set a. What --recompute R
-// does not keep per layer lives in a single layer-sized buffer that every layer reuses, and backward
-// recomputes it just before it needs it (recompute_layer):
-//   R = 0  everything is kept
-//   R = 1  the GELU output is recomputed from the MLP hidden                   saves (B,T,4C) per layer
-//   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
-//   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
-//          recomputed in backward ("full checkpointing")
-// Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
+// One layer's activations (local index li of this stage) inside an activation set (layer_acts).
 typedef struct {
     floatX* input;                 // (B, T, C) the layer's input: the previous layer's output
     floatX* ln1;                   // (B, T, C)
@@ -690,9 +558,10 @@ typedef struct {
 } LayerActs;
 
 static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int B, int T) {
-    int R = model->recompute, tp = model->tp;
+    int tp = model->place.tp;
     size_t BT = (size_t)B * T, C = model->config.C, Cl = C / tp, NHl = model->config.NH / tp;
-    size_t all = R < 3 ? li : 0, ln = R < 2 ? li : 0, gelu = R < 1 ? li : 0;  // index of the buffer used
+    RecomputeKeeps keep = recompute_keeps(model->recompute);  // the buffer used: layer li's, or the one shared
+    size_t all = keep.all ? li : 0, ln = keep.ln ? li : 0, gelu = keep.gelu ? li : 0;
     LayerActs la;
     la.input = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;
     la.ln1 = a->ln1 + ln * BT * C;
@@ -715,7 +584,7 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
 
 // forward of one transformer block: la.input -> la.output
 static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
-    int C = model->config.C, Cl = C / model->tp, NHl = model->config.NH / model->tp;
+    int C = model->config.C, Cl = C / model->place.tp, NHl = model->config.NH / model->place.tp;
     size_t BT = (size_t)B * T;
     KernelScratch* ks = &model->kernel_scratch;
     int fused = model->kernels.fused, flash = model->kernels.flash_attention;
@@ -724,7 +593,7 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // TP: column-parallel, our heads
     if (flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
     else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention);
-    if (fused && model->tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
+    if (fused && model->place.tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
         matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul, &model->kernels);
         residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, la->scratch, w->ln2w,
                                    w->ln2b, BT, C, fused);
@@ -742,7 +611,7 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
 
 // before a layer's backward: recompute what --recompute did not keep
 static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
-    int R = model->recompute, C = model->config.C, Cl = C / model->tp, fused = model->kernels.fused;
+    int R = model->recompute, C = model->config.C, Cl = C / model->place.tp, fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     if (R == 3) {
         layer_forward(model, la, w, B, T);  // rewrites la->output with the same values
@@ -766,7 +635,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     const GPT2Config* c = &model->config;
     check_internal(model->B > 0, "gpt2_forward before gpt2_allocate_activations");
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
-    int C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
+    int C = c->C, tp = model->place.tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
     int fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
@@ -810,7 +679,7 @@ static void gpt2_zero_grad(GPT2* model) {
 }
 
 // The gradient buffer of bucket b as backward writes it (in the flat buffer, or a ZeRO-2 workspace).
-static floatX* bucket_grads(GPT2* model, int b) {
+static floatX* backward_grads(GPT2* model, int b) {
     const GPT2Config* c = &model->config;
     if (b == 0) return model->grads.wte;
     if (b == c->L + 1) return model->grads.lnfw;
@@ -823,7 +692,7 @@ static floatX* bucket_grads(GPT2* model, int b) {
 static void gradients_ready(GPT2* model, int b, int communicate) {
     if (!communicate || model->layout.buckets[b].size == 0 || (model->place.dp == 1 && model->zero.stage < 2)) return;
     double t0 = trace_now_us(model->tracer);
-    zero_reduce_bucket(model->comm, &model->zero, &model->zero2, b, bucket_grads(model, b));
+    zero_reduce_bucket(model->comm, &model->zero, &model->zero2, b, backward_grads(model, b));
     trace_add(model->tracer, "allreduce", model->zero.stage == 0 ? "all-reduce" : "reduce-scatter", b, t0);
 }
 
@@ -833,7 +702,7 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
 // micro-step; at ZeRO-2 on every one).
 static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
-    int L = c->L, C = c->C, tp = model->tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
+    int L = c->L, C = c->C, tp = model->place.tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
     int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
     Weights* p = &model->params;
@@ -912,7 +781,7 @@ static void gpt2_init_norm_parts(GPT2* model) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
         if (s->kind == WTE && !model->first) continue;  // PP: the tied wte is counted on the first stage only
-        norm_parts_add(&model->norm_parts, grads_of_bucket(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo,
+        norm_parts_add(&model->norm_parts, owned_grads(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo,
                        s->whole.split != SPLIT_NONE);
     }
     norm_parts_finish(&model->norm_parts);
@@ -925,7 +794,7 @@ static double gpt2_grad_sumsq(GPT2* model) {
     Comm* comm = model->comm;
     double sums[2];  // [replicated, split by TP]
     norm_parts_sum(&model->norm_parts, sums, &model->kernel_scratch.norm, model->kernels.fused);
-    if (model->tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
+    if (model->place.tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
     double sumsq = sums[1] + sums[0];
     comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
     if (model->zero.stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
@@ -945,9 +814,9 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(model, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
-        ranges[n++] = (AdamWRange){.master = master_of_bucket(model, s->bucket) + in_bucket,
+        ranges[n++] = (AdamWRange){.master = owned_master(model, s->bucket) + in_bucket,
                                    .param_copy = master_is_params(model) ? NULL : model->params_memory + lo,
-                                   .grad = grads_of_bucket(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
+                                   .grad = owned_grads(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
                                    .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
         if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args, model->kernels.fused), n = 0;
     }
@@ -1161,11 +1030,37 @@ static void sum_tied_embedding_grads(GPT2* model) {
     comm_join(comm);
 }
 
-// Runs this stage's schedule for one optimizer step of M micro-batches (llmc/pipeline.h): receive the
-// input, forward, send the output; receive the output's gradient, backward, send the input's gradient.
-// The last micro-batch's backward reduces the gradients across the DP group as they become final.
-// Without pipelining this is forward and backward of each micro-batch in turn. Returns the mean loss
-// of the global batch (on every rank).
+// The plain step, one stage (no pipelining): gradient accumulation over M micro-batches, each a forward
+// and a backward that adds into the gradients. The last micro-batch's backward also reduces them across
+// the DP group, bucket by bucket as each layer's become final (gradients_ready), so a layer's reduction
+// overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
+static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
+    const Placement* pl = &model->place;
+    Activations* a = &model->slots[0];
+    int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
+    if (defer_loss) reserve_step_losses(model, M);
+    double loss = 0.0;
+    for (int m = 0; m < M; m++) {
+        dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
+        double t0 = trace_now_us(model->tracer);
+        model->loss_dest = defer_loss ? model->step_losses + m : NULL;
+        loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
+        trace_add(model->tracer, "forward", "F", m, t0);
+        t0 = trace_now_us(model->tracer);
+        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces
+        trace_add(model->tracer, "backward", "B", m, t0);
+    }
+    model->loss_dest = NULL;
+    if (defer_loss) loss += sum_step_losses(model, M);
+    double mean = loss / M;
+    comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
+    return (float)mean;
+}
+
+// The pipeline step (--pp > 1): this stage runs its schedule for one optimizer step of M micro-batches
+// (llmc/pipeline.h): receive the input, forward, send the output; receive the output's gradient,
+// backward, send the input's gradient. The last micro-batch's backward reduces the gradients across the
+// DP group as they become final, as in plain_step. Returns the mean loss of the global batch (every rank).
 static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
     Comm* comm = model->comm;
     const Placement* pl = &model->place;
@@ -1259,8 +1154,8 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     // its own shards. What several of them hold alike is written once, so that the shards cover every
     // parameter exactly once: a replicated tensor by TP rank 0, the tied wte by the first stage.
     int per_tp = z->stage == 0 ? 1 : z->D;
-    state->num_shards = model->place.pp * model->tp * per_tp;
-    state->shard = (model->place.pp_rank * model->tp + model->tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
+    state->num_shards = model->place.pp * model->place.tp * per_tp;
+    state->shard = (model->place.pp_rank * model->place.tp + model->place.tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
     if (z->stage > 0 || z->d == 0) {
         size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k;
         int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
@@ -1273,10 +1168,10 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
         for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with what we own, in file runs
             const TensorSlot* t = &model->layout.slots[i];
             if (!owned_part(model, t, &lo, &hi, &k)) continue;
-            if (t->whole.split == SPLIT_NONE && model->tp_rank != 0) continue;  // TP rank 0 has the same
+            if (t->whole.split == SPLIT_NONE && model->place.tp_rank != 0) continue;  // TP rank 0 has the same
             if (t->kind == WTE && !model->first) continue;                      // the first stage has the same
             size_t n;
-            Run* runs = slot_runs(&model->layout, i, model->tp_rank, lo - t->offset, hi - t->offset, &n);
+            Run* runs = slot_runs(&model->layout, i, model->place.tp_rank, lo - t->offset, hi - t->offset, &n);
             for (size_t j = 0; j < n; j++) {
                 if (n_ranges == cap) ranges = (int64_t*)realloc(ranges, 2 * (cap *= 2) * sizeof(int64_t));
                 if (ranges == NULL) fatal("out of host memory");
@@ -1308,7 +1203,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
     const GPT2Config* c = &model->config;
     Comm* comm = model->comm;
     int T = 1 + sc->n_prompt + sc->len < model->T ? 1 + sc->n_prompt + sc->len : model->T;
-    int Vpl = c->Vp / model->tp;
+    int Vpl = c->Vp / model->place.tp;
     int* seq = (int*)calloc_check(T * sizeof(int));
     float* probs = (float*)malloc_check(c->Vp * sizeof(float));
     float* logits = (float*)malloc_check(c->Vp * sizeof(float));
@@ -1327,7 +1222,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
         int next = c->V - 1;
         float r = rng_uniform(rng);  // every rank draws, so all generators stay in step
         if (model->last) {
-            device_copy(gathered + (size_t)model->tp_rank * Vpl, a->logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
+            device_copy(gathered + (size_t)model->place.tp_rank * Vpl, a->logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
             comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
             comm_join(comm);
             copy_to_host(row, gathered, c->Vp * sizeof(floatX));
@@ -1349,83 +1244,6 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
 // 5. the run's configuration, and the memory planner (--plan): what each rank will allocate, without
 //    allocating it
 
-typedef struct {
-    size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
-    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes
-    size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
-} MemoryPlan;
-
-static size_t plan_total(const MemoryPlan* p) {
-    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->comm + p->kernel_scratch + p->host;
-}
-
-// On the CPU target "device" memory is host memory: the plan is the process's, and counts what the CPU
-// build allocates besides the model's buffers. (A CPU build planning bf16 or fp16 plans for a GPU.)
-static int plan_is_cpu(size_t elem_bytes) {
-#ifdef LLMC_CPU
-    return elem_bytes == sizeof(float);
-#else
-    return 0;
-#endif
-}
-
-// CPU target: the transposed operand the reference matmuls keep (llmc/matmul.h, the largest weight in
-// forward, the largest output gradient in backward; OpenBLAS reads operands in place), and the
-// vocab-parallel loss's scratch
-static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T, const KernelChoice* kernels) {
-    size_t BT = (size_t)B * T, C = c->C, Cl = C / pl->tp, widest = 4 * Cl > C ? 4 * Cl : C;
-    if (last && (size_t)c->Vp / pl->tp > widest) widest = c->Vp / pl->tp;
-    size_t transposed = kernels->cpu_blas ? 0 : C * widest > BT * widest ? C * widest : BT * widest;
-    return (transposed + (pl->tp > 1 ? 3 * BT : 0)) * sizeof(float);
-}
-
-// what a run does besides training, for the CPU target's host copies (see plan_host_copies)
-enum { PLAN_RESUMES = 1, PLAN_SAVES_MODEL = 2, PLAN_CHECKPOINTS = 4 };
-
-// CPU target: the host copies of the model that loading and saving make (in file order, see
-// gpt2_set_parameters, load_checkpoint, gpt2_export_master, save_checkpoint), while the model's buffers
-// are allocated: the extra at the peak, beyond plan_total's other categories. Loading happens before
-// the activations and kernel scratch exist, saving after.
-static size_t plan_host_copies(const GPT2* m, int phases, size_t acts_and_scratch) {
-    size_t n = m->num_parameters, total = m->layout.total, shard = m->zero.shard_total, tp = m->tp;
-    size_t master = master_is_params(m) ? 0 : shard;
-    size_t load = n + total + master;  // the parameters in file order, and in the memory layout
-    if (phases & PLAN_RESUMES) {       // m and v in file order too, and first one shard file's m, v
-        size_t resume = 3 * n + total + shard;
-        load = resume > 4 * n ? resume : 4 * n;
-    }
-    size_t save = 0, export_ = n + 2 * total * tp + (m->place.pp > 1 ? n : 0);  // the whole master weights
-    if (phases & PLAN_SAVES_MODEL) save = export_;
-    // a checkpoint then writes the state shard from 4 host copies; the heap keeps the space of the model's
-    // file-order copy, freed just before, so both are counted (the measured peak is within the stated
-    // tolerance of scripts/test_cli.sh)
-    if (phases & PLAN_CHECKPOINTS) save = n + (2 * total * tp > 4 * shard ? 2 * total * tp : 4 * shard) + (m->place.pp > 1 ? n : 0);
-    size_t load_extra = load * sizeof(float) > acts_and_scratch ? load * sizeof(float) - acts_and_scratch : 0;
-    return save * sizeof(float) > load_extra ? save * sizeof(float) : load_extra;
-}
-
-// the scratch the GPU kernels allocate on first use (the model's KernelScratch, cuBLASLt's workspace)
-static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes,
-                                 const KernelChoice* kernels) {
-    size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
-    size_t attention = kernels->flash_attention ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
-                                                : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
-    size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
-    // --fused-kernels: 512 LayerNorm partial rows (LNB_BLOCKS); the bias gradients come from cuBLASLt's
-    // epilogues, one vector at a time (llmc/matmul.h; where cuBLASLt refused an epilogue, the launcher's
-    // 128 partial rows of floats would take more than planned)
-    if (kernels->fused) reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4;
-    size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
-    return (32 << 20) + attention + reductions + embedding;
-}
-
-// The kernel scratch of one rank with elements of `elem_bytes`: the CPU target's own (its build precision)
-// or the GPU's
-static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int last, int B, int T, size_t elem_bytes,
-                                   const KernelChoice* kernels) {
-    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
-}
-
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
@@ -1442,70 +1260,13 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
                     .activations = model.bytes_activations, .workspace = model.bytes_workspace, .comm = model.bytes_comm,
                     .kernel_scratch = kernel_scratch_bytes(c, pl, model.last, B, T, elem_bytes, kernels),
                     .host = 0};
-    if (cpu && phases >= 0) p.host = plan_host_copies(&model, phases, p.activations + p.kernel_scratch);
+    if (cpu && phases >= 0)
+        p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model), pl, phases,
+                                  p.activations + p.kernel_scratch);
     gpt2_free(&model);
     return p;
 }
 
-// The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
-// micro-batch of B sequences with elements of `elem_bytes`; returns the largest total.
-static size_t plan_stages(const GPT2Config* c, const TrainConfig* tc, int dp, int B, size_t elem_bytes, int print) {
-    int* first = (int*)malloc_check((tc->pp + 1) * sizeof(int));
-    pipeline_split(c->L, tc->pp, tc->pp_split, first);
-    PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
-    size_t worst = 0;
-    for (int s = 0; s < tc->pp; s++) {
-        Placement pl = {.zero = tc->zero, .dp = dp, .tp = tc->tp, .pp = tc->pp, .pp_rank = s, .l0 = first[s], .l1 = first[s + 1]};
-        int slots = pipeline_schedule(tc->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule, tc->pp, s, tc->grad_accum, plan);
-        int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
-                     (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases, elem_bytes, &tc->kernels);
-        size_t total = plan_total(&p);
-        worst = total > worst ? total : worst;
-        if (print) {
-            const double G = 1073741824.0;
-            printf("  stage %2d (layers %2d-%2d): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
-                   "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
-                   s, first[s], first[s + 1] - 1, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slots,
-                   slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G);
-            if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
-            printf(" | total %7.3f GiB\n", total / G);
-        }
-    }
-    free(plan);
-    free(first);
-    return worst;
-}
-
-// --plan: prints the per-rank memory of the configuration on the command line and, with
-// --device-memory, the largest micro-batch that fits. The world size is dp x tp x pp (--dp defaults to 1).
-static void print_plan(const TrainConfig* tc, const char* precision, double device_memory) {
-    GPT2Config c = tc->arch;
-    if (tc->model_file) model_file_read(tc->model_file, &c, NULL);
-    validate_config(&c, "plan");
-    validate_tp(&c, tc->tp);
-    if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
-    size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
-    if (tc->kernels.flash_attention) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
-    int dp = tc->dp > 0 ? tc->dp : 1;
-    printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
-           plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
-    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
-           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, tc->B, tc->T, tc->grad_accum,
-           tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
-    plan_stages(&c, tc, dp, tc->B, elem_bytes, 1);
-    if (device_memory > 0) {
-        int lo = 0, hi = 1;  // largest B whose worst stage fits: grow, then bisect
-        while (hi <= (1 << 16) && plan_stages(&c, tc, dp, hi, elem_bytes, 0) <= device_memory) lo = hi, hi *= 2;
-        while (hi - lo > 1) {
-            int mid = (lo + hi) / 2;
-            if (plan_stages(&c, tc, dp, mid, elem_bytes, 0) <= device_memory) lo = mid;
-            else hi = mid;
-        }
-        if (lo == 0) printf("  with %.1f GiB per device: even a micro-batch of 1 does not fit\n", device_memory / 1073741824.0);
-        else printf("  with %.1f GiB per device: the largest micro-batch that fits is B=%d\n", device_memory / 1073741824.0, lo);
-    }
-}
 
 // ----------------------------------------------------------------------------------------------------
 // 6. training loop
@@ -1519,7 +1280,7 @@ static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     Activations* a = forward_only_activations(model);
     double sum = 0.0;
     for (long long i = 0; i < n; i++) {
-        dataloader_load(val, i * comm->dp + comm->dp_rank);
+        dataloader_load(val, i * model->place.dp + model->place.dp_rank);
         sum += forward_through_stages(model, a, val->inputs, val->targets, val->B, val->T);
     }
     double mean = model->last ? sum / n : 0.0;
@@ -1535,7 +1296,7 @@ static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
 static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, FILE* dump) {
     Comm* comm = model->comm;
     int T = model->T, K = EVAL_COMPLETIONS;
-    int n_mine = e->n_examples > comm->dp_rank ? (e->n_examples - comm->dp_rank + comm->dp - 1) / comm->dp : 0;
+    int n_mine = e->n_examples > model->place.dp_rank ? (e->n_examples - model->place.dp_rank + model->place.dp - 1) / model->place.dp : 0;
     int n_rows = n_mine * K;
     int* in = (int*)malloc_check((size_t)(n_rows + 1) * T * sizeof(int));  // (n_rows, T), then packed
     int* tg = (int*)malloc_check((size_t)(n_rows + 1) * T * sizeof(int));
@@ -1543,7 +1304,7 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     int* nc = (int*)malloc_check((size_t)(n_rows + 1) * sizeof(int));   // of which the completion's (the last)
     int Te = 1;
     for (int r = 0; r < n_rows; r++) {
-        int ex = comm->dp_rank + (r / K) * comm->dp;
+        int ex = model->place.dp_rank + (r / K) * model->place.dp;
         ntg[r] = eval_row(e, ex, r % K, T, in + (size_t)r * T, tg + (size_t)r * T, path);
         nc[r] = e->comp_len[ex * K + r % K];
         if (ntg[r] > Te) Te = ntg[r];
@@ -1572,12 +1333,12 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     }
     double counts[2] = {0.0, 0.0};  // right, examples (the last stage's; the others add zeros)
     for (int i = 0; model->last && i < n_mine; i++) {
-        int ex = comm->dp_rank + i * comm->dp;
+        int ex = model->place.dp_rank + i * model->place.dp;
         counts[0] += eval_predict(mean + (size_t)i * K) == e->label[ex];
         counts[1] += 1;
         if (dump) fprintf(dump, "%d %d %.9g %.9g %.9g %.9g\n", ex, e->label[ex], mean[i * K], mean[i * K + 1], mean[i * K + 2], mean[i * K + 3]);
     }
-    if (model->tp_rank != 0) counts[0] = counts[1] = 0.0;  // TP ranks hold the same counts: one of them counts
+    if (model->place.tp_rank != 0) counts[0] = counts[1] = 0.0;  // TP ranks hold the same counts: one of them counts
     comm_all_reduce_host(comm, &comm->pp_group, counts, 2, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->tp_group, counts, 2, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->dp_group, counts, 2, REDUCE_SUM);
@@ -1603,7 +1364,7 @@ static void inject_inf_gradient(GPT2* model) {
     for (int b = 0; b < model->zero.num_buckets; b++) {
         if (owned_size(&model->zero, b) == 0) continue;
         floatX inf = float_to_floatX(INFINITY);
-        copy_to_device(grads_of_bucket(model, b), &inf, sizeof(inf));
+        copy_to_device(owned_grads(model, b), &inf, sizeof(inf));
         return;
     }
 }
@@ -1638,24 +1399,14 @@ typedef struct {
     Comm* comm;
     int main_rank;             // world rank 0: prints, logs, samples
     GPT2 model;
-    Schedule schedule;         // without pipelining 1F1B: forward and backward of each micro-batch in turn
-    DataLoader train_loader, val_loader;
-    int have_train, have_val;  // --steps 0 reads no train data; validation needs --val-data and --val-every
-    EvalSet choices;           // --eval-data
-    FILE* dump;                // --eval-dump
-    int have_tok;              // samples on: every rank samples, world rank 0 prints
-    Tokenizer tok;
-    SampleConfig sample;
-    int* prompt;               // (sample.n_prompt) --prompt's tokens, or NULL
+    Schedule pipe_schedule;    // --schedule (--pp > 1; without pipelining plain_step runs)
+    RunInputs in;              // data, multiple-choice set, tokenizer, prompt (llmc/run_inputs.h)
     Rng sample_rng;
     LossScaler scaler;
     Logger logger;
     Tracer tracer;
     RunState state;            // what the checkpoint resumed from holds; filled anew at each save
     uint64_t run_id;
-    uint64_t data_hash;        // the training data's fingerprint, recorded in every checkpoint
-    long long data_tokens;
-    int data_files;
     long long start_step;
     long long updates;         // AdamW's step count: skipped steps do not count
     int memory_reported;       // GPU: the plan was compared with the device after the first applied step
@@ -1663,43 +1414,6 @@ typedef struct {
     double flops_per_token, peak_flops, loop_start;
     float val_loss;            // the last validation loss (NAN: none yet)
 } Training;
-
-// What the run starts from: the newest checkpoint in --resume (the model, the AdamW moments into *m, *v
-// and the run state), a --model file, or nothing (*params stays NULL: random initialization). The model
-// sizes go to *config.
-static void read_start_point(Training* run, GPT2Config* config, float** params, float** m, float** v) {
-    const TrainConfig* tc = run->tc;
-    RunState* state = &run->state;
-    int D = run->comm->dp;
-    if (tc->resume) {
-        load_checkpoint(tc->resume, state, config, params, m, v);
-        if (state->B != D * tc->B || state->T != tc->T || state->grad_accum != tc->grad_accum || state->shuffle != tc->shuffle)
-            fatal("the checkpoint in '%s' was saved with %d sequences per micro-step (dp x B), T=%d, grad_accum=%d, shuffle=%d; "
-                  "resume needs the same (got dp=%d x B=%d, T=%d, grad_accum=%d, shuffle=%d)",
-                  tc->resume, state->B, state->T, state->grad_accum, state->shuffle, D, tc->B, tc->T, tc->grad_accum, tc->shuffle);
-        if (tc->shuffle && state->data_seed != tc->seed)
-            fatal("the checkpoint in '%s' shuffled the data with --seed %llu; resume needs the same (got %llu)", tc->resume,
-                  (unsigned long long)state->data_seed, (unsigned long long)tc->seed);
-        if (run->main_rank)
-            printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state->step, tc->resume, state->dp, state->zero_stage);
-    } else if (tc->model_file) {
-        model_file_read(tc->model_file, config, params);
-    }
-    if (tc->resume && tc->steps < state->step)
-        fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state->step, tc->resume);
-    if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state->step)
-        fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state->step, tc->resume);
-}
-
-// Model sizes given on the command line must be those of the model file or checkpoint.
-static void check_sizes_given(const TrainConfig* tc, const GPT2Config* config) {
-    const GPT2Config* a = &tc->arch;
-    if (((tc->arch_given & 1) && a->L != config->L) || ((tc->arch_given & 2) && a->C != config->C) ||
-        ((tc->arch_given & 4) && a->NH != config->NH) || ((tc->arch_given & 8) && a->V != config->V) ||
-        ((tc->arch_given & 16) && a->maxT != config->maxT))
-        fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config->L,
-              config->C, config->NH, config->V, config->maxT);
-}
 
 // This rank's model: its place in the grid (DP rank, TP slice, pipeline stage and the stage's layers),
 // its parameters (params, or initialized from --seed when NULL) and, on resume, the AdamW moments m, v.
@@ -1722,94 +1436,13 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
     if (tc->resume && model->stochastic_rounding && run->state.updates > 0) gpt2_round_params(model, (int)run->state.updates);
 }
 
-// The inputs: train and validation loaders, the multiple-choice set, and the tokenizer and prompt of the
-// samples (on the ranks that sample).
-static void open_inputs(Training* run) {
-    const TrainConfig* tc = run->tc;
-    const GPT2Config* c = &run->model.config;
-    Comm* comm = run->comm;
-    int D = comm->dp;
-    run->have_train = tc->steps > 0;  // --steps 0 only validates and samples: the train data is not read
-    if (run->have_train) dataloader_init(&run->train_loader, tc->train_data, tc->B, tc->T, D, c->V, tc->shuffle, tc->seed);
-    run->have_val = tc->val_data != NULL && tc->val_data[0] != '\0' && tc->val_every > 0;
-    if (run->have_val) dataloader_init(&run->val_loader, tc->val_data, tc->B, tc->T, D, c->V, 0, 0);
-    if (tc->eval_data) {
-        eval_load(&run->choices, tc->eval_data, c->V);
-        if (tc->eval_dump && comm->world_size > 1) fatal("--eval-dump is for one rank");
-        if (tc->eval_dump) run->dump = fopen_check(tc->eval_dump, "w");
-    }
-    // Every DP group samples (its TP and PP ranks together); world rank 0 prints. The other DP groups'
-    // samples are the same and unseen, but they take the time the first one takes: were only the first
-    // to sample, the others would wait for it in the next step's collectives, where a long sample passed
-    // --comm-timeout and ended the run as if a peer were stopped, hung or gone.
-    run->have_tok = tc->tokenizer != NULL && tc->tokenizer[0] != '\0' && tc->sample_every > 0;
-    if (run->have_tok) {
-        Tokenizer* tok = &run->tok;
-        tokenizer_init(tok, tc->tokenizer);
-        // samples are ids of the model's vocabulary, started by the end-of-text id: the table must be the model's
-        if (tok->V != c->V)
-            fatal("the tokenizer '%s' has %d tokens, the model's vocabulary %d: it cannot decode this model's samples "
-                  "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok->V, c->V);
-        if (tok->eot < 0 || tok->eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok->eot, c->V);
-    }
-    run->sample = (SampleConfig){.prompt = NULL, .n_prompt = 0, .len = tc->sample_len, .temperature = tc->temperature, .top_k = tc->top_k};
-    run->prompt = run->have_tok && tc->prompt ? encode_prompt(tc, c, &run->sample.n_prompt) : NULL;
-    run->sample.prompt = run->prompt;
-    // a sample is one forward window: the end-of-text token, the prompt and what is generated fit in
-    // --seq-len, so a longer --sample-len is cut; said once, not left for the reader to count
-    int room = tc->T - 1 - run->sample.n_prompt;
-    if (run->have_tok && run->main_rank && tc->sample_len > room)
-        printf("--sample-len %d: samples have %d tokens after the end-of-text token%s (they fit in --seq-len %d)\n", tc->sample_len,
-               room, run->prompt ? " and the prompt" : "", tc->T);
-}
-
-// The training data's fingerprint that checkpoints record (llmc/state_file.h): its files' names, sizes and
-// first MiB, hashed as the ranks compare them (agree_file, llmc/agreement.h), their number and their
-// tokens. Names without their folder: the same files copied to another disk are the same data.
-static void fingerprint_train_data(Training* run) {
-    const DataLoader* dl = &run->train_loader;
-    run->data_hash = AGREE_FNV_INIT;
-    for (int i = 0; i < dl->n_files; i++) run->data_hash = agree_file(run->data_hash, dl->paths[i]);
-    run->data_files = dl->n_files;
-    run->data_tokens = dl->total_tokens;
-}
-
-// A resume continues at the position in the token stream that its step fixes: on other files, an added
-// shard or a changed file that position means other tokens, and the run would go on without notice on
-// data it was not trained on. Refused unless --allow-data-change says the change is meant; a checkpoint
-// that records no data (state file version 1 or 2) resumes with a notice. Called after the ranks agreed
-// on the data, so every rank comes to the same verdict.
-static void check_resumed_data(const Training* run) {
-    const TrainConfig* tc = run->tc;
-    const RunState* s = &run->state;
-    if (!tc->resume || !run->have_train) return;
-    if (s->data_files == 0) {
-        if (run->main_rank)
-            printf("note: the checkpoint in '%s' records no fingerprint of its training data (state file version %d): "
-                   "--train-data is not checked against it\n", tc->resume, s->version);
-        return;
-    }
-    if (s->data_hash == run->data_hash && s->data_files == run->data_files && s->data_tokens == run->data_tokens) return;
-    char what[256];
-    snprintf(what, sizeof(what), "%d file%s, %lld tokens; now %d file%s, %lld tokens%s", s->data_files, s->data_files == 1 ? "" : "s",
-             s->data_tokens, run->data_files, run->data_files == 1 ? "" : "s", run->data_tokens,
-             s->data_files == run->data_files && s->data_tokens == run->data_tokens ? ", with other names, sizes or contents" : "");
-    if (!tc->allow_data_change)
-        fatal("the checkpoint in '%s' was trained on other data (%s) than --train-data '%s': resume with its data, or give "
-              "--allow-data-change if the change is meant", tc->resume, what, tc->train_data);
-    if (run->main_rank)
-        printf("--allow-data-change: the checkpoint in '%s' was trained on other data (%s); step %lld goes on with --train-data '%s'\n",
-               tc->resume, what, s->step + 1, tc->train_data);
-}
-
-// The activations: one slot per micro-batch the schedule keeps in flight (llmc/pipeline.h).
+// The activations: one set for the plain step, or one slot per micro-batch the pipeline's schedule keeps
+// in flight (llmc/pipeline.h).
 static void allocate_for_schedule(Training* run) {
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
-    run->schedule = comm->pp == 1 ? SCHEDULE_1F1B : tc->pipe_schedule;
-    PipeAction* plan = (PipeAction*)malloc_check(2 * tc->grad_accum * sizeof(PipeAction));
-    int n_slots = pipeline_schedule(run->schedule, comm->pp, comm->pp_rank, tc->grad_accum, plan);
-    free(plan);
+    run->pipe_schedule = tc->pipe_schedule;
+    int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
     gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
 }
 
@@ -1851,11 +1484,11 @@ static void print_run_summary(const Training* run) {
                c->maxT, model->num_parameters);
         printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
                run->tokens_per_step, tc->steps);
-        if (run->have_train)
-            printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", run->train_loader.total_tokens,
-                   run->train_loader.n_batches, tc->shuffle ? "on" : "off");
+        if (run->in.have_train)
+            printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", run->in.train.total_tokens,
+                   run->in.train.n_batches, tc->shuffle ? "on" : "off");
         if (comm->pp > 1)
-            printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, run->schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
+            printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, run->pipe_schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
                    tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
     }
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
@@ -1882,7 +1515,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     check_output_paths(tc, run->main_rank);
     GPT2Config config = tc->arch;
     float *params = NULL, *m = NULL, *v = NULL;
-    read_start_point(run, &config, &params, &m, &v);
+    read_start_point(tc, comm->dp, run->main_rank, &run->state, &config, &params, &m, &v);
     if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
     check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
@@ -1897,9 +1530,9 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     build_rank_model(run, &config, params, m, v);
     free(params), free(m), free(v);
     if (tc->T > config.maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, config.maxT);
-    open_inputs(run);
-    if (run->have_train) fingerprint_train_data(run);
-    check_resumed_data(run);
+    run_inputs_open(&run->in, tc, &config, comm);
+    if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
+    check_resumed_data(tc, &run->state, &run->in, run->main_rank);
     allocate_for_schedule(run);
     if (tc->trace) run->model.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
@@ -1912,20 +1545,20 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
 // Validation loss, multiple-choice accuracy and a sample, each every so many steps and at the last.
 static void evaluate_and_sample(Training* run, long long step, int last) {
     const TrainConfig* tc = run->tc;
-    if (run->have_val && (step % tc->val_every == 0 || last)) {
-        run->val_loss = evaluate(&run->model, &run->val_loader, tc->val_batches);
+    if (run->in.have_val && (step % tc->val_every == 0 || last)) {
+        run->val_loss = evaluate(&run->model, &run->in.val, tc->val_batches);
         if (run->main_rank) printf("step %lld: val loss %.4f\n", step, run->val_loss);
         logger_eval(&run->logger, step, run->val_loss);
     }
     if (tc->eval_data && (step % tc->eval_every == 0 || last)) {
-        float accuracy = evaluate_choices(&run->model, &run->choices, tc->eval_data, run->dump);
-        if (run->main_rank) printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy, run->choices.n_examples);
+        float accuracy = evaluate_choices(&run->model, &run->in.choices, tc->eval_data, run->in.dump);
+        if (run->main_rank) printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy, run->in.choices.n_examples);
         logger_eval_accuracy(&run->logger, step, accuracy);
     }
     // --steps 0 samples once, from the model as given
-    if (run->have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last)) {
+    if (run->in.have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last)) {
         fault_delay(tc->fault.slow_sample);  // testing: a long sample of a large model
-        gpt2_sample(&run->model, &run->tok, &run->sample_rng, &run->sample, run->main_rank);
+        gpt2_sample(&run->model, &run->in.tok, &run->sample_rng, &run->in.sample, run->main_rank);
     }
 }
 
@@ -1948,9 +1581,9 @@ static void fill_run_state(Training* run, long long step) {
     state->scale_good_steps = run->scaler.good_steps;
     state->scale_hysteresis_left = run->scaler.hysteresis_left;
     state->run_id = run->run_id;
-    state->data_hash = run->data_hash;
-    state->data_tokens = run->data_tokens;
-    state->data_files = run->data_files;
+    state->data_hash = run->in.data.hash;
+    state->data_tokens = run->in.data.tokens;
+    state->data_files = run->in.data.files;
 }
 
 // Saves a checkpoint after `step` when one is due (every --save-every steps and at the last) or when the
@@ -1977,7 +1610,8 @@ typedef struct {
     int skipped;     // the gradients overflowed under loss scaling: nothing was updated
 } StepResult;
 
-// One optimizer step after `step`: forward and backward over its micro-batches (pipeline_step), then the
+// One optimizer step after `step`: forward and backward over its micro-batches (plain_step, or
+// pipeline_step with --pp > 1), then the
 // update. A non-finite loss, or a non-finite norm without loss scaling, ends the run (end_diverged); an
 // overflow under loss scaling skips the step on every rank. The loss goes to losses[step] if given.
 static StepResult train_step(Training* run, long long step, float* losses, long long max_losses) {
@@ -1992,7 +1626,8 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     gpt2_zero_grad(model);
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
-    r.loss = pipeline_step(model, &run->train_loader, run->schedule, tc->grad_accum, step, dloss);
+    if (model->place.pp == 1) r.loss = plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
+    else r.loss = pipeline_step(model, &run->in.train, run->pipe_schedule, tc->grad_accum, step, dloss);
     if (losses && step < max_losses) losses[step] = (float)r.loss;
     char why[64];
     snprintf(why, sizeof(why), "the loss is %g", r.loss);
@@ -2078,12 +1713,7 @@ static void training_finish(Training* run) {
     if (tc->trace) write_trace(&run->tracer, tc, run->comm);
     free(run->tracer.events);
     logger_close(&run->logger);
-    if (run->have_tok) tokenizer_free(&run->tok);
-    free(run->prompt);
-    if (tc->eval_data) eval_free(&run->choices);
-    if (run->dump && fclose(run->dump) != 0) fatal("cannot write '%s': %s", tc->eval_dump, strerror(errno));
-    if (run->have_val) dataloader_free(&run->val_loader);
-    if (run->have_train) dataloader_free(&run->train_loader);
+    run_inputs_free(&run->in, tc);
     gpt2_free(model);
 }
 
@@ -2131,7 +1761,7 @@ int main(int argc, char** argv) {
     }
     if (tc.plan) {
         const char* own = BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32";
-        print_plan(&tc, tc.plan_precision ? tc.plan_precision : own, tc.device_memory);
+        print_plan(plan_rank, &tc, tc.plan_precision ? tc.plan_precision : own, tc.device_memory);
         return 0;
     }
     device_require_gpu();  // GPU build: a clear error without a GPU or driver (CPU build: nothing)

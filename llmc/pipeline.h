@@ -82,6 +82,16 @@ static int pipeline_schedule(Schedule sched, int P, int s, int M, PipeAction* ac
     return warmup + 1 < M ? warmup + 1 : M;
 }
 
+// The activation slots stage s of P keeps for M micro-batches: one without pipelining (the plain step),
+// else as many as its schedule keeps in flight
+static int pipeline_slots(Schedule sched, int P, int s, int M) {
+    if (P == 1) return 1;
+    PipeAction* actions = (PipeAction*)malloc_check(2 * (size_t)M * sizeof(PipeAction));
+    int slots = pipeline_schedule(sched, P, s, M, actions);
+    free(actions);
+    return slots;
+}
+
 // ----------------------------------------------------------------------------------------------------
 // --print-schedule: the schedule of every stage, before running it
 

@@ -330,3 +330,9 @@ static void residual_bias_forward(floatX* out, const floatX* a, const floatX* b,
     launchCheck();
 #endif
 }
+// Checks that the model splits over tp ranks (whole heads, whole hidden units, whole vocabulary rows).
+static void validate_tp(const GPT2Config* c, int tp) {
+    if (c->NH % tp != 0) fatal("--tp %d: the %d attention heads do not split evenly", tp, c->NH);
+    if ((4 * c->C) % tp != 0) fatal("--tp %d: the MLP's 4C=%d hidden units do not split evenly", tp, 4 * c->C);
+    if (c->Vp % tp != 0) fatal("--tp %d: the padded vocabulary Vp=%d does not split evenly", tp, c->Vp);
+}

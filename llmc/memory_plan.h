@@ -1,0 +1,160 @@
+/*
+ * memory_plan.h: the memory planner (--plan): what each rank of a configuration will allocate, by
+ * category, without allocating it, and with --device-memory the largest micro-batch that fits.
+ *
+ * The model's own buffers are read off a dry build of one rank (train_gpt.cu's plan_rank builds the
+ * model with BuildMode.dry: every size computed, nothing allocated), so the plan cannot drift from the
+ * allocation; the scratch the kernels allocate on first use and the CPU target's host copies of loading
+ * and saving are counted here. test_gpt holds the plan to what a run allocates, on both targets.
+ */
+#pragma once
+
+#include "attention_flash.h"  // attention_flash_validate
+#include "device.h"           // KernelChoice
+#include "model_file.h"       // GPT2Config, model_file_read, validate_config
+#include "param_layout.h"     // Placement
+#include "pipeline.h"         // pipeline_split, pipeline_slots
+#include "run_config.h"       // TrainConfig
+#include "tensor_parallel.h"  // validate_tp
+
+typedef struct {
+    size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
+    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes
+    size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
+} MemoryPlan;
+
+static size_t plan_total(const MemoryPlan* p) {
+    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->comm + p->kernel_scratch + p->host;
+}
+
+// On the CPU target "device" memory is host memory: the plan is the process's, and counts what the CPU
+// build allocates besides the model's buffers. (A CPU build planning bf16 or fp16 plans for a GPU.)
+static int plan_is_cpu(size_t elem_bytes) {
+#ifdef LLMC_CPU
+    return elem_bytes == sizeof(float);
+#else
+    return 0;
+#endif
+}
+
+// CPU target: the transposed operand the reference matmuls keep (llmc/matmul.h, the largest weight in
+// forward, the largest output gradient in backward; OpenBLAS reads operands in place), and the
+// vocab-parallel loss's scratch
+static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T, const KernelChoice* kernels) {
+    size_t BT = (size_t)B * T, C = c->C, Cl = C / pl->tp, widest = 4 * Cl > C ? 4 * Cl : C;
+    if (last && (size_t)c->Vp / pl->tp > widest) widest = c->Vp / pl->tp;
+    size_t transposed = kernels->cpu_blas ? 0 : C * widest > BT * widest ? C * widest : BT * widest;
+    return (transposed + (pl->tp > 1 ? 3 * BT : 0)) * sizeof(float);
+}
+
+// what a run does besides training, for the CPU target's host copies (see plan_host_copies)
+enum { PLAN_RESUMES = 1, PLAN_SAVES_MODEL = 2, PLAN_CHECKPOINTS = 4 };
+
+// CPU target: the host copies of the model that loading and saving make (in file order, see
+// gpt2_set_parameters, load_checkpoint, gpt2_export_master, save_checkpoint), while the model's buffers
+// are allocated: the extra at the peak, beyond plan_total's other categories. Loading happens before
+// the activations and kernel scratch exist, saving after. n: the model's parameters; total: the elements
+// of the rank's flat buffer; shard: of its optimizer shard; separate_master: an fp32 master copy is kept.
+static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separate_master, const Placement* pl, int phases,
+                               size_t acts_and_scratch) {
+    size_t tp = pl->tp, master = separate_master ? shard : 0;
+    size_t load = n + total + master;  // the parameters in file order, and in the memory layout
+    if (phases & PLAN_RESUMES) {       // m and v in file order too, and first one shard file's m, v
+        size_t resume = 3 * n + total + shard;
+        load = resume > 4 * n ? resume : 4 * n;
+    }
+    size_t save = 0, export_ = n + 2 * total * tp + (pl->pp > 1 ? n : 0);  // the whole master weights
+    if (phases & PLAN_SAVES_MODEL) save = export_;
+    // a checkpoint then writes the state shard from 4 host copies; the heap keeps the space of the model's
+    // file-order copy, freed just before, so both are counted (the measured peak is within the stated
+    // tolerance of scripts/test_cli.sh)
+    if (phases & PLAN_CHECKPOINTS) save = n + (2 * total * tp > 4 * shard ? 2 * total * tp : 4 * shard) + (pl->pp > 1 ? n : 0);
+    size_t load_extra = load * sizeof(float) > acts_and_scratch ? load * sizeof(float) - acts_and_scratch : 0;
+    return save * sizeof(float) > load_extra ? save * sizeof(float) : load_extra;
+}
+
+// the scratch the GPU kernels allocate on first use (the model's KernelScratch, cuBLASLt's workspace)
+static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes,
+                                 const KernelChoice* kernels) {
+    size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
+    size_t attention = kernels->flash_attention ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
+                                                : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
+    size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
+    // --fused-kernels: 512 LayerNorm partial rows (LNB_BLOCKS); the bias gradients come from cuBLASLt's
+    // epilogues, one vector at a time (llmc/matmul.h; where cuBLASLt refused an epilogue, the launcher's
+    // 128 partial rows of floats would take more than planned)
+    if (kernels->fused) reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4;
+    size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
+    return (32 << 20) + attention + reductions + embedding;
+}
+
+// The kernel scratch of one rank with elements of `elem_bytes`: the CPU target's own (its build precision)
+// or the GPU's
+static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int last, int B, int T, size_t elem_bytes,
+                                   const KernelChoice* kernels) {
+    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
+}
+
+// One rank's plan for micro-batches of (B, T), n_slots activation sets and elements of elem_bytes: the
+// model built dry (train_gpt.cu's plan_rank). `phases` (PLAN_*): what the run does besides training, for
+// the CPU target's host copies (<0: not counted).
+typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize,
+                               int phases, size_t elem_bytes, const KernelChoice* kernels);
+
+// The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
+// micro-batch of B sequences with elements of `elem_bytes`; returns the largest total.
+static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp, int B, size_t elem_bytes, int print) {
+    int* first = (int*)malloc_check((tc->pp + 1) * sizeof(int));
+    pipeline_split(c->L, tc->pp, tc->pp_split, first);
+    size_t worst = 0;
+    for (int s = 0; s < tc->pp; s++) {
+        Placement pl = {.zero = tc->zero, .dp = dp, .tp = tc->tp, .pp = tc->pp, .pp_rank = s, .l0 = first[s], .l1 = first[s + 1]};
+        int slots = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum);
+        int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
+                     (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases, elem_bytes, &tc->kernels);
+        size_t total = plan_total(&p);
+        worst = total > worst ? total : worst;
+        if (print) {
+            const double G = 1073741824.0;
+            printf("  stage %2d (layers %2d-%2d): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
+                   "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
+                   s, first[s], first[s + 1] - 1, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slots,
+                   slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G);
+            if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
+            printf(" | total %7.3f GiB\n", total / G);
+        }
+    }
+    free(first);
+    return worst;
+}
+
+// --plan: prints the per-rank memory of the configuration on the command line and, with
+// --device-memory, the largest micro-batch that fits. The world size is dp x tp x pp (--dp defaults to 1).
+static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* precision, double device_memory) {
+    GPT2Config c = tc->arch;
+    if (tc->model_file) model_file_read(tc->model_file, &c, NULL);
+    validate_config(&c, "plan");
+    validate_tp(&c, tc->tp);
+    if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
+    size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
+    if (tc->kernels.flash_attention) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
+    int dp = tc->dp > 0 ? tc->dp : 1;
+    printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
+           plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
+    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
+           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, tc->B, tc->T, tc->grad_accum,
+           tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
+    plan_stages(plan_rank, &c, tc, dp, tc->B, elem_bytes, 1);
+    if (device_memory > 0) {
+        int lo = 0, hi = 1;  // largest B whose worst stage fits: grow, then bisect
+        while (hi <= (1 << 16) && plan_stages(plan_rank, &c, tc, dp, hi, elem_bytes, 0) <= device_memory) lo = hi, hi *= 2;
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            if (plan_stages(plan_rank, &c, tc, dp, mid, elem_bytes, 0) <= device_memory) lo = mid;
+            else hi = mid;
+        }
+        if (lo == 0) printf("  with %.1f GiB per device: even a micro-batch of 1 does not fit\n", device_memory / 1073741824.0);
+        else printf("  with %.1f GiB per device: the largest micro-batch that fits is B=%d\n", device_memory / 1073741824.0, lo);
+    }
+}

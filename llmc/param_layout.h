@@ -1,0 +1,162 @@
+/*
+ * param_layout.h: where each parameter tensor lives in the one flat buffer of a rank, and how that buffer
+ * maps to the llm.c file order.
+ *
+ * Memory order is layer by layer: wte, wpe, then each layer's 12 tensors (llmc/model_file.h's order within
+ * a layer), then lnfw, lnfb. So a layer's parameters (and its gradients, laid out alike) are one
+ * contiguous range: a bucket, which is what data parallelism communicates and ZeRO shards (llmc/zero.h):
+ *
+ *   bucket 0: wte wpe | bucket 1: layer 0's 12 tensors | ... | bucket L: layer L-1's | bucket L+1: lnfw lnfb
+ *
+ * A rank holds only what its place in the dp x tp x pp grid gives it (Placement): its pipeline stage's
+ * tensors (the first stage the embeddings, the last the final LayerNorm, both the tied wte) and, with
+ * tensor parallelism, its slice of the split ones (llmc/tensor_parallel.h). The file order (tensor by
+ * tensor, all layers of one tensor together) is used only when reading and writing files.
+ */
+#pragma once
+
+#include "common.h"           // round_up, malloc_check
+#include "model_file.h"       // GPT2Config, FileTensor (WTE ...), file_tensor_numel
+#include "tensor_parallel.h"  // TensorShape, local_shape, Run, tensor_runs
+#include "zero.h"             // Bucket
+
+// One tensor's place in the flat buffer. Offsets are rounded up to 64 elements so every tensor starts
+// 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero. With tensor parallelism a
+// rank holds its slice of the split tensors (see llmc/tensor_parallel.h), so numel is the local size.
+typedef struct {
+    int kind;   // which tensor: a FileTensor (llmc/model_file.h)
+    int layer;  // 0..L-1 for per-layer tensors, 0 otherwise
+    int bucket; // the communication bucket it belongs to (see below)
+    size_t offset, numel;
+    TensorShape whole;  // the whole tensor (all TP ranks), and how it is split
+    size_t file_base;   // where the whole tensor starts in the file order
+    int decay;  // weight decay applies (2-D weights: wte, wpe, qkvw, attprojw, fcw, fcprojw)
+} TensorSlot;
+
+// Buckets group the tensors that become final together in backward, and are what data parallelism
+// communicates: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. Each bucket is
+// padded to a multiple of 64 * D elements so that it splits into D aligned chunks (llmc/zero.h).
+typedef struct {
+    int num_slots;  // 12 L + 4, in memory order
+    TensorSlot* slots;
+    int num_buckets;  // L + 2
+    Bucket* buckets;
+    size_t total;  // elements of the flat buffer, gaps included
+    int tp;        // the split tensors are held as slices of 1/tp (which slice: Placement.tp_rank)
+} ParamLayout;
+
+// Where a rank sits in the dp x tp x pp grid, what it owns, and how its optimizer state is sharded.
+typedef struct {
+    int zero;            // ZeRO stage
+    int dp, dp_rank;     // data parallelism
+    int tp, tp_rank;     // tensor parallelism: slice tp_rank of the split tensors
+    int pp, pp_rank;     // pipeline parallelism: this stage owns layers [l0, l1)
+    int l0, l1;
+} Placement;
+
+static Placement placement_single(const GPT2Config* c) { return (Placement){.dp = 1, .tp = 1, .pp = 1, .l1 = c->L}; }
+static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
+static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
+
+// Which tensors a pipeline stage holds: the first stage the embeddings, the last the final LayerNorm,
+// both the tied wte, each its own layers.
+static int stage_has(const Placement* p, int kind, int layer) {
+    if (kind == WTE) return is_first_stage(p) || is_last_stage(p);
+    if (kind == WPE) return is_first_stage(p);
+    if (kind == LNFW || kind == LNFB) return is_last_stage(p);
+    return layer >= p->l0 && layer < p->l1;
+}
+
+// the i-th tensor in memory order (wte, wpe, layer 0's 12 tensors, ..., layer L-1's, lnfw, lnfb), and
+// its layer (0 for the tensors that are not per layer)
+static int memory_order_tensor(int i, int L, int* layer) {
+    int k = i - 2;  // index among the layers' tensors
+    *layer = 0;
+    if (i < 2) return i == 0 ? WTE : WPE;
+    if (k >= NUM_LAYER_TENSORS * L) return k - NUM_LAYER_TENSORS * L == 0 ? LNFW : LNFB;
+    *layer = k / NUM_LAYER_TENSORS;
+    return LN1W + k % NUM_LAYER_TENSORS;
+}
+
+static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
+    ParamLayout lay;
+    lay.tp = p->tp;
+    lay.slots = (TensorSlot*)malloc_check((NUM_LAYER_TENSORS * c->L + 4) * sizeof(TensorSlot));
+    // every tensor's place in the file order, and the slots of the ones this stage holds
+    size_t* file_base = (size_t*)malloc_check(NUM_FILE_TENSORS * c->L * sizeof(size_t));  // [kind][layer]
+    size_t file_offset = 0;
+    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
+        for (int l = 0; l < (tensor_is_per_layer(kind) ? c->L : 1); l++) {
+            file_base[kind * c->L + l] = file_offset;
+            file_offset += file_tensor_numel(c, kind);
+        }
+    lay.num_slots = 0;
+    for (int i = 0; i < NUM_LAYER_TENSORS * c->L + 4; i++) {  // memory order: wte, wpe, layers, lnfw, lnfb
+        int layer, kind = memory_order_tensor(i, c->L, &layer);
+        if (!stage_has(p, kind, layer)) continue;
+        TensorSlot* s = &lay.slots[lay.num_slots++];
+        s->kind = kind;
+        s->layer = layer;
+        s->bucket = tensor_is_per_layer(kind) ? 1 + layer : kind == WTE || kind == WPE ? 0 : c->L + 1;
+        s->whole = file_tensor_shape(c, kind);
+        TensorShape local = local_shape(s->whole, p->tp);
+        s->numel = local.rows * local.cols;
+        s->file_base = file_base[kind * c->L + layer];
+        s->decay = tensor_is_matrix(kind);
+    }
+    lay.num_buckets = c->L + 2;  // buckets of layers on other stages stay empty
+    lay.buckets = (Bucket*)calloc_check(lay.num_buckets * sizeof(Bucket));
+    size_t offset = 0;
+    for (int i = 0; i < lay.num_slots; i++) {
+        TensorSlot* s = &lay.slots[i];
+        if (i == 0 || s->bucket != lay.slots[i - 1].bucket) {  // a new bucket starts
+            offset = round_up(offset, 64 * (size_t)p->dp);
+            lay.buckets[s->bucket].offset = offset;
+        }
+        s->offset = offset;
+        offset = round_up(offset + s->numel, 64);
+        lay.buckets[s->bucket].size = round_up(offset, 64 * (size_t)p->dp) - lay.buckets[s->bucket].offset;
+    }
+    lay.total = round_up(offset, 64 * (size_t)p->dp);
+    for (int b = 0; b < lay.num_buckets; b++)  // empty buckets sit at the end, owning nothing
+        if (lay.buckets[b].size == 0) lay.buckets[b].offset = lay.total;
+    free(file_base);
+    return lay;
+}
+
+// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of slot i held by TP rank r, in the
+// file order. Returns a malloc'ed array and its length in *n.
+static Run* slot_runs(const ParamLayout* lay, int i, int r, size_t lo, size_t hi, size_t* n) {
+    const TensorSlot* s = &lay->slots[i];
+    TensorShape local = local_shape(s->whole, lay->tp);
+    Run* runs = (Run*)malloc_check(((hi - lo) / local.cols + 2) * sizeof(Run));
+    *n = tensor_runs(s->whole, lay->tp, r, s->file_base, lo, hi, runs);
+    return runs;
+}
+
+static void free_layout(ParamLayout* lay) {
+    free(lay->slots);
+    free(lay->buckets);
+}
+
+// memory layout of TP rank r <-> llm.c file order, for float buffers on the host (layout_to_file_order
+// writes only rank r's slices of the split tensors; file_order_to_layout reads them)
+static void copy_layout_file(const ParamLayout* lay, int r, float* mem, float* file, int to_file) {
+    for (int i = 0; i < lay->num_slots; i++) {
+        size_t n;
+        Run* runs = slot_runs(lay, i, r, 0, lay->slots[i].numel, &n);
+        for (size_t k = 0; k < n; k++) {
+            float* m = mem + lay->slots[i].offset + runs[k].local;
+            if (to_file) memcpy(file + runs[k].file, m, runs[k].count * sizeof(float));
+            else memcpy(m, file + runs[k].file, runs[k].count * sizeof(float));
+        }
+        free(runs);
+    }
+}
+static void layout_to_file_order(const ParamLayout* lay, int r, const float* mem, float* file) {
+    copy_layout_file(lay, r, (float*)mem, file, 1);
+}
+static void file_order_to_layout(const ParamLayout* lay, int r, const float* file, float* mem) {
+    memset(mem, 0, lay->total * sizeof(float));
+    copy_layout_file(lay, r, mem, (float*)file, 0);
+}
