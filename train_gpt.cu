@@ -5,24 +5,21 @@
  *        with loss scaling) or float (PRECISION=FP32)
  *   CPU: g++ -x c++ -DLLMC_CPU, the same code with the CPU reference loops and OpenMP, floatX = float
  *
- * What is here, top to bottom:
- *   1. the parameter layout: one flat buffer, and a pointer table into it; which tensors (and which
- *      slices of them) this rank holds
- *   2. the activations: flat buffers, and pointer tables into them (one set per micro-batch in flight)
- *   3. the model: build, initialize or load, forward, backward (with recomputation), the optimizer
- *      update (with ZeRO sharding and loss scaling), and the pipeline step that runs micro-batches
- *      through the stages
- *   4. checkpoints (model + optimizer shards + data position + RNG) and sampling
- *   5. the run's configuration and the memory planner (--plan)
- *   6. the training loop and the command line
+ * What is here, top to bottom (llmc/ holds the rest: each layer's math, each parallelism, the run's machinery):
+ *   1. the parameter layout: one flat buffer per rank (llmc/param_layout.h), and pointer tables into it
+ *   2. the activations: flat buffers and pointer tables into them, one set per micro-batch in flight, and
+ *      recomputation (--recompute): which of them are kept per layer
+ *   3. the model: build (this rank's tensors and slices, its ZeRO shard), parameters in and out of the
+ *      llm.c file order, random initialization, the activations' allocation
+ *   4. forward and 5. backward of this rank's layers, with recomputation, and the DP reduction started as
+ *      each layer's gradients become final
+ *   6. the update: global norm, clipping, loss scaling, AdamW on the owned shard (ZeRO), all-gather
+ *   7. the step: plain_step (one stage: gradient accumulation) and pipeline_step (--pp > 1: the schedule's
+ *      forward and backward actions, with the sends and receives between stages)
+ *   8. checkpoints, evaluation and sampling, 9. the memory plan (--plan), 10. the training loop, 11. main
  * Every layer's math lives in llmc/<layer>.h, CPU reference and CUDA kernels side by side; each kind of
  * parallelism has its own header (comm, zero, tensor_parallel, pipeline) and "DP:", "TP:", "PP:"
  * comments mark where the model code calls into it.
- *
- * Parameters are laid out in memory layer by layer (wte, wpe, then for each layer its 12 tensors, then
- * lnfw, lnfb), not in the file's tensor-by-tensor order: a layer's parameters and gradients are one
- * contiguous range, which is what the parallel modes slice, communicate and shard. Conversion to the
- * llm.c file order happens only when reading and writing files.
  */
 // the layers: CPU reference and CUDA kernels side by side
 #include "llmc/attention.h"        // attention_forward/_backward, and flash attention's
@@ -116,7 +113,7 @@ static Weights point_weights_flat(const GPT2Config* c, const ParamLayout* lay, f
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 2. activations
+// 2. activations and recomputation
 
 typedef struct {
     floatX* encoded;                        // (B, T, C)
@@ -144,6 +141,44 @@ typedef struct {
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
 } Activations;
+
+// Recomputation (--recompute R): what R does not keep per layer lives in a single layer-sized buffer that
+// every layer reuses, and backward recomputes it just before it needs it (recompute_layer):
+//   R = 0  everything is kept
+//   R = 1  the GELU output is recomputed from the MLP hidden                   saves (B,T,4C) per layer
+//   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
+//   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
+//          recomputed in backward ("full checkpointing")
+// Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
+// recompute_keeps is the one mapping from R to buffers: the allocation (gpt2_allocate_activations) sizes
+// them by it and layer_acts indexes them by it. The pipeline's --pp-rematerialize is the coarser form:
+// a stage keeps only each micro-batch's input and reruns its whole forward before the backward
+// (micro_batch_activations, schedule_backward).
+typedef struct {
+    int all;   // 1: everything a layer's backward reads is kept per layer (R < 3)
+    int ln;    // 1: the LayerNorm outputs are kept per layer (R < 2)
+    int gelu;  // 1: the GELU output is kept per layer (R < 1)
+} RecomputeKeeps;
+
+static RecomputeKeeps recompute_keeps(int R) { return (RecomputeKeeps){.all = R < 3, .ln = R < 2, .gelu = R < 1}; }
+
+// One layer's activations (local index li of this stage) inside an activation set (layer_acts).
+typedef struct {
+    floatX* input;                 // (B, T, C) the layer's input: the previous layer's output
+    floatX* ln1;                   // (B, T, C)
+    float *ln1_mean, *ln1_rstd;    // (B, T)
+    floatX* qkv;                   // (B, T, 3C/tp)
+    floatX* atty;                  // (B, T, C/tp)
+    floatX* att;                   // (B, NH/tp, T, T) classic attention
+    float* lse;                    // (B, NH/tp, T) --attention flash
+    floatX* residual2;             // (B, T, C)
+    floatX* ln2;                   // (B, T, C)
+    float *ln2_mean, *ln2_rstd;    // (B, T)
+    floatX* fch;                   // (B, T, 4C/tp)
+    floatX* fch_gelu;              // (B, T, 4C/tp)
+    floatX* output;                // (B, T, C) = residual3
+    floatX* scratch;               // (B, T, C) workspace shared by every layer (a projection before its residual add)
+} LayerActs;
 
 typedef struct {
     void** ptr;
@@ -187,7 +222,7 @@ static void* allocate_buffers(const BuildMode* mode, BufferSpec* specs, int n, s
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 3. the model
+// 3. the model: build, parameters in and out, activations
 
 typedef struct {
     GPT2Config config;
@@ -424,26 +459,6 @@ static void gpt2_init_random(GPT2* model, uint64_t seed) {
     free(p);
 }
 
-// Recomputation (--recompute R): what R does not keep per layer lives in a single layer-sized buffer that
-// every layer reuses, and backward recomputes it just before it needs it (recompute_layer):
-//   R = 0  everything is kept
-//   R = 1  the GELU output is recomputed from the MLP hidden                   saves (B,T,4C) per layer
-//   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
-//   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
-//          recomputed in backward ("full checkpointing")
-// Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
-// recompute_keeps is the one mapping from R to buffers: the allocation (gpt2_allocate_activations) sizes
-// them by it and layer_acts indexes them by it. The pipeline's --pp-rematerialize is the coarser form:
-// a stage keeps only each micro-batch's input and reruns its whole forward before the backward
-// (micro_batch_activations, schedule_backward).
-typedef struct {
-    int all;   // 1: everything a layer's backward reads is kept per layer (R < 3)
-    int ln;    // 1: the LayerNorm outputs are kept per layer (R < 2)
-    int gelu;  // 1: the GELU output is kept per layer (R < 1)
-} RecomputeKeeps;
-
-static RecomputeKeeps recompute_keeps(int R) { return (RecomputeKeeps){.all = R < 3, .ln = R < 2, .gelu = R < 1}; }
-
 // The activations of this rank's layers for micro-batches of (B, T): n_slots sets for the micro-batches
 // a pipeline schedule keeps in flight (1 without pipelining), plus the workspace they share. With
 // rematerialization the slots keep only each micro-batch's stage input and ids, and one full set is
@@ -523,40 +538,6 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     free(sets);
 }
 
-// out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
-// TP it is row-parallel: inp and weight hold this rank's IC = (C or 4C)/tp input channels, the partial
-// products are summed across the TP group (Megatron's g), and the bias is added once, after the sum.
-// scratch (N, C) holds the projection before the add.
-static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
-                                 const floatX* bias, floatX* scratch, int N, int IC) {
-    int C = model->config.C;
-    if (model->place.tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
-        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
-        return;
-    }
-    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
-    tp_g_forward(model->comm, model->tracer, scratch, (size_t)N * C);  // TP: g
-    residual_bias_forward(out, residual, scratch, bias, N, C);
-}
-
-// One layer's activations (local index li of this stage) inside an activation set (layer_acts).
-typedef struct {
-    floatX* input;                 // (B, T, C) the layer's input: the previous layer's output
-    floatX* ln1;                   // (B, T, C)
-    float *ln1_mean, *ln1_rstd;    // (B, T)
-    floatX* qkv;                   // (B, T, 3C/tp)
-    floatX* atty;                  // (B, T, C/tp)
-    floatX* att;                   // (B, NH/tp, T, T) classic attention
-    float* lse;                    // (B, NH/tp, T) --attention flash
-    floatX* residual2;             // (B, T, C)
-    floatX* ln2;                   // (B, T, C)
-    float *ln2_mean, *ln2_rstd;    // (B, T)
-    floatX* fch;                   // (B, T, 4C/tp)
-    floatX* fch_gelu;              // (B, T, 4C/tp)
-    floatX* output;                // (B, T, C) = residual3
-    floatX* scratch;               // (B, T, C) workspace shared by every layer (a projection before its residual add)
-} LayerActs;
-
 static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int B, int T) {
     int tp = model->place.tp;
     size_t BT = (size_t)B * T, C = model->config.C, Cl = C / tp, NHl = model->config.NH / tp;
@@ -580,6 +561,25 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.output = a->residual3 + li * BT * C;
     la.scratch = a->scratch;
     return la;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 4. forward
+
+// out (N, C) = residual + inp (N, IC) . weight^T + bias: a projection back into the residual stream. With
+// TP it is row-parallel: inp and weight hold this rank's IC = (C or 4C)/tp input channels, the partial
+// products are summed across the TP group (Megatron's g), and the bias is added once, after the sum.
+// scratch (N, C) holds the projection before the add.
+static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
+                                 const floatX* bias, floatX* scratch, int N, int IC) {
+    int C = model->config.C;
+    if (model->place.tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
+        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
+        return;
+    }
+    matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
+    tp_g_forward(model->comm, model->tracer, scratch, (size_t)N * C);  // TP: g
+    residual_bias_forward(out, residual, scratch, bias, N, C);
 }
 
 // forward of one transformer block: la.input -> la.output
@@ -671,6 +671,9 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     return (float)(sum / BT);
 }
 
+// ----------------------------------------------------------------------------------------------------
+// 5. backward
+
 // Clears the gradients at the start of an optimizer step (the accumulated ones: the full buffer at
 // stages 0 and 1, the shard at stage 2).
 static void gpt2_zero_grad(GPT2* model) {
@@ -759,6 +762,9 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     comm_join(model->comm);
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
 }
+
+// ----------------------------------------------------------------------------------------------------
+// 6. update: the global norm, clipping, loss scaling and AdamW on the owned shard
 
 // The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
 // chunk of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
@@ -864,7 +870,55 @@ static void gpt2_round_params(GPT2* model, int t) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// the pipeline: one optimizer step's forward and backward passes over the micro-batches
+// 7. the step: forward and backward over an optimizer step's micro-batches, plain or pipelined
+
+// --fused-kernels on the last stage: room on the device for a step's M mean losses
+static void reserve_step_losses(GPT2* model, int M) {
+    if (model->step_losses_cap >= M) return;
+    device_free(model->step_losses);
+    model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
+    model->step_losses_cap = M;
+}
+
+// The sum of the step's M deferred mean losses: one copy for the whole step, added in micro-step order
+// (the order forwards run in, so the sum equals the one of losses returned by each forward)
+static double sum_step_losses(GPT2* model, int M) {
+    float* means = (float*)malloc_check((size_t)M * sizeof(float));
+    copy_to_host(means, model->step_losses, (size_t)M * sizeof(float));
+    double sum = 0.0;
+    for (int m = 0; m < M; m++) sum += means[m];
+    free(means);
+    return sum;
+}
+
+// The plain step, one stage (no pipelining): gradient accumulation over M micro-batches, each a forward
+// and a backward that adds into the gradients. The last micro-batch's backward also reduces them across
+// the DP group, bucket by bucket as each layer's become final (gradients_ready), so a layer's reduction
+// overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
+static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
+    const Placement* pl = &model->place;
+    Activations* a = &model->slots[0];
+    int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
+    if (defer_loss) reserve_step_losses(model, M);
+    double loss = 0.0;
+    for (int m = 0; m < M; m++) {
+        dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
+        double t0 = trace_now_us(model->tracer);
+        model->loss_dest = defer_loss ? model->step_losses + m : NULL;
+        loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
+        trace_add(model->tracer, "forward", "F", m, t0);
+        t0 = trace_now_us(model->tracer);
+        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces
+        trace_add(model->tracer, "backward", "B", m, t0);
+    }
+    model->loss_dest = NULL;
+    if (defer_loss) loss += sum_step_losses(model, M);
+    double mean = loss / M;
+    comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
+    return (float)mean;
+}
+
+// --- the pipeline step (--pp > 1): its messages, its forward and backward actions, then the step itself
 
 static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
     return a->residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
@@ -923,30 +977,6 @@ static Activations* micro_batch_activations(GPT2* model, int i, int B, int T) {
     return &model->work;
 }
 
-// The activations of a forward-only pass (evaluation, sampling): the first slot, or with
-// rematerialization the one full work set (the stage input arrives in it).
-static Activations* forward_only_activations(GPT2* model) {
-    return model->rematerialize ? &model->work : &model->slots[0];
-}
-
-// Forward-only through the pipeline (evaluation, sampling): receive this stage's input (B, T, C) from
-// the previous stage, forward, send the output to the next. Each transfer is waited for: nothing
-// overlaps outside training. Returns gpt2_forward's loss (the last stage's; 0 on the others).
-static float forward_through_stages(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T) {
-    Comm* comm = model->comm;
-    size_t n = (size_t)B * T * model->config.C;
-    if (!model->first) {
-        comm_recv(comm, &comm->pp_group, a->encoded, n, DT_FLOATX, comm->pp_rank - 1);
-        comm_join(comm);
-    }
-    float loss = gpt2_forward(model, a, inputs, targets, B, T, 0.0f);
-    if (!model->last) {
-        comm_send(comm, &comm->pp_group, stage_output(model, a, B, T), n, DT_FLOATX, comm->pp_rank + 1);
-        comm_join(comm);
-    }
-    return loss;
-}
-
 // A forward action of the schedule: micro-batch m (number `batch` in the data order) is loaded, its input
 // arrives from the previous stage (paired with the pending send when that goes there too), forward runs,
 // and its output becomes the pending send to the next stage. With defer_loss the mean loss stays on the
@@ -996,25 +1026,6 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     }
 }
 
-// --fused-kernels on the last stage: room on the device for a step's M mean losses
-static void reserve_step_losses(GPT2* model, int M) {
-    if (model->step_losses_cap >= M) return;
-    device_free(model->step_losses);
-    model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
-    model->step_losses_cap = M;
-}
-
-// The sum of the step's M deferred mean losses: one copy for the whole step, added in micro-step order
-// (the order forwards run in, so the sum equals the one of losses returned by each forward)
-static double sum_step_losses(GPT2* model, int M) {
-    float* means = (float*)malloc_check((size_t)M * sizeof(float));
-    copy_to_host(means, model->step_losses, (size_t)M * sizeof(float));
-    double sum = 0.0;
-    for (int m = 0; m < M; m++) sum += means[m];
-    free(means);
-    return sum;
-}
-
 // PP: wte is tied, the first stage's embedding and the last stage's classifier both use it, so its
 // gradient is the sum of the two stages' (an all-reduce over the group of the two); then the embedding
 // bucket is final and its DP reduction starts. Without pipelining the one stage has summed both itself.
@@ -1028,33 +1039,6 @@ static void sum_tied_embedding_grads(GPT2* model) {
     trace_add(model->tracer, "allreduce", "tied wte", -1, t0);
     gradients_ready(model, 0, 1);
     comm_join(comm);
-}
-
-// The plain step, one stage (no pipelining): gradient accumulation over M micro-batches, each a forward
-// and a backward that adds into the gradients. The last micro-batch's backward also reduces them across
-// the DP group, bucket by bucket as each layer's become final (gradients_ready), so a layer's reduction
-// overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
-static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
-    const Placement* pl = &model->place;
-    Activations* a = &model->slots[0];
-    int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
-    if (defer_loss) reserve_step_losses(model, M);
-    double loss = 0.0;
-    for (int m = 0; m < M; m++) {
-        dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
-        double t0 = trace_now_us(model->tracer);
-        model->loss_dest = defer_loss ? model->step_losses + m : NULL;
-        loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
-        trace_add(model->tracer, "forward", "F", m, t0);
-        t0 = trace_now_us(model->tracer);
-        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces
-        trace_add(model->tracer, "backward", "B", m, t0);
-    }
-    model->loss_dest = NULL;
-    if (defer_loss) loss += sum_step_losses(model, M);
-    double mean = loss / M;
-    comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
-    return (float)mean;
 }
 
 // The pipeline step (--pp > 1): this stage runs its schedule for one optimizer step of M micro-batches
@@ -1089,7 +1073,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 4. checkpoints and sampling
+// 8. checkpoints, evaluation and sampling
 
 // Ends the run on a verdict that every rank reaches alike from the same values: every rank ends here
 // together, without an abort, and rank 0 says why in one line ("error: <msg>").
@@ -1194,6 +1178,74 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);  // only now: the new one is complete
 }
 
+// The activations of a forward-only pass (evaluation, sampling): the first slot, or with
+// rematerialization the one full work set (the stage input arrives in it).
+static Activations* forward_only_activations(GPT2* model) {
+    return model->rematerialize ? &model->work : &model->slots[0];
+}
+
+// Forward-only through the pipeline (evaluation, sampling): receive this stage's input (B, T, C) from
+// the previous stage, forward, send the output to the next. Each transfer is waited for: nothing
+// overlaps outside training. Returns gpt2_forward's loss (the last stage's; 0 on the others).
+static float forward_through_stages(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T) {
+    Comm* comm = model->comm;
+    size_t n = (size_t)B * T * model->config.C;
+    if (!model->first) {
+        comm_recv(comm, &comm->pp_group, a->encoded, n, DT_FLOATX, comm->pp_rank - 1);
+        comm_join(comm);
+    }
+    float loss = gpt2_forward(model, a, inputs, targets, B, T, 0.0f);
+    if (!model->last) {
+        comm_send(comm, &comm->pp_group, stage_output(model, a, B, T), n, DT_FLOATX, comm->pp_rank + 1);
+        comm_join(comm);
+    }
+    return loss;
+}
+
+// Mean validation loss over max_batches global micro-batches: DP rank d of D evaluates micro-batches
+// i*D + d (the data-order contract), and the means are averaged across the DP group.
+static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
+    Comm* comm = model->comm;
+    long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
+    Activations* a = forward_only_activations(model);
+    double sum = 0.0;
+    for (long long i = 0; i < n; i++) {
+        dataloader_load(val, i * model->place.dp + model->place.dp_rank);
+        sum += forward_through_stages(model, a, val->inputs, val->targets, val->B, val->T);
+    }
+    double mean = model->last ? sum / n : 0.0;
+    comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
+    comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
+    return (float)mean;
+}
+
+// Multiple-choice accuracy (llmc/eval.h) over all examples: DP rank d of D scores examples d, d + D, ...
+// Rows (one per completion) are packed many to a forward: the forward is (B*T / Te, Te) with Te the longest
+// row, within the activations allocated for (B, T). Forward-only through the pipeline, as evaluate().
+// If `dump` is given (main rank), each of this rank's examples' 4 mean losses go there, one line each.
+static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, FILE* dump) {
+    Comm* comm = model->comm;
+    EvalRows rows = eval_rows(e, model->place.dp_rank, model->place.dp, model->T, path);
+    int per_forward = model->B * model->T / rows.Te;
+    int* bin = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
+    int* btg = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
+    Activations* a = forward_only_activations(model);
+    for (int r0 = 0; r0 < rows.n_rows; r0 += per_forward) {
+        eval_pack(&rows, r0, per_forward, bin, btg);
+        forward_through_stages(model, a, bin, btg, per_forward, rows.Te);
+        if (model->last) eval_row_means(&rows, r0, per_forward, model->host_losses);
+    }
+    double counts[2] = {0.0, 0.0};  // right, examples (the last stage's; the others add zeros)
+    if (model->last) eval_count(&rows, e, model->place.dp_rank, model->place.dp, counts, dump);
+    if (model->place.tp_rank != 0) counts[0] = counts[1] = 0.0;  // TP ranks hold the same counts: one of them counts
+    comm_all_reduce_host(comm, &comm->pp_group, counts, 2, REDUCE_SUM);
+    comm_all_reduce_host(comm, &comm->tp_group, counts, 2, REDUCE_SUM);
+    comm_all_reduce_host(comm, &comm->dp_group, counts, 2, REDUCE_SUM);
+    eval_rows_free(&rows);
+    free(bin), free(btg);
+    return (float)(counts[0] / counts[1]);
+}
+
 // Generates sc->len tokens after an end-of-text token and the prompt, printing them if `print`. Reads
 // logits at the last position of a full forward over the sequence so far (no KV cache: clear, and cheap
 // at these lengths). With TP it is collective over the TP group: the vocabulary slices of the logits are
@@ -1241,8 +1293,16 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 5. the run's configuration, and the memory planner (--plan): what each rank will allocate, without
-//    allocating it
+// 9. the memory plan (--plan): one rank built dry
+
+// What a model allocated, by category, and the scratch its kernels allocate on first use for the batch
+// shape its activations were allocated for, with elements of `elem_bytes`
+static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
+    return (MemoryPlan){.params = m->bytes_params, .grads = m->bytes_grads, .optimizer = m->bytes_optimizer,
+                        .activations = m->bytes_activations, .workspace = m->bytes_workspace, .comm = m->bytes_comm,
+                        .kernel_scratch = kernel_scratch_bytes(&m->config, &m->place, m->last, m->B, m->T, elem_bytes, &m->kernels),
+                        .host = 0};
+}
 
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
@@ -1255,96 +1315,16 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     gpt2_build_as(&model, c, &single, pl, &dry, kernels);
     model.recompute = recompute;
     gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
-    int cpu = plan_is_cpu(elem_bytes);
-    MemoryPlan p = {.params = model.bytes_params, .grads = model.bytes_grads, .optimizer = model.bytes_optimizer,
-                    .activations = model.bytes_activations, .workspace = model.bytes_workspace, .comm = model.bytes_comm,
-                    .kernel_scratch = kernel_scratch_bytes(c, pl, model.last, B, T, elem_bytes, kernels),
-                    .host = 0};
-    if (cpu && phases >= 0)
+    MemoryPlan p = model_memory(&model, elem_bytes);
+    if (plan_is_cpu(elem_bytes) && phases >= 0)
         p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model), pl, phases,
                                   p.activations + p.kernel_scratch);
     gpt2_free(&model);
     return p;
 }
 
-
 // ----------------------------------------------------------------------------------------------------
-// 6. training loop
-
-
-// Mean validation loss over max_batches global micro-batches: DP rank d of D evaluates micro-batches
-// i*D + d (the data-order contract), and the means are averaged across the DP group.
-static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
-    Comm* comm = model->comm;
-    long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
-    Activations* a = forward_only_activations(model);
-    double sum = 0.0;
-    for (long long i = 0; i < n; i++) {
-        dataloader_load(val, i * model->place.dp + model->place.dp_rank);
-        sum += forward_through_stages(model, a, val->inputs, val->targets, val->B, val->T);
-    }
-    double mean = model->last ? sum / n : 0.0;
-    comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
-    comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
-    return (float)mean;
-}
-
-// Multiple-choice accuracy (llmc/eval.h) over all examples: DP rank d of D scores examples d, d + D, ...
-// Rows (one per completion) are packed many to a forward: the forward is (B*T / Te, Te) with Te the longest
-// row, within the activations allocated for (B, T). Forward-only through the pipeline, as evaluate().
-// If `dump` is given (main rank), each of this rank's examples' 4 mean losses go there, one line each.
-static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, FILE* dump) {
-    Comm* comm = model->comm;
-    int T = model->T, K = EVAL_COMPLETIONS;
-    int n_mine = e->n_examples > model->place.dp_rank ? (e->n_examples - model->place.dp_rank + model->place.dp - 1) / model->place.dp : 0;
-    int n_rows = n_mine * K;
-    int* in = (int*)malloc_check((size_t)(n_rows + 1) * T * sizeof(int));  // (n_rows, T), then packed
-    int* tg = (int*)malloc_check((size_t)(n_rows + 1) * T * sizeof(int));
-    int* ntg = (int*)malloc_check((size_t)(n_rows + 1) * sizeof(int));  // targets in each row
-    int* nc = (int*)malloc_check((size_t)(n_rows + 1) * sizeof(int));   // of which the completion's (the last)
-    int Te = 1;
-    for (int r = 0; r < n_rows; r++) {
-        int ex = model->place.dp_rank + (r / K) * model->place.dp;
-        ntg[r] = eval_row(e, ex, r % K, T, in + (size_t)r * T, tg + (size_t)r * T, path);
-        nc[r] = e->comp_len[ex * K + r % K];
-        if (ntg[r] > Te) Te = ntg[r];
-    }
-    int rows_per_forward = model->B * T / Te;
-    double* mean = (double*)calloc_check((size_t)(n_rows + 1) * sizeof(double));
-    int* bin = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
-    int* btg = (int*)malloc_check((size_t)rows_per_forward * Te * sizeof(int));
-    Activations* a = forward_only_activations(model);
-    for (int r0 = 0; r0 < n_rows; r0 += rows_per_forward) {
-        for (int j = 0; j < rows_per_forward; j++) {  // rows r0.., cut to Te; past the last row: zeros
-            int r = r0 + j < n_rows ? r0 + j : -1;
-            for (int t = 0; t < Te; t++) {
-                bin[j * Te + t] = r >= 0 ? in[(size_t)r * T + t] : 0;
-                btg[j * Te + t] = r >= 0 ? tg[(size_t)r * T + t] : 0;
-            }
-        }
-        forward_through_stages(model, a, bin, btg, rows_per_forward, Te);
-        if (!model->last) continue;
-        for (int j = 0; j < rows_per_forward && r0 + j < n_rows; j++) {
-            int r = r0 + j;
-            double sum = 0.0;
-            for (int t = ntg[r] - nc[r]; t < ntg[r]; t++) sum += model->host_losses[(size_t)j * Te + t];
-            mean[r] = sum / nc[r];
-        }
-    }
-    double counts[2] = {0.0, 0.0};  // right, examples (the last stage's; the others add zeros)
-    for (int i = 0; model->last && i < n_mine; i++) {
-        int ex = model->place.dp_rank + i * model->place.dp;
-        counts[0] += eval_predict(mean + (size_t)i * K) == e->label[ex];
-        counts[1] += 1;
-        if (dump) fprintf(dump, "%d %d %.9g %.9g %.9g %.9g\n", ex, e->label[ex], mean[i * K], mean[i * K + 1], mean[i * K + 2], mean[i * K + 3]);
-    }
-    if (model->place.tp_rank != 0) counts[0] = counts[1] = 0.0;  // TP ranks hold the same counts: one of them counts
-    comm_all_reduce_host(comm, &comm->pp_group, counts, 2, REDUCE_SUM);
-    comm_all_reduce_host(comm, &comm->tp_group, counts, 2, REDUCE_SUM);
-    comm_all_reduce_host(comm, &comm->dp_group, counts, 2, REDUCE_SUM);
-    free(in), free(tg), free(ntg), free(nc), free(mean), free(bin), free(btg);
-    return (float)(counts[0] / counts[1]);
-}
+// 10. the training loop
 
 // peak dense BF16 tensor throughput of known GPUs, for MFU (0: unknown, MFU not printed)
 static double gpu_peak_flops(void) {
@@ -1399,7 +1379,6 @@ typedef struct {
     Comm* comm;
     int main_rank;             // world rank 0: prints, logs, samples
     GPT2 model;
-    Schedule pipe_schedule;    // --schedule (--pp > 1; without pipelining plain_step runs)
     RunInputs in;              // data, multiple-choice set, tokenizer, prompt (llmc/run_inputs.h)
     Rng sample_rng;
     LossScaler scaler;
@@ -1441,7 +1420,6 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
 static void allocate_for_schedule(Training* run) {
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
-    run->pipe_schedule = tc->pipe_schedule;
     int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
     gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
 }
@@ -1465,42 +1443,17 @@ static void restore_run_state(Training* run) {
     log_run_config(&run->logger, tc, run->comm, &run->model.config, run->model.num_parameters, tc->resume ? run->start_step : -1);
 }
 
-// The start-up lines: the target, the grid, the model, the batch, the data and the pipeline (main rank),
-// and each pipeline stage's memory.
+// The start-up lines: the run's (main rank) and each pipeline stage's memory.
 static void print_run_summary(const Training* run) {
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
     const GPT2* model = &run->model;
-    const GPT2Config* c = &model->config;
-    if (run->main_rank && !tc->quiet) {
-        printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
-               comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
-#if defined(LLMC_CPU) && defined(_OPENMP)
-        printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s), matmuls: %s\n", omp_get_max_threads(),
-               getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks",
-               tc->kernels.cpu_blas ? "OpenBLAS (--cpu-matmul blas)" : "reference GEMM (--cpu-matmul reference)");
-#endif
-        printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp,
-               c->maxT, model->num_parameters);
-        printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
-               run->tokens_per_step, tc->steps);
-        if (run->in.have_train)
-            printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", run->in.train.total_tokens,
-                   run->in.train.n_batches, tc->shuffle ? "on" : "off");
-        if (comm->pp > 1)
-            printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, run->pipe_schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
-                   tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
-    }
+    if (run->main_rank && !tc->quiet)
+        print_run_header(tc, comm, &model->config, model->num_parameters, run->tokens_per_step, run->in.have_train ? &run->in.train : NULL);
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
-        size_t scratch = kernel_scratch_bytes(c, &model->place, model->last, tc->B, tc->T, sizeof(floatX), &model->kernels);
-        size_t total = model->bytes_params + model->bytes_grads + model->bytes_optimizer + model->bytes_activations +
-                       model->bytes_workspace + model->bytes_comm + scratch;
-        printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
-               "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
-               comm->pp_rank, model->place.l0, model->place.l1 - 1, model->bytes_params / 1048576.0, model->bytes_grads / 1048576.0,
-               model->bytes_optimizer / 1048576.0, model->bytes_activations / 1048576.0, model->n_slots, model->n_slots > 1 ? "s" : "",
-               model->bytes_workspace / 1048576.0, model->bytes_comm / 1048576.0, scratch / 1048576.0, total / 1048576.0);
+        MemoryPlan p = model_memory(model, sizeof(floatX));
+        print_stage_memory(&p, comm->pp_rank, model->place.l0, model->place.l1, model->n_slots);
     }
 }
 
@@ -1627,7 +1580,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
     if (model->place.pp == 1) r.loss = plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
-    else r.loss = pipeline_step(model, &run->in.train, run->pipe_schedule, tc->grad_accum, step, dloss);
+    else r.loss = pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
     if (losses && step < max_losses) losses[step] = (float)r.loss;
     char why[64];
     snprintf(why, sizeof(why), "the loss is %g", r.loss);
@@ -1743,7 +1696,7 @@ static float train(const TrainConfig* tc, Comm* comm, float* losses, long long m
 }
 
 // ----------------------------------------------------------------------------------------------------
-// command line
+// 11. main
 
 #ifndef TRAIN_GPT_NO_MAIN
 int main(int argc, char** argv) {

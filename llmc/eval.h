@@ -124,3 +124,70 @@ static int eval_predict(const double* mean_loss) {
         if (mean_loss[k] < mean_loss[best]) best = k;
     return best;
 }
+
+// The rows (one per completion) of the examples DP rank d of D scores (d, d + D, ...), each cut to its
+// tokens and padded to T, with what scoring needs: each row's number of targets and its completion's
+// length (the last targets), the longest row (Te), and each row's mean completion loss once forwarded.
+typedef struct {
+    int n_mine, n_rows;  // examples of this rank, and their rows (EVAL_COMPLETIONS each)
+    int T, Te;           // the rows' allocated length, the longest row's tokens
+    int *in, *tg;        // (n_rows, T) inputs and targets
+    int *ntg, *nc;       // (n_rows) targets in each row, of which the completion's (the last ones)
+    double* mean;        // (n_rows) mean completion loss (eval_row_means)
+} EvalRows;
+
+static EvalRows eval_rows(const EvalSet* e, int d, int D, int T, const char* path) {
+    const int K = EVAL_COMPLETIONS;
+    EvalRows r;
+    r.n_mine = e->n_examples > d ? (e->n_examples - d + D - 1) / D : 0;
+    r.n_rows = r.n_mine * K;
+    r.T = T;
+    r.Te = 1;
+    r.in = (int*)malloc_check((size_t)(r.n_rows + 1) * T * sizeof(int));
+    r.tg = (int*)malloc_check((size_t)(r.n_rows + 1) * T * sizeof(int));
+    r.ntg = (int*)malloc_check((size_t)(r.n_rows + 1) * sizeof(int));
+    r.nc = (int*)malloc_check((size_t)(r.n_rows + 1) * sizeof(int));
+    r.mean = (double*)calloc_check((size_t)(r.n_rows + 1) * sizeof(double));
+    for (int i = 0; i < r.n_rows; i++) {
+        int ex = d + (i / K) * D;
+        r.ntg[i] = eval_row(e, ex, i % K, T, r.in + (size_t)i * T, r.tg + (size_t)i * T, path);
+        r.nc[i] = e->comp_len[ex * K + i % K];
+        if (r.ntg[i] > r.Te) r.Te = r.ntg[i];
+    }
+    return r;
+}
+
+// Rows r0 .. r0 + n - 1, cut to Te, into one forward's (n, Te) inputs and targets; past the last row: zeros
+static void eval_pack(const EvalRows* r, int r0, int n, int* in, int* tg) {
+    for (int j = 0; j < n; j++) {
+        int i = r0 + j < r->n_rows ? r0 + j : -1;
+        for (int t = 0; t < r->Te; t++) {
+            in[j * r->Te + t] = i >= 0 ? r->in[(size_t)i * r->T + t] : 0;
+            tg[j * r->Te + t] = i >= 0 ? r->tg[(size_t)i * r->T + t] : 0;
+        }
+    }
+}
+
+// From the losses (n, Te) of the forward of eval_pack(r0, n): each row's mean loss over its completion
+static void eval_row_means(EvalRows* r, int r0, int n, const float* losses) {
+    for (int j = 0; j < n && r0 + j < r->n_rows; j++) {
+        int i = r0 + j;
+        double sum = 0.0;
+        for (int t = r->ntg[i] - r->nc[i]; t < r->ntg[i]; t++) sum += losses[(size_t)j * r->Te + t];
+        r->mean[i] = sum / r->nc[i];
+    }
+}
+
+// Adds this rank's right answers and examples to counts[0], counts[1]; each example's line to `dump` if given
+static void eval_count(const EvalRows* r, const EvalSet* e, int d, int D, double* counts, FILE* dump) {
+    const int K = EVAL_COMPLETIONS;
+    for (int i = 0; i < r->n_mine; i++) {
+        int ex = d + i * D;
+        const double* m = r->mean + (size_t)i * K;
+        counts[0] += eval_predict(m) == e->label[ex];
+        counts[1] += 1;
+        if (dump) fprintf(dump, "%d %d %.9g %.9g %.9g %.9g\n", ex, e->label[ex], m[0], m[1], m[2], m[3]);
+    }
+}
+
+static void eval_rows_free(EvalRows* r) { free(r->in), free(r->tg), free(r->ntg), free(r->nc), free(r->mean); }

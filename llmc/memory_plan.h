@@ -158,3 +158,12 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
         else printf("  with %.1f GiB per device: the largest micro-batch that fits is B=%d\n", device_memory / 1073741824.0, lo);
     }
 }
+
+// The start-up line of a pipeline stage's memory per rank (what its model allocated, and the kernels' scratch)
+static void print_stage_memory(const MemoryPlan* p, int stage, int l0, int l1, int n_slots) {
+    const double M = 1048576.0;
+    printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
+           "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
+           stage, l0, l1 - 1, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, n_slots, n_slots > 1 ? "s" : "",
+           p->workspace / M, p->comm / M, p->kernel_scratch / M, plan_total(p) / M);
+}

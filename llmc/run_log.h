@@ -6,7 +6,9 @@
 
 #include <math.h>  // isfinite
 
-#include "comm.h"        // Comm
+#include "comm.h"        // Comm, ENGINE_*
+#include "dataloader.h"  // DataLoader
+#include "pipeline.h"    // SCHEDULE_GPIPE
 #include "device.h"      // device_name, TARGET_NAME, PRECISION_NAME
 #include "logger.h"      // Logger, logger_config_begin, json_string
 #include "run_config.h"  // TrainConfig
@@ -52,4 +54,26 @@ static void print_step_line(const TrainConfig* tc, long long step, long long sta
     printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step, tc->steps, loss, norm, lr, ms, tokens_per_s);
     if (mfu > 0) printf(" | MFU %.1f%%", mfu);
     printf(" | %s elapsed, ETA %s\n", el, eta);
+}
+
+// The start-up lines (main rank): the target, the grid, the threads, the model, the batch, the training data
+// (NULL: none read) and the pipeline.
+static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters, size_t tokens_per_step,
+                             const DataLoader* train) {
+    printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
+           comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
+#if defined(LLMC_CPU) && defined(_OPENMP)
+    printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s), matmuls: %s\n", omp_get_max_threads(),
+           getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks",
+           tc->kernels.cpu_blas ? "OpenBLAS (--cpu-matmul blas)" : "reference GEMM (--cpu-matmul reference)");
+#endif
+    printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, num_parameters);
+    printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum, tokens_per_step,
+           tc->steps);
+    if (train)
+        printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train->total_tokens, train->n_batches,
+               tc->shuffle ? "on" : "off");
+    if (comm->pp > 1)
+        printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, tc->pipe_schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
+               tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
 }
