@@ -435,26 +435,10 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     }
 }
 
-// GPT-2 initialization: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
-// LayerNorm weights 1; padded vocabulary rows 0. Drawn in file order from one seeded generator.
+// GPT-2's initialization (llmc/model_file.h: drawn in file order from one seeded generator), then laid out
 static void gpt2_init_random(GPT2* model, uint64_t seed) {
-    const GPT2Config* c = &model->config;
     float* p = (float*)malloc_check(model->num_parameters * sizeof(float));
-    Rng rng = {seed};
-    size_t pos = 0;
-    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
-        for (int l = 0; l < (tensor_is_per_layer(kind) ? c->L : 1); l++) {
-            size_t n = file_tensor_numel(c, kind);
-            int is_ln_weight = tensor_is_layernorm_weight(kind), is_matrix = tensor_is_matrix(kind);
-            float std = tensor_is_residual_projection(kind) ? 0.02f / sqrtf(2.0f * c->L) : 0.02f;
-            for (size_t i = 0; i < n; i++) {
-                float value = is_ln_weight ? 1.0f : is_matrix ? std * rng_normal(&rng) : 0.0f;
-                if (kind == WTE && i >= (size_t)c->V * c->C) value = 0.0f;  // padded rows of wte
-                p[pos + i] = value;
-            }
-            pos += n;
-        }
-    }
+    model_init_random(&model->config, seed, p);
     gpt2_set_parameters(model, p);
     free(p);
 }
@@ -766,17 +750,6 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 // ----------------------------------------------------------------------------------------------------
 // 6. update: the global norm, clipping, loss scaling and AdamW on the owned shard
 
-// The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
-// chunk of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
-static int owned_part(const GPT2* model, const TensorSlot* s, size_t* lo, size_t* hi, size_t* shard_k) {
-    const ZeroPlan* z = &model->zero;
-    size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
-    *lo = s->offset > start ? s->offset : start;
-    *hi = s->offset + s->numel < end ? s->offset + s->numel : end;
-    *shard_k = z->owned_offset[s->bucket] + (*lo - start);
-    return *lo < *hi;
-}
-
 // The owned ranges of the gradients that the squared norm sums every step (gpt2_grad_sumsq): group 1
 // holds the tensors split by TP, group 0 the replicated ones.
 static void gpt2_init_norm_parts(GPT2* model) {
@@ -785,7 +758,7 @@ static void gpt2_init_norm_parts(GPT2* model) {
     norm_parts_init(&model->norm_parts, model->layout.num_slots);
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
-        if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         if (s->kind == WTE && !model->first) continue;  // PP: the tied wte is counted on the first stage only
         norm_parts_add(&model->norm_parts, owned_grads(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo,
                        s->whole.split != SPLIT_NONE);
@@ -818,7 +791,7 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
     int n = 0;
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
-        if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
         ranges[n++] = (AdamWRange){.master = owned_master(model, s->bucket) + in_bucket,
                                    .param_copy = master_is_params(model) ? NULL : model->params_memory + lo,
@@ -862,7 +835,7 @@ static void gpt2_round_params(GPT2* model, int t) {
     size_t lo, hi, k;
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
-        if (!owned_part(model, s, &lo, &hi, &k)) continue;
+        if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         round_params(model->params_memory + lo, model->master + k, hi - lo, lo, t, model->stochastic_rounding);
     }
     zero_gather_params(model->comm, &model->zero, model->params_memory);
@@ -1141,34 +1114,14 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     state->num_shards = model->place.pp * model->place.tp * per_tp;
     state->shard = (model->place.pp_rank * model->place.tp + model->place.tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
     if (z->stage > 0 || z->d == 0) {
-        size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k;
-        int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
         float* m_host = (float*)malloc_check(z->shard_total * sizeof(float));
         float* v_host = (float*)malloc_check(z->shard_total * sizeof(float));
         float* m_out = (float*)malloc_check(z->shard_total * sizeof(float));
         float* v_out = (float*)malloc_check(z->shard_total * sizeof(float));
         copy_to_host(m_host, model->m, z->shard_total * sizeof(float));
         copy_to_host(v_host, model->v, z->shard_total * sizeof(float));
-        for (int i = 0; i < model->layout.num_slots; i++) {  // each tensor's overlap with what we own, in file runs
-            const TensorSlot* t = &model->layout.slots[i];
-            if (!owned_part(model, t, &lo, &hi, &k)) continue;
-            if (t->whole.split == SPLIT_NONE && model->place.tp_rank != 0) continue;  // TP rank 0 has the same
-            if (t->kind == WTE && !model->first) continue;                      // the first stage has the same
-            size_t n;
-            Run* runs = slot_runs(&model->layout, i, model->place.tp_rank, lo - t->offset, hi - t->offset, &n);
-            for (size_t j = 0; j < n; j++) {
-                if (n_ranges == cap) ranges = (int64_t*)realloc(ranges, 2 * (cap *= 2) * sizeof(int64_t));
-                if (ranges == NULL) fatal("out of host memory");
-                size_t from = k + (runs[j].local - (lo - t->offset));
-                ranges[2 * n_ranges] = (int64_t)runs[j].file;
-                ranges[2 * n_ranges + 1] = (int64_t)runs[j].count;
-                memcpy(m_out + count, m_host + from, runs[j].count * sizeof(float));
-                memcpy(v_out + count, v_host + from, runs[j].count * sizeof(float));
-                count += runs[j].count;
-                n_ranges++;
-            }
-            free(runs);
-        }
+        int64_t* ranges;
+        size_t n_ranges = shard_file_runs(&model->layout, z, &model->place, m_host, v_host, &ranges, m_out, v_out);
         snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, state->step, state->shard);
         state_file_write(path, state, ranges, (int64_t)n_ranges, m_out, v_out);
         free(ranges), free(m_host), free(v_host), free(m_out), free(v_out);

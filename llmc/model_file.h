@@ -260,3 +260,24 @@ static uint64_t model_file_read(const char* path, GPT2Config* c, float** params)
     fclose(f);
     return hash;
 }
+
+// GPT-2 initialization: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), biases 0,
+// LayerNorm weights 1; padded vocabulary rows 0. Drawn in file order from one seeded generator into p
+// (gpt2_num_parameters(c) floats).
+static void model_init_random(const GPT2Config* c, uint64_t seed, float* p) {
+    Rng rng = {seed};
+    size_t pos = 0;
+    for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
+        for (int l = 0; l < (tensor_is_per_layer(kind) ? c->L : 1); l++) {
+            size_t n = file_tensor_numel(c, kind);
+            int is_ln_weight = tensor_is_layernorm_weight(kind), is_matrix = tensor_is_matrix(kind);
+            float std = tensor_is_residual_projection(kind) ? 0.02f / sqrtf(2.0f * c->L) : 0.02f;
+            for (size_t i = 0; i < n; i++) {
+                float value = is_ln_weight ? 1.0f : is_matrix ? std * rng_normal(&rng) : 0.0f;
+                if (kind == WTE && i >= (size_t)c->V * c->C) value = 0.0f;  // padded rows of wte
+                p[pos + i] = value;
+            }
+            pos += n;
+        }
+    }
+}

@@ -160,3 +160,46 @@ static void file_order_to_layout(const ParamLayout* lay, int r, const float* fil
     memset(mem, 0, lay->total * sizeof(float));
     copy_layout_file(lay, r, mem, (float*)file, 0);
 }
+
+// The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
+// chunk of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
+static int owned_part(const ZeroPlan* z, const TensorSlot* s, size_t* lo, size_t* hi, size_t* shard_k) {
+    size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
+    *lo = s->offset > start ? s->offset : start;
+    *hi = s->offset + s->numel < end ? s->offset + s->numel : end;
+    *shard_k = z->owned_offset[s->bucket] + (*lo - start);
+    return *lo < *hi;
+}
+
+// The optimizer state this rank writes into its state shard (llmc/state_file.h): each tensor's overlap with
+// the owned chunks, in runs of the file order, once across the ranks that hold a tensor alike (a replicated
+// tensor by TP rank 0, the tied wte by the first stage). m and v (z->shard_total, in shard order) are
+// gathered into m_out and v_out run after run; *ranges (malloc'ed) gets each run's (file offset, count).
+// Returns the number of runs.
+static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const Placement* p, const float* m, const float* v,
+                              int64_t** ranges_out, float* m_out, float* v_out) {
+    size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k;
+    int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
+    for (int i = 0; i < lay->num_slots; i++) {  // each tensor's overlap with what we own, in file runs
+        const TensorSlot* t = &lay->slots[i];
+        if (!owned_part(z, t, &lo, &hi, &k)) continue;
+        if (t->whole.split == SPLIT_NONE && p->tp_rank != 0) continue;  // TP rank 0 has the same
+        if (t->kind == WTE && !is_first_stage(p)) continue;             // the first stage has the same
+        size_t n;
+        Run* runs = slot_runs(lay, i, p->tp_rank, lo - t->offset, hi - t->offset, &n);
+        for (size_t j = 0; j < n; j++) {
+            if (n_ranges == cap) ranges = (int64_t*)realloc(ranges, 2 * (cap *= 2) * sizeof(int64_t));
+            if (ranges == NULL) fatal("out of host memory");
+            size_t from = k + (runs[j].local - (lo - t->offset));
+            ranges[2 * n_ranges] = (int64_t)runs[j].file;
+            ranges[2 * n_ranges + 1] = (int64_t)runs[j].count;
+            memcpy(m_out + count, m + from, runs[j].count * sizeof(float));
+            memcpy(v_out + count, v + from, runs[j].count * sizeof(float));
+            count += runs[j].count;
+            n_ranges++;
+        }
+        free(runs);
+    }
+    *ranges_out = ranges;
+    return n_ranges;
+}
