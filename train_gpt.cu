@@ -1425,13 +1425,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
     check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
-    if (tc->save_every > 0 || tc->stop_after > 0)  // (the resumed step is where this run's own saves begin)
-        check_checkpoint_dir_owner(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0);
-    else if (tc->steps > 0 && run->main_rank) {  // only a stop signal would save: it would be refused then, so say so now
-        char msg[1600];
-        if (checkpoint_dir_conflict(tc->checkpoint_dir, run->run_id, tc->resume ? run->state.step : 0, 0, msg, sizeof(msg)))
-            fprintf(stderr, "warning: a stop signal could not checkpoint this run: %s\n", msg);
-    }
+    claim_checkpoint_dir(tc, run->run_id, tc->resume ? run->state.step : 0, run->main_rank);
     check_sizes_given(tc, &config);
     build_rank_model(run, &config, params, m, v);
     free(params), free(m), free(v);

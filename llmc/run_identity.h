@@ -115,3 +115,16 @@ static void report_signal_stop(const TrainConfig* tc, Comm* comm, int sig, long 
         printf("stopped by %s after step %lld: checkpoint saved in '%s'; continue with --resume %s (exit code %d)\n",
                stop_signal_name(sig), step, tc->checkpoint_dir, tc->checkpoint_dir, EXIT_STOPPED_BY_SIGNAL);
 }
+
+// Before the loop, for the checkpoint folder: a run that means to save (--save-every, --stop-after) must own
+// it (check_checkpoint_dir_owner; its saves begin after start_step, where it resumes); a run that saves only
+// if a stop signal comes is warned now of a conflict that would refuse that save then.
+static void claim_checkpoint_dir(const TrainConfig* tc, uint64_t run_id, long long start_step, int main_rank) {
+    if (tc->save_every > 0 || tc->stop_after > 0) {
+        check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
+    } else if (tc->steps > 0 && main_rank) {
+        char msg[1600];
+        if (checkpoint_dir_conflict(tc->checkpoint_dir, run_id, start_step, 0, msg, sizeof(msg)))
+            fprintf(stderr, "warning: a stop signal could not checkpoint this run: %s\n", msg);
+    }
+}
