@@ -1,7 +1,8 @@
 /*
  * emulate.h: runs the CUDA kernels of dev/cuda/ and llmc/ on the CPU, so their checks against the CPU
  * reference run on a machine without a GPU: `make -C dev/cuda emulate` (the kernel files) and `make
- * emulated` (the GPU build of test_gpt and train_gpt), both part of `make test` without a GPU. The
+ * emulated` (the GPU build of test_gpt and train_gpt), both part of `make test` without a GPU; `make -C
+ * dev/emulate selftest` checks the emulation itself (README.md in this folder: how to use it). The
  * tensor-core flash attention runs too: llmc/attention_flash_mma.h calls the warp-collective ldmatrix,
  * mma.sync and cp.async below in place of its PTX when DEV_CUDA_EMULATED is defined.
  *
