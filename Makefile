@@ -82,10 +82,10 @@ build/emu/src/%: % dev/emulate/emulate_source.pl
 EMU_FLAGS = -O2 -fno-inline-functions -std=c++17 -fopenmp -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-class-memaccess \
             -Wno-sign-compare $(if $(NCCL_H),-DEMULATE_NCCL $(NCCL_INC),-DNO_NCCL) $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/emulate/emulate.h -I$(NVCC_ROOT)/include
 emulated: $(foreach p,bf16 fp32 fp16,build/emu-$(p)/test_gpt build/emu-$(p)/train_gpt)
-build/emu-%/test_gpt: $(EMU_SOURCES) dev/emulate/emulate.h dev/emulate/emulate_runtime.h dev/emulate/emulate_nccl.h | gpu-toolchain
+build/emu-%/test_gpt: $(EMU_SOURCES) $(wildcard dev/emulate/*.h) | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/test_gpt.cu $(MPI_LIBS) -o $@
-build/emu-%/train_gpt: $(EMU_SOURCES) dev/emulate/emulate.h dev/emulate/emulate_runtime.h dev/emulate/emulate_nccl.h | gpu-toolchain
+build/emu-%/train_gpt: $(EMU_SOURCES) $(wildcard dev/emulate/*.h) | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 
