@@ -3,7 +3,7 @@
 #   make gpu            build/gpu-{bf16,fp32,fp16}/...                  (nvcc, cuBLASLt, NCCL)
 #   make dev            dev/cuda: kernel variants with checks and benchmarks (nvcc)
 #   make emulated       build/emu-{bf16,fp32,fp16}/{train_gpt,test_gpt}: the GPU target on the CPU emulation
-#                       of CUDA (dev/cuda/emulate.h; g++ and the CUDA headers, no GPU; `make test` runs test_gpt)
+#                       of CUDA (dev/emulate/emulate.h; g++ and the CUDA headers, no GPU; `make test` runs test_gpt)
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
 #   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
@@ -68,24 +68,24 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-to
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PRECISION_DEFINE_fp32) $< $(NVCC_LIBS) -o $@
 
-# The GPU target on the CPU emulation of CUDA (dev/cuda/emulate.h): every kernel, launcher, cuBLAS(Lt)
+# The GPU target on the CPU emulation of CUDA (dev/emulate/emulate.h): every kernel, launcher, cuBLAS(Lt)
 # call and device copy of the GPU code runs, on a machine without a GPU. Its ranks talk through the MPI
-# engine, or with EMU_DEVICES=N (N emulated GPUs) through the NCCL engine, over dev/cuda/emulate_nccl.h
+# engine, or with EMU_DEVICES=N (N emulated GPUs) through the NCCL engine, over dev/emulate/emulate_nccl.h
 # (when nccl.h was found; scripts/test_nccl_emulated.sh). The sources are first rewritten into build/emu/src/
-# (dev/cuda/emulate_source.pl: the <<<...>>> launches and __shared__ declarations). -fno-inline-functions:
+# (dev/emulate/emulate_source.pl: the <<<...>>> launches and __shared__ declarations). -fno-inline-functions:
 # the same checks, built in seconds instead of more than a minute.
 EMU_SOURCES = $(patsubst %,build/emu/src/%,$(HEADERS) train_gpt.cu test_gpt.cu)
 .SECONDARY: $(EMU_SOURCES)
-build/emu/src/%: % dev/cuda/emulate_source.pl
+build/emu/src/%: % dev/emulate/emulate_source.pl
 	@mkdir -p $(@D)
-	perl -0p dev/cuda/emulate_source.pl $< > $@.tmp && mv $@.tmp $@  # (no empty target left when the rewrite fails)
+	perl -0p dev/emulate/emulate_source.pl $< > $@.tmp && mv $@.tmp $@  # (no empty target left when the rewrite fails)
 EMU_FLAGS = -O2 -fno-inline-functions -std=c++17 -fopenmp -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-class-memaccess \
-            -Wno-sign-compare $(if $(NCCL_H),-DEMULATE_NCCL $(NCCL_INC),-DNO_NCCL) $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/cuda/emulate.h -I$(NVCC_ROOT)/include
+            -Wno-sign-compare $(if $(NCCL_H),-DEMULATE_NCCL $(NCCL_INC),-DNO_NCCL) $(MPI_DEFINE) $(MPI_CFLAGS) -x c++ -include dev/emulate/emulate.h -I$(NVCC_ROOT)/include
 emulated: $(foreach p,bf16 fp32 fp16,build/emu-$(p)/test_gpt build/emu-$(p)/train_gpt)
-build/emu-%/test_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h dev/cuda/emulate_nccl.h | gpu-toolchain
+build/emu-%/test_gpt: $(EMU_SOURCES) $(wildcard dev/emulate/*.h) | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/test_gpt.cu $(MPI_LIBS) -o $@
-build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtime.h dev/cuda/emulate_nccl.h | gpu-toolchain
+build/emu-%/train_gpt: $(EMU_SOURCES) $(wildcard dev/emulate/*.h) | gpu-toolchain
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 
@@ -122,3 +122,4 @@ test:
 clean:
 	rm -rf build
 	$(MAKE) -C dev/cuda clean
+	$(MAKE) -C dev/emulate clean

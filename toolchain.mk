@@ -1,4 +1,4 @@
-# toolchain.mk: what both Makefiles (this folder's and dev/cuda's) build with, found in one place.
+# toolchain.mk: what the Makefiles (this folder's, dev/cuda's and dev/emulate's) build with, found in one place.
 #   - finds nvcc, NCCL, Open MPI and OpenBLAS, and says once per make what it found and where (or what is missing
 #     and what that costs), so a build that quietly left out NCCL or MPI cannot go unnoticed;
 #   - `gpu-toolchain`, an order-only prerequisite of every nvcc target: without nvcc (or with an NCCL_HOME

@@ -88,7 +88,7 @@ static FLASH_HD int flash_acc_to_a_elem(int r) { return (r % 2) * 2; }
 
 // the tensor-core instructions exist from sm_80 on; for an older target (a build for the local GPU)
 // the wrappers compile to a trap, and flash_check_launch() refuses such a GPU before any launch. On the
-// CPU emulation of dev/cuda/emulate.h (DEV_CUDA_EMULATED) they call its warp-collective versions.
+// CPU emulation of dev/emulate/emulate.h (DEV_CUDA_EMULATED) they call its warp-collective versions.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define FLASH_NO_SM80 1
 #endif

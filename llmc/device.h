@@ -80,7 +80,7 @@ typedef float floatX;
 #define BF16_BUILD 0
 #endif
 #define TARGET_IS_CPU 0
-#ifdef DEV_CUDA_EMULATED  // the GPU code on the CPU emulation of dev/cuda/emulate.h (`make emulated`)
+#ifdef DEV_CUDA_EMULATED  // the GPU code on the CPU emulation of dev/emulate/emulate.h (`make emulated`)
 #define TARGET_NAME "GPU (emulated on the CPU)"
 #else
 #define TARGET_NAME "GPU"
@@ -354,7 +354,7 @@ static inline void download_floats(float* dst, const floatX* src, size_t n) {
 // __launch_bounds__(N), N a named constant (GELU_THREADS, ...) that its launcher launches it with too: the
 // compiler then allocates registers for that many threads, and a static report of registers and occupancy
 // (dev/cuda/kernel_report.py) knows the block. A launch with more threads than the bound fails on the GPU
-// ("too many resources requested for launch"), and the CPU emulation refuses it too (dev/cuda/emulate.h).
+// ("too many resources requested for launch"), and the CPU emulation refuses it too (dev/emulate/emulate.h).
 #ifndef LLMC_CPU
 static inline int grid_for(size_t n, int block) { return (int)((n + block - 1) / block); }
 #define launchCheck() cudaCheck(cudaGetLastError())

@@ -22,7 +22,7 @@
  *
  * Atomics only, on the main thread's side: the marks sit around every copy of a step, and must neither
  * take a lock (the watchdog never waits on the main thread) nor cost anything next to a kernel launch.
- * The watchdog makes no CUDA call at all: the CUDA emulation (dev/cuda/emulate.h) is not thread-safe,
+ * The watchdog makes no CUDA call at all: the CUDA emulation (dev/emulate/emulate.h) is not thread-safe,
  * and ending the process needs none.
  *
  * The GPU target only (on the CPU target the marks are empty), and NCCL is the engine's business: it

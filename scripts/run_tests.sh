@@ -10,7 +10,7 @@
 #      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it; without one the dev/cuda checks and test_gpt's GPU build run on
-#      the CPU emulation of CUDA (dev/cuda/emulate.h), and the GPU memory plan is held to what the
+#      the CPU emulation of CUDA (dev/emulate/emulate.h), and the GPU memory plan is held to what the
 #      emulated train_gpt allocates (scripts/test_memory_plan_emulated.sh), and its NCCL engine runs over
 #      emulated NCCL (scripts/test_nccl_emulated.sh)
 #   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
@@ -94,7 +94,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         make -C dev/cuda run
     else
         echo "no GPU here: the GPU target was compiled but not run"
-        step "dev/cuda: the kernel files' checks on the CPU emulation of CUDA (dev/cuda/emulate.h), tensor-core flash attention included"
+        step "dev/cuda: the kernel files' checks on the CPU emulation of CUDA (dev/emulate/emulate.h), tensor-core flash attention included"
         timeout 600 make -C dev/cuda -j2 emulate
         step "GPU target: test_gpt on the CPU emulation of CUDA (make emulated): BF16; BF16 and FP16 with --fused-kernels 1 --attention flash; FP32 with --fused-kernels 1 (four at once)"
         make -j2 emulated  # test_gpt and train_gpt of each precision (train_gpt for the memory plan below)
@@ -116,7 +116,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         [ "$failed" = 0 ]
         step "GPU target: the memory plan against the device memory the emulated train_gpt allocates (each precision, fused, flash, recompute, ZeRO, TP, PP)"
         bash scripts/test_memory_plan_emulated.sh build/emu
-        step "GPU target: the NCCL engine on the emulation (EMU_DEVICES GPUs, dev/cuda/emulate_nccl.h): DP/ZeRO, TP, PP, 3D, the id over MPI, TCP and a folder, deadlines"
+        step "GPU target: the NCCL engine on the emulation (EMU_DEVICES GPUs, dev/emulate/emulate_nccl.h): DP/ZeRO, TP, PP, 3D, the id over MPI, TCP and a folder, deadlines"
         OMP_NUM_THREADS=1 bash scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt build/emu-bf16/train_gpt
     fi
 else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_nccl_emulated.sh: the NCCL engine of the GPU target (llmc/comm_nccl.h), run on a machine without a
 # GPU: the emulated train_gpt (make emulated) with EMU_DEVICES GPUs, so that its ranks take one each and
-# pick NCCL, whose calls dev/cuda/emulate_nccl.h carries out between the processes. Against single-rank
+# pick NCCL, whose calls dev/emulate/emulate_nccl.h carries out between the processes. Against single-rank
 # runs of the same binary (every loss to 1e-5 relative, final parameters to 1e-5 relative norm, as
 # test_dp/tp/pp.sh: sums over ranks are taken in another order than one rank's):
 #   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1 and 2 (reduce-scatter, all-gather),
@@ -21,7 +21,7 @@
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
 # wrong results here (part 1's rematerialized pipeline: its sends leave a buffer the next forward overwrites).
-# dev/cuda/emulate_nccl_selftest.cu shows each rule (and a deadlock, a mismatched collective) in two processes.
+# dev/emulate/emulate_nccl_selftest.cu shows each rule (and a deadlock, a mismatched collective) in two processes.
 # usage: scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt [build/emu-bf16/train_gpt]
 set -u
 BIN=${1:-build/emu-fp32/train_gpt}

@@ -1,7 +1,7 @@
 /*
  * attention_flash_emulate.cpp: runs the tensor-core flash attention (llmc/attention_flash*.h), forward and
  * backward, on the host without a GPU: each kernel's loop over tiles and warps is replayed with ldmatrix
- * and mma.sync emulated (attention_flash_emu.h), the kernels' own element-wise code
+ * and mma.sync emulated (attention_flash_replay.h), the kernels' own element-wise code
  * (attention_flash_softmax.h: mask, online softmax, lse, P, dS) called lane by lane, and the quad
  * shuffles done across the emulated lanes. bf16 rounding is applied where the kernels round (inputs, P and
  * dS as mma operands, the stored outputs). The results are compared with the CPU reference
@@ -19,7 +19,7 @@
 #include <cstdlib>
 #include <vector>
 #include "../../llmc/attention.h"
-#include "attention_flash_emu.h"
+#include "attention_flash_replay.h"
 
 typedef float Acc[32][8][4];  // one warp's 16 x 64 accumulator, [lane][n-tile][element]
 

@@ -2,9 +2,10 @@
  * attention_flash_layout.cpp: checks, on the host and without a GPU, the index maps that the tensor-core
  * flash attention kernels (llmc/attention_flash.h) use to feed ldmatrix and mma.sync.
  *
- * The two warp instructions are emulated from their PTX ISA definitions (attention_flash_emu.h), and the
- * kernels' two tile products are replayed lane by lane with the header's maps (the loop nests mirror
- * mma_a_xt, mma_p_x and load_a_frags) and compared with plain matrix products:
+ * The two warp instructions are emulated from their PTX ISA definitions (dev/emulate/emulate_tensor_core.h,
+ * the model the CPU emulation of CUDA runs too), and the kernels' two tile products are replayed lane by
+ * lane with the header's maps (attention_flash_replay.h: the loop nests mirror mma_a_xt, mma_p_x and
+ * load_a_frags) and compared with plain matrix products:
  *   S = A X^T  (S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T)
  *   O = P X    (O = P V, dV = P^T dO, dK = dS^T Q, dQ = dS K), P taken from an accumulator in registers.
  * Small integers make every sum exact, so the comparison is for equality. It also checks that the 8 row
@@ -20,7 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include "attention_flash_emu.h"
+#include "attention_flash_replay.h"
 
 static int failures = 0;
 static void expect(bool ok, const char* what, int lane, int a, int b, float got, float want) {

@@ -25,7 +25,7 @@
 #error "dev/cuda kernels are checked in fp32: build without ENABLE_BF16 / ENABLE_FP16"
 #endif
 
-// Built on the CPU emulation (emulate.h, `make emulate`), a program checks and does not time; where
+// Built on the CPU emulation (../emulate/emulate.h, `make emulate`), a program checks and does not time; where
 // its GPU shape would take minutes there, it checks a smaller batch, or only its odd shapes.
 #ifdef DEV_CUDA_EMULATED
 static const bool EMULATED = true;
@@ -181,7 +181,7 @@ static double g_copy_gbs = 0.0;
 // prints the device, measures the device-to-device copy bandwidth, sets up the L2 flush buffer
 static void bench_init(void) {
 #ifdef DEV_CUDA_EMULATED
-    printf("device: emulated on the CPU (dev/cuda/emulate.h): checks only, nothing is timed\n");
+    printf("device: emulated on the CPU (dev/emulate/emulate.h): checks only, nothing is timed\n");
     return;
 #endif
     int dev = 0;

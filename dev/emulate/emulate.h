@@ -1,7 +1,8 @@
 /*
  * emulate.h: runs the CUDA kernels of dev/cuda/ and llmc/ on the CPU, so their checks against the CPU
  * reference run on a machine without a GPU: `make -C dev/cuda emulate` (the kernel files) and `make
- * emulated` (the GPU build of test_gpt and train_gpt), both part of `make test` without a GPU. The
+ * emulated` (the GPU build of test_gpt and train_gpt), both part of `make test` without a GPU; `make -C
+ * dev/emulate selftest` checks the emulation itself (README.md in this folder: how to use it). The
  * tensor-core flash attention runs too: llmc/attention_flash_mma.h calls the warp-collective ldmatrix,
  * mma.sync and cp.async below in place of its PTX when DEV_CUDA_EMULATED is defined.
  *
@@ -62,6 +63,8 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+#include "emulate_tensor_core.h"  // ldmatrix and mma.sync: which lane's register holds which element
 
 // ----------------------------------------------------------------------------------------------------
 // the language: qualifiers and built-in variables
@@ -385,32 +388,30 @@ T shuffle(T value, Source source, const char* name) {
     return got;
 }
 
-// The tensor-core instructions of llmc/attention_flash_mma.h, as their PTX definitions state them (the
-// same text as attention_flash_emu.h), each a warp exchange: every lane publishes its operands, waits
-// for the warp, and computes its own result from all lanes' operands.
+// The tensor-core instructions of llmc/attention_flash_mma.h, each a warp exchange: every lane publishes
+// its operands, waits for the warp, and computes its own registers from all lanes' operands, with the
+// PTX definitions' element maps of emulate_tensor_core.h (the model dev/cuda's flash replay uses too).
 inline uint16_t half_of(uint32_t reg, int j) { return (uint16_t)(j ? reg >> 16 : reg & 0xffffu); }
 
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i..8i+7 give the addresses of rows 0..7 of
-// matrix i; register i of lane l gets row l/4, elements 2(l%4) and 2(l%4)+1 of matrix i (.trans: elements
-// (2(l%4), l/4) and (2(l%4)+1, l/4)). Each lane publishes the 16 bytes of its row, so the warp's load is
-// complete before any lane goes on (and may overwrite the tile), as on the GPU.
+// matrix i. Each lane publishes the 16 bytes of its row, so the warp's load is complete before any lane
+// goes on (and may overwrite the tile), as on the GPU.
 inline void ldmatrix_x4(uint32_t r[4], const void* row_address, bool trans) {
     const uint64_t(*slots)[4] = publish(row_address, 16, "ldmatrix");
     int lane = workers[current].thread % 32;
     for (int i = 0; i < 4; i++) {
         uint32_t reg = 0;
         for (int j = 0; j < 2; j++) {
-            int row = trans ? 2 * (lane % 4) + j : lane / 4, e = trans ? lane / 4 : 2 * (lane % 4) + j;
-            const uint16_t* src = (const uint16_t*)slots[8 * i + row];
-            reg |= (uint32_t)src[e] << (16 * j);
+            LdmatrixSource s = ldmatrix_source(lane, j, trans);
+            const uint16_t* src = (const uint16_t*)slots[8 * i + s.row];
+            reg |= (uint32_t)src[s.element] << (16 * j);
         }
         r[i] = reg;
     }
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d (16x8, fp32) += A (16x16) . B (16x8). With g = l/4,
-// c = l%4, lane l holds A (g, 2c..2c+1), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..) in a[0..3], B (2c.., g) in
-// b0 and (2c+8.., g) in b1, and d elements (g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1)
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: d (16x8, fp32) += A (16x16) . B (16x8), from every
+// lane's A registers a[0..3] and B registers b0, b1
 template <typename Tp>
 void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
@@ -420,19 +421,10 @@ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
         memcpy((void*)&x, &bits, 2);
         return (float)x;
     };
-    int lane = workers[current].thread % 32, g = lane / 4, c = lane % 4;
-    for (int e = 0; e < 4; e++) {
-        int row = g + (e >= 2 ? 8 : 0), col = 2 * c + (e & 1);
-        float sum = 0.0f;
-        for (int k = 0; k < 16; k++) {
-            const uint32_t* a_lane = (const uint32_t*)slots[(row % 8) * 4 + (k % 8) / 2];
-            const uint32_t* b_lane = (const uint32_t*)slots[col * 4 + (k % 8) / 2];
-            float av = value(half_of(a_lane[(row >= 8) + 2 * (k >= 8)], k % 2));
-            float bv = value(half_of(b_lane[4 + (k >= 8)], k % 2));
-            sum += av * bv;
-        }
-        d[e] += sum;
-    }
+    auto a_value = [&](Fragment f) { return value(half_of(((const uint32_t*)slots[f.lane])[f.reg], f.half)); };
+    auto b_value = [&](Fragment f) { return value(half_of(((const uint32_t*)slots[f.lane])[4 + f.reg], f.half)); };
+    int lane = workers[current].thread % 32;
+    for (int e = 0; e < 4; e++) d[e] += mma_16816_dot(lane, e, a_value, b_value);
 }
 
 // cp.async.cg.shared.global, 16 bytes (zeros when !valid): done at once, so commit and wait are empty

@@ -1,6 +1,7 @@
 #!/usr/bin/perl -0p
 # emulate_source.pl: rewrites the CUDA syntax that a C++ compiler cannot read into calls of emulate.h, so a
-# kernel file and the llmc headers it includes build with g++ (`make emulate`):
+# CUDA source (a dev/cuda kernel file, train_gpt.cu, test_gpt.cu) and the llmc headers it includes build
+# with g++ (README.md in this folder):
 #   kernel<<<grid, block, smem, stream>>>(args)    ->  emu::Launch(grid, block, smem, stream).run(kernel, args)
 #   extern __shared__ [__align__(n)] T name[];     ->  T* name = (T*)emu::dynamic_shared();
 #   __shared__ [__align__(n)] T a[N][M], b;        ->  static emu::Shared<T[N][M], n> a_shared; auto& a = a_shared.fresh();

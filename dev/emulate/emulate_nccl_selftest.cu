@@ -12,7 +12,7 @@
  * The first three would also pass on a real GPU; late-send and early-read are races there (results may
  * go either way), which the emulation resolves to the later reading, so that a program with such a race
  * gives wrong results in the emulated suites. The last two fail on a GPU too (a hang, an undefined result).
- * Built and run by `make emulate` (dev/cuda/Makefile) where nccl.h is found.
+ * Built and run by `make -C dev/emulate selftest` where nccl.h is found.
  * usage: emulate_nccl_selftest [case]   (default: every case; exit 0 when each behaves as stated)
  */
 #include <sys/wait.h>

@@ -1,16 +1,11 @@
 /*
- * attention_flash_emu.h: a host emulation of the warp instructions the tensor-core flash attention uses
- * (ldmatrix.x4, ldmatrix.x4.trans, mma.sync.m16n8k16 with fp32 accumulation), written from the PTX ISA
- * text, and the kernels' warp tile products (load_a_frags, mma_a_xt, mma_p_x of llmc/attention_flash_mma.h)
- * replayed on it with the header's own index maps. Used by attention_flash_layout.cpp (the index maps
- * against plain matrix products) and attention_flash_emulate.cpp (the whole forward and backward).
+ * attention_flash_replay.h: the warp tile products of the tensor-core flash attention (load_a_frags,
+ * mma_a_xt, mma_p_x of llmc/attention_flash_mma.h) replayed on the host, a whole warp at a time, with the
+ * header's own index maps, on ldmatrix.x4 (.trans) and mma.sync.m16n8k16 as the CPU emulation of CUDA
+ * models them (dev/emulate/emulate_tensor_core.h, the one model of the two instructions, which emulate.h
+ * also runs lane by lane). Used by attention_flash_layout.cpp (the index maps against plain matrix
+ * products) and attention_flash_emulate.cpp (the whole forward and backward).
  *
- *   ldmatrix.m8n8.x4(.trans).b16: lanes 8i..8i+7 give the addresses of rows 0..7 of matrix i; register i
- *     of lane l gets matrix i's row l/4, elements 2(l%4) and 2(l%4)+1 (with .trans: elements
- *     (2(l%4), l/4) and (2(l%4)+1, l/4)).
- *   mma.m16n8k16.row.col (16-bit A, B; fp32 C), g = l/4, c = l%4: A registers (g, 2c..), (g+8, 2c..),
- *     (g, 2c+8..), (g+8, 2c+8..); B registers (2c.., g), (2c+8.., g); C elements (g, 2c), (g, 2c+1),
- *     (g+8, 2c), (g+8, 2c+1).
  * A warp's registers are arrays over its 32 lanes: an accumulator float[32][8][4] ([lane][n-tile][element],
  * so acc[l] is lane l's `float acc[8][4]` of the kernels), A fragments Reg[32][4][4] ([lane][k-step][reg]).
  * 16-bit values are floats holding bf16 (or fp16) values; packing P into an A operand rounds with
@@ -24,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include "../../llmc/attention_flash_mma.h"
+#include "../emulate/emulate_tensor_core.h"
 
 struct Reg { float v[2]; };  // one 32-bit register: two 16-bit values (low, high)
 
@@ -64,38 +60,19 @@ static void emu_ldmatrix_x4(Reg out[32][4], const float* tile, const int row[32]
         }
         for (int l = 0; l < 32; l++)
             for (int j = 0; j < 2; j++) {
-                int r, e;  // row of matrix i (whose address lane 8i + r gave) and element within it
-                if (!trans) r = l / 4, e = 2 * (l % 4) + j;
-                else r = 2 * (l % 4) + j, e = l / 4;
-                int src = 8 * i + r;
-                out[l][i].v[j] = tile[row[src] * FLASH_LDS + col[src] + e];
+                emu::LdmatrixSource s = emu::ldmatrix_source(l, j, trans);
+                int src = 8 * i + s.row;  // the lane that gave the row's address
+                out[l][i].v[j] = tile[row[src] * FLASH_LDS + col[src] + s.element];
             }
     }
 }
 
 // acc[l][nt] (one 16x8 fp32 tile) += A (16x16) . B (16x8), from per-lane registers a[l][0..3], b0[l], b1[l]
 static void emu_mma_16816(float acc[32][8][4], int nt, const Reg a[32][4], const Reg b0[32], const Reg b1[32]) {
-    float A[16][16], B[16][8];
-    for (int l = 0; l < 32; l++) {
-        int g = l / 4, c = l % 4;
-        for (int j = 0; j < 2; j++) {
-            A[g][2 * c + j] = a[l][0].v[j];
-            A[g + 8][2 * c + j] = a[l][1].v[j];
-            A[g][2 * c + 8 + j] = a[l][2].v[j];
-            A[g + 8][2 * c + 8 + j] = a[l][3].v[j];
-            B[2 * c + j][g] = b0[l].v[j];
-            B[2 * c + 8 + j][g] = b1[l].v[j];
-        }
-    }
-    for (int l = 0; l < 32; l++) {
-        int g = l / 4, c = l % 4;
-        for (int e = 0; e < 4; e++) {
-            int r = g + (e >= 2 ? 8 : 0), n = 2 * c + (e & 1);
-            float s = 0.0f;
-            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][n];
-            acc[l][nt][e] += s;
-        }
-    }
+    auto a_value = [&](emu::Fragment f) { return a[f.lane][f.reg].v[f.half]; };
+    auto b_value = [&](emu::Fragment f) { return (f.reg ? b1 : b0)[f.lane].v[f.half]; };
+    for (int l = 0; l < 32; l++)
+        for (int e = 0; e < 4; e++) acc[l][nt][e] += emu::mma_16816_dot(l, e, a_value, b_value);
 }
 
 // the two n-tiles of one ldmatrix.x4 of B operands: registers 0,1 -> n-tile nt, 2,3 -> n-tile nt + 1

@@ -1,6 +1,8 @@
 /*
  * emulate_selftest: the CPU emulation of emulate.h checked against what CUDA defines, before it is trusted
- * with the kernel files (`make emulate` runs it first). Each case states the GPU's behaviour it expects:
+ * with the kernel files (`make -C dev/emulate selftest`, which `make -C dev/cuda emulate` runs first). It
+ * is written as a dev/cuda check (../cuda/common.cuh: device buffers, check_close, finish). Each case
+ * states the GPU's behaviour it expects:
  *   shuffles    __shfl_xor_sync, __shfl_down_sync (own value past the warp) and __shfl_sync with a width
  *               give the values the CUDA programming guide defines, for every lane of a 96-thread block;
  *   reduce      a 1024-thread block reduction through shared memory and __syncthreads, over 3 blocks;
@@ -23,7 +25,7 @@
  * can never open; `divergent`, half a warp at __syncwarp and half at a shuffle; `mask`, a shuffle with a
  * partial mask.
  */
-#include "common.cuh"
+#include "../cuda/common.cuh"
 
 __global__ void shuffles_kernel(int* out) {
     int lane = threadIdx.x % 32;
