@@ -71,7 +71,7 @@ build/gpu-fp32/%: %.cu $(HEADERS) train_gpt.cu build/flags-gpu-fp32.txt | gpu-to
 # The GPU target on the CPU emulation of CUDA (dev/emulate/emulate.h): every kernel, launcher, cuBLAS(Lt)
 # call and device copy of the GPU code runs, on a machine without a GPU. Its ranks talk through the MPI
 # engine, or with EMU_DEVICES=N (N emulated GPUs) through the NCCL engine, over dev/emulate/emulate_nccl.h
-# (when nccl.h was found; scripts/test_nccl_emulated.sh). The sources are first rewritten into build/emu/src/
+# (when nccl.h was found; tests/nccl_emulated.sh). The sources are first rewritten into build/emu/src/
 # (dev/emulate/emulate_source.pl: the <<<...>>> launches and __shared__ declarations). -fno-inline-functions:
 # the same checks, built in seconds instead of more than a minute.
 EMU_SOURCES = $(patsubst %,build/emu/src/%,$(HEADERS) train_gpt.cu test_gpt.cu)
@@ -89,8 +89,8 @@ build/emu-%/train_gpt: $(EMU_SOURCES) $(wildcard dev/emulate/*.h) | gpu-toolchai
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 
-# the exchange of the NCCL id over TCP (llmc/rendezvous.h), with real processes: scripts/test_rendezvous.sh
-build/cpu/test_rendezvous: tests/test_rendezvous.cpp llmc/rendezvous.h llmc/common.h build/flags-cpu.txt
+# the exchange of the NCCL id over TCP (llmc/rendezvous.h), with real processes: tests/rendezvous.sh
+build/cpu/test_rendezvous: tests/rendezvous.cpp llmc/rendezvous.h llmc/common.h build/flags-cpu.txt
 	@mkdir -p $(@D)
 	$(CXX) -O2 -std=c++17 -Wall -Wextra $< -o $@
 
@@ -117,7 +117,7 @@ deps:
 	bash scripts/install_deps.sh
 
 test:
-	bash scripts/run_tests.sh
+	bash tests/run_all.sh
 
 clean:
 	rm -rf build

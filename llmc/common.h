@@ -32,7 +32,7 @@
 static void (*fatal_hook)(void) = NULL;
 
 #ifdef LLMC_FUZZ
-// Only in the fuzz harnesses (fuzz/, never the trainer): they feed millions of forged files to the
+// Only in the fuzz harnesses (tests/fuzz/, never the trainer): they feed millions of forged files to the
 // readers in one process, so fatal() jumps back to the harness (which then closes and frees what the
 // reader held) instead of exiting. The message is kept for the harness to show on request.
 #include <setjmp.h>

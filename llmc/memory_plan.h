@@ -67,7 +67,7 @@ static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separat
     if (phases & PLAN_SAVES_MODEL) save = export_;
     // a checkpoint then writes the state shard from 4 host copies; the heap keeps the space of the model's
     // file-order copy, freed just before, so both are counted (the measured peak is within the stated
-    // tolerance of scripts/test_cli.sh)
+    // tolerance of tests/cli.sh)
     if (phases & PLAN_CHECKPOINTS) save = n + (2 * total * tp > 4 * shard ? 2 * total * tp : 4 * shard) + (pl->pp > 1 ? n : 0);
     size_t load_extra = load * sizeof(float) > acts_and_scratch ? load * sizeof(float) - acts_and_scratch : 0;
     return save * sizeof(float) > load_extra ? save * sizeof(float) : load_extra;

@@ -13,7 +13,7 @@
  * CODEPOINT_CLASSES below (Latin-1, Latin Extended, IPA, spacing modifiers, combining diacritics, Greek
  * to U+036F, general punctuation to miscellaneous symbols U+2000-U+2BFF, CJK punctuation, small and
  * fullwidth forms, emoji U+1F000-U+1FAFF): that table was generated from Python's `regex` module, and
- * scripts/test_sample.sh checks every code point of those blocks against scripts/gpt2_tokenizer.py. Every
+ * tests/sampling.sh checks every code point of those blocks against scripts/gpt2_tokenizer.py. Every
  * other non-ASCII code point counts as a letter: right for the letters of alphabetic scripts and for CJK
  * ideographs, wrong for their digits, punctuation and combining marks (e.g. Devanagari vowel signs,
  * Arabic-Indic digits), where a word may be cut differently from tiktoken's (the text still round-trips:

@@ -2,10 +2,11 @@
 # check_gpu.sh: the GPU truth for everything landed so far, in one go on a machine with an NVIDIA GPU.
 #   builds the GPU target in all three precisions, runs test_gpt on the GPU against the PyTorch reference
 #   (FP32, BF16, FP16, and BF16/FP16 again with --attention flash, the tensor-core flash attention), every
-#   dev/cuda kernel check (including the flash kernels on odd shapes), the bad-input tests against the GPU
-#   binary, the data-, tensor- and pipeline-parallel suites with their ranks sharing the one GPU (MPI
-#   engine), tensor parallelism with flash attention against classic, the default job, 200 steps of GPT-2
-#   124M in FP16, BF16 and BF16 with flash attention (loss curves compared), recompute runs, the
+#   dev/cuda kernel check (including the flash kernels on odd shapes), the bad-input and checkpoint tests
+#   against the GPU binary, the suites of data-parallel runs (data parallelism, ZeRO, faults, signals,
+#   rank agreement, launch, staging), tensor- and pipeline-parallel suites with their ranks sharing the
+#   one GPU (MPI engine), tensor parallelism with flash attention against classic, the default job, 200
+#   steps of GPT-2 124M in FP16, BF16 and BF16 with flash attention (loss curves compared), recompute runs, the
 #   --fused-kernels 1 checks (test_gpt in 3 precisions, 200 steps against the default path), and
 #   scripts/benchmark_gpu.py (this trainer's two attention paths, torch.compile, and llm.c when
 #   LLMC=path/to/llm.c-checkout is set). Its duration on a GPU is not yet measured (summary.txt gives
@@ -54,24 +55,27 @@ TAIL=40 run flash_forward_fp16 ./dev/cuda/build/attention_forward 5
 TAIL=40 run flash_backward_bf16 ./dev/cuda/build/attention_backward 3
 TAIL=40 run flash_backward_fp16 ./dev/cuda/build/attention_backward 4
 run dev_cuda make -C dev/cuda run
-run test_cli_gpu bash scripts/test_cli.sh build/gpu-bf16/train_gpt
-run test_dp_fp32 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
-run test_tp_fp32 bash scripts/test_tp.sh build/gpu-fp32/train_gpt
-run test_pp_fp32 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
-run trace_gpu bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
+run cli_gpu bash tests/cli.sh build/gpu-bf16/train_gpt
+run checkpoints_gpu bash tests/checkpoints.sh build/gpu-bf16/train_gpt
+# the suites of data-parallel runs (data parallelism, ZeRO, faults, signals, rank agreement, launch, staging)
+DP_SUITES=(data_parallel zero faults signals rank_agreement launch staging)
+for t in "${DP_SUITES[@]}"; do run "${t}_fp32" bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+run tensor_parallel_fp32 bash tests/tensor_parallel.sh build/gpu-fp32/train_gpt
+run pipeline_parallel_fp32 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
+run trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
 # the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until these
 # pass): the parallel suites in FP32; in BF16 (sums widened to float by a kernel) a dp2 ZeRO-2 run with
 # accumulation must give the whole-buffer path's model file byte for byte (the suites' 1e-5 against one
 # rank is an FP32 tolerance: BF16 rounds the gradients of 2 ranks differently from one rank's, e.g. 3e-5 in
 # the loss on the CPU emulation); and the same traced pipeline, whose last line gives the engine's GB/s
 # beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
-run test_dp_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_dp.sh build/gpu-fp32/train_gpt
-run dp_bf16_staged_identical bash -c "source scripts/parallel_test_lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
+for t in "${DP_SUITES[@]}"; do run "${t}_fp32_staged" env LLMC_MPI_STAGE_BYTES=8388608 bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+run dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
     \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/whole.bin && \
     LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/staged.bin && \
     cmp $OUT/whole.bin $OUT/staged.bin && echo 'staged = whole-buffer, byte for byte'"
-run test_pp_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash scripts/test_pp.sh build/gpu-fp32/train_gpt
-run trace_gpu_staged bash -c "source scripts/parallel_test_lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_staged.json"
+run pipeline_parallel_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
+run trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_staged.json"
 run train_default ./build/gpu-bf16/train_gpt
 # GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
 # tokens = 6 micro-batches, which is plenty for a throughput measurement
@@ -106,8 +110,8 @@ sys.exit(0 if len(f) == len(c) == 200 and abs(mf - mc) / mc < 0.02 else 1)
 # tensor parallelism with flash attention (each rank its 6 local heads): 10 steps against classic
 TPF=(--layers 2 --channels 768 --heads 12 --max-seq-len 256 --seq-len 256 --batch-size 4 --steps 10 --lr 6e-4
      --warmup 2 --val-every 0 --sample-every 0 --tp 2)
-run tp_flash bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --log $OUT/tp_flash.jsonl"
-run tp_classic bash -c "source scripts/parallel_test_lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --log $OUT/tp_classic.jsonl"
+run tp_flash bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --log $OUT/tp_flash.jsonl"
+run tp_classic bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --log $OUT/tp_classic.jsonl"
 run tp_flash_vs_classic "$PY" -c "
 import json, sys
 def losses(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r]

@@ -14,7 +14,7 @@
 #                                        python3-numpy        timelines (scripts/plot_trace.py)
 #                                        python3-matplotlib
 #   /usr/share/dictd/devil.dict.dz       dict-devil           the source of the default dataset in data/
-#   clang++ and its libFuzzer runtime    clang                the fuzz harnesses of the file readers (fuzz/)
+#   clang++ and its libFuzzer runtime    clang                the fuzz harnesses of the file readers (tests/fuzz/)
 #                                        libclang-rt-14-dev
 #
 # Usage: scripts/install_deps.sh           (`make deps`) install what is missing: apt-get as root, through
@@ -72,9 +72,9 @@ PYEOF
         || MISSING+=("libopenblas-openmp-dev|OpenBLAS for the CPU matmuls, /usr/include/<triplet>/openblas-openmp/cblas.h")
     if ! command -v clang++ >/dev/null 2>&1; then
         # (the runtimes are only Recommended by clang's packages, which make deps does not install)
-        MISSING+=("clang|clang++ (command, for fuzz/)" "libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for fuzz/)")
+        MISSING+=("clang|clang++ (command, for tests/fuzz/)" "libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for tests/fuzz/)")
     elif [ ! -f "$(clang++ -print-file-name="libclang_rt.fuzzer-$(uname -m).a")" ]; then
-        MISSING+=("libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for fuzz/)")
+        MISSING+=("libclang-rt-14-dev|clang's libFuzzer and sanitizer runtimes (for tests/fuzz/)")
     fi
     return 0
 }
@@ -113,7 +113,7 @@ if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg >/dev/null 2>&1; th
     echo "install_deps:   OpenBLAS built with OpenMP (then make cpu BLAS_CFLAGS=-I<its include> BLAS_LIBS=\"-L<its lib> -lopenblas\");"
     echo "install_deps:   for $PYTHON (or set PYTHON): the modules regex, torch (CPU is enough), numpy, matplotlib;"
     echo "install_deps:   The Devil's Dictionary as $DEVIL (only scripts/check_data.sh needs it);"
-    echo "install_deps:   clang++ with its libFuzzer and sanitizer runtimes (only fuzz/ needs them)"
+    echo "install_deps:   clang++ with its libFuzzer and sanitizer runtimes (only tests/fuzz/ needs them)"
     exit 1
 fi
 read -r -a pkgs <<< "$(packages)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_memory_plan_emulated.sh: the GPU target's memory plan (--plan, llmc's dry build) against what the
+# memory_plan_emulated.sh: the GPU target's memory plan (--plan, llmc's dry build) against what the
 # GPU code really allocates, measured on the CPU emulation of CUDA (make emulated). There cudaMalloc counts
 # every device block and cudaMemGetInfo reports their sum, with no CUDA context beside it, so after the
 # first applied step every rank's line "device memory after the first step[, rank R]: ... (in use -
@@ -9,12 +9,12 @@
 # allocated and freed within a step is not seen. Cases: each precision, --fused-kernels 1, --attention
 # flash, recompute levels, gradient accumulation, FP16 (whose first steps the loss scaler skips), and 2
 # ranks (each checked) of ZeRO-1, ZeRO-2, TP and PP.
-# usage: scripts/test_memory_plan_emulated.sh [build/emu]   (build/emu-{fp32,bf16,fp16}/train_gpt)
+# usage: tests/memory_plan_emulated.sh [build/emu]   (build/emu-{fp32,bf16,fp16}/train_gpt)
 set -u
 EMU=${1:-build/emu}
 BIN=$EMU-fp32/train_gpt
-# shellcheck source=scripts/parallel_test_lib.sh
-source "$(dirname "$0")/parallel_test_lib.sh"
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
 make_tokens "$TMP/tokens.bin"
 COMMON=(--layers 2 --channels 128 --heads 2 --vocab 512 --max-seq-len 128 --seq-len 128 --batch-size 4 --steps 3
         --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "")
@@ -50,5 +50,5 @@ check 2 bf16 --zero 1
 check 2 bf16 --zero 2 --grad-accum 2
 check 2 fp32 --tp 2
 check 2 fp32 --pp 2 --micro-batches 2
-[ $fails -eq 0 ] || { echo "test_memory_plan_emulated: $fails FAILED"; exit 1; }
-echo "test_memory_plan_emulated: all passed"
+[ $fails -eq 0 ] || { echo "memory_plan_emulated: $fails FAILED"; exit 1; }
+echo "memory_plan_emulated: all passed"

@@ -62,7 +62,7 @@ static void fuzz_close_open_files(void) {
 #define fdopen fuzz_fdopen
 #define fclose fuzz_fclose
 
-#include "../llmc/common.h"
+#include "../../llmc/common.h"
 
 // ----------------------------------------------------------------------------------------------------
 // the heap blocks allocated during one reader call: a log in allocation order, and an open-addressing

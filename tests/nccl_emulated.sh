@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# test_nccl_emulated.sh: the NCCL engine of the GPU target (llmc/comm_nccl.h), run on a machine without a
+# nccl_emulated.sh: the NCCL engine of the GPU target (llmc/comm_nccl.h), run on a machine without a
 # GPU: the emulated train_gpt (make emulated) with EMU_DEVICES GPUs, so that its ranks take one each and
 # pick NCCL, whose calls dev/emulate/emulate_nccl.h carries out between the processes. Against single-rank
 # runs of the same binary (every loss to 1e-5 relative, final parameters to 1e-5 relative norm, as
-# test_dp/tp/pp.sh: sums over ranks are taken in another order than one rank's):
+# tests/*_parallel.sh and zero.sh: sums over ranks are taken in another order than one rank's):
 #   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1 and 2 (reduce-scatter, all-gather),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL";
@@ -22,17 +22,17 @@
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
 # wrong results here (part 1's rematerialized pipeline: its sends leave a buffer the next forward overwrites).
 # dev/emulate/emulate_nccl_selftest.cu shows each rule (and a deadlock, a mismatched collective) in two processes.
-# usage: scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt [build/emu-bf16/train_gpt]
+# usage: tests/nccl_emulated.sh build/emu-fp32/train_gpt [build/emu-bf16/train_gpt]
 set -u
 BIN=${1:-build/emu-fp32/train_gpt}
 BIN_BF16=${2:-}  # the emulated BF16 train_gpt, for part 4 (optional)
-# shellcheck source=scripts/parallel_test_lib.sh
-source "$(dirname "$0")/parallel_test_lib.sh"
-[ -x "$BIN" ] || { echo "test_nccl_emulated: $BIN not built (make emulated)"; exit 1; }
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
+[ -x "$BIN" ] || { echo "nccl_emulated: $BIN not built (make emulated)"; exit 1; }
 BIN=$(realpath "$BIN")
 if [ -n "$BIN_BF16" ]; then BIN_BF16=$(realpath "$BIN_BF16"); fi
 cd "$TMP"  # (the runs' default checkpoint folder is ./checkpoints)
-grep -q "emulated NCCL" "$BIN" || { echo "test_nccl_emulated: $BIN has no emulated NCCL (nccl.h was not found when it was built)"; exit 1; }
+grep -q "emulated NCCL" "$BIN" || { echo "nccl_emulated: $BIN has no emulated NCCL (nccl.h was not found when it was built)"; exit 1; }
 export EMU_DEVICES=8 EMU_NCCL_DIR=$TMP/nccl EMU_NCCL_TIMEOUT=60
 mkdir -p "$EMU_NCCL_DIR"
 make_tokens "$TMP/tokens.bin"
@@ -246,5 +246,5 @@ if [ -n "$BIN_BF16" ]; then
     fi
 fi
 
-if [ $fails -ne 0 ]; then echo "test_nccl_emulated: $fails failure(s)"; exit 1; fi
-echo "test_nccl_emulated: passed"
+if [ $fails -ne 0 ]; then echo "nccl_emulated: $fails failure(s)"; exit 1; fi
+echo "nccl_emulated: passed"

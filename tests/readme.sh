@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_readme.sh: the commands the documentation shows must work, so that it cannot drift from the code.
+# readme.sh: the commands the documentation shows must work, so that it cannot drift from the code.
 #
 # Runs every ```bash block of README.md and docs/*.md, each as one bash script (set -e) under a timeout,
 # in a temporary copy of the repository (its tracked files and the CPU build), so nothing they write
@@ -14,7 +14,7 @@
 # Also checked: the README's command-line reference equals `train_gpt --help`, and CI's command (.ci/run)
 # is the README's test command.
 #
-# Usage: scripts/test_readme.sh [build/cpu/train_gpt]
+# Usage: tests/readme.sh [build/cpu/train_gpt]
 # The blocks run as written, with nothing added to their environment, but for one thing a reader would
 # type too: as root, README's note makes Open MPI run as root (its `export OMPI_ALLOW_RUN_AS_ROOT...`
 # line, taken from README itself and printed).
@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-build/cpu/train_gpt}
 PY=${PYTHON:-/usr/bin/python3}
-[ -x "$BIN" ] || { echo "test_readme: $BIN not built (make cpu)"; exit 1; }
+[ -x "$BIN" ] || { echo "readme: $BIN not built (make cpu)"; exit 1; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -42,25 +42,25 @@ awk '/^## Command-line reference/ { inside = 1 } inside && /^```/ { if (++fence 
     README.md > "$TMP/readme_help.txt"
 if ! diff -u "$TMP/readme_help.txt" "$TMP/help.txt" > "$TMP/help.diff"; then
     cat "$TMP/help.diff"
-    echo "test_readme: FAILED: README's command-line reference differs from train_gpt --help (diff above: - README, + --help)"
+    echo "readme: FAILED: README's command-line reference differs from train_gpt --help (diff above: - README, + --help)"
     exit 1
 fi
 echo "ok: README's command-line reference equals train_gpt --help"
 
 # CI runs the README's test command
 ci_command=$(grep -v '^\s*#\|^\s*$\|^set \|^cd ' .ci/run | tail -n 1)
-grep -q "^$ci_command\( \|$\)" README.md || { echo "test_readme: FAILED: .ci/run runs '$ci_command', which README.md does not show"; exit 1; }
+grep -q "^$ci_command\( \|$\)" README.md || { echo "readme: FAILED: .ci/run runs '$ci_command', which README.md does not show"; exit 1; }
 echo "ok: .ci/run runs the README's test command: $ci_command"
 
-# README's list of what `make test` runs names every test script and make target that run_tests.sh runs
-listed=$(awk '/^`make test` runs `scripts\/run_tests.sh`/ { inside = 1 } /^## Build/ { inside = 0 } inside' README.md)
+# README's list of what `make test` runs names every test script and make target that run_all.sh runs
+listed=$(awk '/^`make test` runs `tests\/run_all.sh`/ { inside = 1 } /^## Build/ { inside = 0 } inside' README.md)
 while read -r t; do
     grep -qF -- "$t" <<< "$listed" \
-        || { echo "test_readme: FAILED: scripts/run_tests.sh runs '$t', which README's list of what make test runs does not name"; exit 1; }
-done < <(grep -o 'scripts/[a-z_0-9]*\.\(sh\|py\)\|fuzz/run\.sh\|make -C dev/cuda \(-j2 \)\?[a-z][a-z]*' scripts/run_tests.sh | sed 's/-j2 //' | sort -u)
+        || { echo "readme: FAILED: tests/run_all.sh runs '$t', which README's list of what make test runs does not name"; exit 1; }
+done < <(grep -o '\(scripts\|tests\)/[a-z_0-9/]*\.\(sh\|py\)\|make -C dev/cuda \(-j2 \)\?[a-z][a-z]*' tests/run_all.sh | sed 's/-j2 //' | sort -u)
 echo "ok: README's list of what make test runs names every script it runs"
 
-as_root=$(grep -m1 '^export OMPI_ALLOW_RUN_AS_ROOT=' README.md) || { echo "test_readme: FAILED: README's note for root (export OMPI_ALLOW_RUN_AS_ROOT=...) is missing"; exit 1; }
+as_root=$(grep -m1 '^export OMPI_ALLOW_RUN_AS_ROOT=' README.md) || { echo "readme: FAILED: README's note for root (export OMPI_ALLOW_RUN_AS_ROOT=...) is missing"; exit 1; }
 if [ "$(id -u)" -eq 0 ]; then
     eval "$as_root"
     echo "as root, README's note applies to every block: $as_root"
@@ -82,7 +82,7 @@ def blocks(path):
             while j >= 0 and lines[j].startswith("<!-- test:"):
                 m = DIRECTIVE.match(lines[j].strip())
                 if not m:
-                    sys.exit(f"test_readme: {path}:{j + 1}: a test directive needs the form <!-- test: WHAT (REASON) -->")
+                    sys.exit(f"readme: {path}:{j + 1}: a test directive needs the form <!-- test: WHAT (REASON) -->")
                 directives.insert(0, parse(m.group(1), m.group(2), f"{path}:{j + 1}"))
                 j -= 1
             end = i + 1
@@ -99,7 +99,7 @@ def parse(what, reason, where):
         m = re.fullmatch(pattern, what)
         if m:
             return kind, m.groups(), reason
-    sys.exit(f"test_readme: {where}: unknown test directive '{what}'")
+    sys.exit(f"readme: {where}: unknown test directive '{what}'")
 
 def logical_lines(code):
     """Joins backslash continuations, so a dropped command goes with all its lines."""
@@ -129,7 +129,7 @@ for path in files:
                 code = "\n".join(l for l in logical_lines(code) if args[0] not in l)
             elif kind == "replace":
                 if args[0] not in code:
-                    sys.exit(f"test_readme: {where}: replace \"{args[0]}\": not in the block")
+                    sys.exit(f"readme: {where}: replace \"{args[0]}\": not in the block")
                 code = code.replace(args[0], args[1])
             elif kind == "args":
                 code = re.sub(r"(train_gpt)(?=[ \n]|$)", r"\1 " + args[0], code)
@@ -157,6 +157,6 @@ for path in files:
             print(f"FAILED {where} (exit {rc}, {dt:.0f} s), the script was:\n{script}--- its output (last 30 lines):")
             print("\n".join(out.rstrip().split("\n")[-30:]))
             failed += 1
-print(f"test_readme: {ran} blocks ran, {skipped} skipped (reasons above), {failed} failed")
+print(f"readme: {ran} blocks ran, {skipped} skipped (reasons above), {failed} failed")
 sys.exit(1 if failed else 0)
 PYEOF

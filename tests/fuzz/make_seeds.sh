@@ -7,7 +7,7 @@
 #   OUT/state      its optimizer state: one shard (1 rank), and two shards (2 ranks, ZeRO-1) if mpirun is
 #                  there; fuzz_state.cpp takes these sizes to be the model's (TINY_CONFIG there). And the
 #                  state of the same model with L=2, which the reader must refuse.
-# usage: fuzz/make_seeds.sh TRAINER OUT      (run from the repository root; TRAINER: build/cpu/train_gpt)
+# usage: tests/fuzz/make_seeds.sh TRAINER OUT      (run from the repository root; TRAINER: build/cpu/train_gpt)
 set -euo pipefail
 BIN=$1
 OUT=$2

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# run_tests.sh: everything `make test` runs, in order. Whatever this machine can run, it runs:
+# run_all.sh: everything `make test` runs, in order. Whatever this machine can run, it runs:
 #   1. check that the dependencies are there (scripts/install_deps.sh --check): if not, stop and say what
 #      is missing (`make deps` installs it); nothing is installed here
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
-#   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
-#      tensor and pipeline parallelism under mpirun, the NCCL id's exchange over TCP (llmc/rendezvous.h),
-#      fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be
-#      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
+#   4. CPU target: build, test_gpt against the references, bad-input tests and checkpoints, data
+#      parallelism, ZeRO, a rank that fails, signals, ranks started differently, launchers, the MPI
+#      engine in chunks, tensor and pipeline parallelism under mpirun, the NCCL id's exchange over TCP
+#      (llmc/rendezvous.h), fuzzing of the file readers (tests/fuzz/), the default training job (its final
+#      validation loss must be 2 nats below the first) and every command block of README.md and docs/
+#      (tests/readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it; without one the dev/cuda checks and test_gpt's GPU build run on
 #      the CPU emulation of CUDA (dev/emulate/emulate.h), and the GPU memory plan is held to what the
-#      emulated train_gpt allocates (scripts/test_memory_plan_emulated.sh), and its NCCL engine runs over
-#      emulated NCCL (scripts/test_nccl_emulated.sh)
-#   6. the build and the setup (scripts/test_build.sh): Makefile errors and flags stamps, the GPU binaries
+#      emulated train_gpt allocates (tests/memory_plan_emulated.sh), and its NCCL engine runs over
+#      emulated NCCL (tests/nccl_emulated.sh)
+#   6. the build and the setup (tests/build.sh): Makefile errors and flags stamps, the GPU binaries
 #      on a machine without a GPU, `make test` checking and `make deps` installing the dependencies, one Python
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,38 +39,59 @@ step "CPU target: test_gpt against the reference"
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} ./build/cpu/test_gpt build/ref
 
 step "CPU target: bad input"
-bash scripts/test_cli.sh build/cpu/train_gpt
+bash tests/cli.sh build/cpu/train_gpt
+
+step "CPU target: checkpoints and resuming on one rank (forged files, requeues, rollbacks, other data, a crash)"
+bash tests/checkpoints.sh build/cpu/train_gpt
 
 step "CPU target: the GPT-2 encoder against the Python one, sampling with a prompt (one rank, TP, PP)"
-bash scripts/test_sample.sh build/cpu/train_gpt
+bash tests/sampling.sh build/cpu/train_gpt
 
 step "CPU target: multiple-choice evaluation against the PyTorch reference, over DP, TP and PP"
-bash scripts/test_eval.sh build/cpu/train_gpt
+bash tests/eval.sh build/cpu/train_gpt
 
-step "CPU target: data parallelism and ZeRO under mpirun"
-bash scripts/test_dp.sh build/cpu/train_gpt
+step "CPU target: data parallelism under mpirun"
+bash tests/data_parallel.sh build/cpu/train_gpt
+
+step "CPU target: ZeRO-1 and ZeRO-2 under mpirun, sharded checkpoints"
+bash tests/zero.sh build/cpu/train_gpt
+
+step "CPU target: a rank that dies, diverges, stops or is slow (deadlines, --comm-timeout, --io-timeout)"
+bash tests/faults.sh build/cpu/train_gpt
+
+step "CPU target: a signal stops the run with a checkpoint; its resume equals an uninterrupted run"
+bash tests/signals.sh build/cpu/train_gpt
+
+step "CPU target: ranks started differently end together with one line"
+bash tests/rank_agreement.sh build/cpu/train_gpt
+
+step "CPU target: launchers (Slurm, torchrun, PMIx, MPI) and OpenMP threads per rank"
+bash tests/launch.sh build/cpu/train_gpt
+
+step "CPU target: the MPI engine through host slots in chunks (LLMC_MPI_STAGE_BYTES)"
+bash tests/staging.sh build/cpu/train_gpt
 
 step "CPU target: tensor parallelism under mpirun"
-bash scripts/test_tp.sh build/cpu/train_gpt
+bash tests/tensor_parallel.sh build/cpu/train_gpt
 
 step "CPU target: pipeline parallelism and 3D under mpirun"
-bash scripts/test_pp.sh build/cpu/train_gpt
+bash tests/pipeline_parallel.sh build/cpu/train_gpt
 
 step "the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (torchrun without a shared folder), with processes on 127.0.0.1"
 make -s build/cpu/test_rendezvous
-bash scripts/test_rendezvous.sh build/cpu/test_rendezvous
+bash tests/rendezvous.sh build/cpu/test_rendezvous
 
 step "CPU target: dynamic loss scaling (an injected overflow is skipped everywhere)"
-bash scripts/test_loss_scale.sh build/cpu/train_gpt
+bash tests/loss_scale.sh build/cpu/train_gpt
 
 step "fuzzing the file readers (libFuzzer, ASan, UBSan): kept regression inputs, then 12 s per reader"
-bash fuzz/run.sh build/cpu/train_gpt
+bash tests/fuzz/run.sh build/cpu/train_gpt
 
 step "CPU target: the default training job"
-bash scripts/test_train.sh build/cpu/train_gpt
+bash tests/train.sh build/cpu/train_gpt
 
 step "the documentation's commands (README.md, docs/) run"
-bash scripts/test_readme.sh build/cpu/train_gpt
+bash tests/readme.sh build/cpu/train_gpt
 
 step "flash attention: the tensor-core kernels' index maps and their forward and backward, on ldmatrix/mma emulated on the host"
 timeout 120 make -C dev/cuda layout
@@ -115,15 +138,15 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         done
         [ "$failed" = 0 ]
         step "GPU target: the memory plan against the device memory the emulated train_gpt allocates (each precision, fused, flash, recompute, ZeRO, TP, PP)"
-        bash scripts/test_memory_plan_emulated.sh build/emu
+        bash tests/memory_plan_emulated.sh build/emu
         step "GPU target: the NCCL engine on the emulation (EMU_DEVICES GPUs, dev/emulate/emulate_nccl.h): DP/ZeRO, TP, PP, 3D, the id over MPI, TCP and a folder, deadlines"
-        OMP_NUM_THREADS=1 bash scripts/test_nccl_emulated.sh build/emu-fp32/train_gpt build/emu-bf16/train_gpt
+        OMP_NUM_THREADS=1 bash tests/nccl_emulated.sh build/emu-fp32/train_gpt build/emu-bf16/train_gpt
     fi
 else
     echo "nvcc not found: the GPU target was not compiled (install the CUDA toolkit)"
 fi
 
 step "the build: no nvcc is an error, flags stamps rebuild, GPU binaries without a GPU say so"
-bash scripts/test_build.sh
+bash tests/build.sh
 
 printf '\nall tests passed\n'

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# parallel_test_lib.sh: shared by the tests of the parallel modes (test_dp/tp/pp/loss_scale.sh). Source it
-# after setting BIN; it makes the temporary folder $TMP (removed on exit) and counts failures in $fails.
+# lib.sh: the helpers of the suites that run ranks under mpirun, shared by data_parallel, zero, faults,
+# signals, rank_agreement, launch, staging, tensor_parallel, pipeline_parallel, loss_scale, nccl_emulated
+# and memory_plan_emulated.sh. Source it after setting BIN; it makes the temporary folder $TMP (removed on
+# exit) and counts failures in $fails.
 #   make_tokens FILE [SEED]  a token file of 40000 random ids below 512 (seed 3 unless given)
 #   run NP ARGS...         the trainer on NP ranks with ${COMMON[@]} ARGS (output in $TMP/run.out)
 #   compare NAME LOG_A MODEL_A LOG_B MODEL_B [FIRST_STEP]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_build.sh: the build itself (Makefile, dev/cuda/Makefile, toolchain.mk) and the GPU binary on a
+# build.sh: the build itself (Makefile, dev/cuda/Makefile, toolchain.mk) and the GPU binary on a
 # machine without a GPU.
 #   1. Without nvcc (NVCC= given, or none on PATH nor in CUDA_HOME), `make gpu` and `make -C dev/cuda`
 #      stop with one `error:` line and a non-zero exit, having built nothing.
@@ -17,7 +17,7 @@ ROOT=$PWD
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-fail() { echo "test_build: FAILED: $*"; exit 1; }
+fail() { echo "build: FAILED: $*"; exit 1; }
 mkdir -p "$TMP/repo/dev" "$TMP/cuda/bin" "$TMP/nccl/include" "$TMP/nccl/lib" "$TMP/no-nccl" "$TMP/bin"
 cp Makefile train_gpt.cu test_gpt.cu "$TMP/repo/"
 cp toolchain.mk "$TMP/repo/"
@@ -184,10 +184,11 @@ deps "$TMP/no-apt"
 echo "ok: without apt-get, nothing missing: exit 0: $(cat "$TMP/out")"
 
 echo "== 6. one Python for every script"
-for f in scripts/*.py; do
+for f in scripts/*.py tests/*.py; do
     [ "$(head -n 1 "$f")" = "#!/usr/bin/python3" ] || fail "$f starts with '$(head -n 1 "$f")', not #!/usr/bin/python3"
 done
-if grep -n "env python\|command -v python3" Makefile toolchain.mk scripts/*.sh scripts/*.py .ci/run | grep -v "^scripts/test_build.sh:"; then
+if grep -n "env python\|command -v python3" Makefile toolchain.mk scripts/*.sh scripts/*.py tests/*.sh tests/*.py tests/fuzz/*.sh .ci/run \
+    | grep -v "^tests/build.sh:"; then
     fail "a script finds Python on PATH instead of through PYTHON (default /usr/bin/python3)"
 fi
 printf '#!/bin/sh\necho "the python3 on PATH was used" >&2; exit 1\n' > "$TMP/stubs/python3"
@@ -198,5 +199,5 @@ cat > "$TMP/trace.json" <<'EOF'
 EOF
 PATH="$TMP/stubs:$PATH" scripts/plot_trace.py "$TMP/trace.json" -o "$TMP/trace.png" > "$TMP/out" 2>&1 && [ -s "$TMP/trace.png" ] \
     || { cat "$TMP/out"; fail "scripts/plot_trace.py did not run with a python3 on PATH that lacks matplotlib"; }
-echo "ok: every scripts/*.py starts with #!/usr/bin/python3; plot_trace.py ran with a python3 on PATH that fails"
-echo "test_build: passed"
+echo "ok: every scripts/*.py and tests/*.py starts with #!/usr/bin/python3; plot_trace.py ran with a python3 on PATH that fails"
+echo "build: passed"

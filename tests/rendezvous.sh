@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# test_rendezvous.sh: the exchange of the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (llmc/rendezvous.h),
+# rendezvous.sh: the exchange of the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (llmc/rendezvous.h),
 # which a GPU launch by torchrun without a shared folder uses. It has no CUDA in it, so it is tested here
-# with real processes on 127.0.0.1: tests/test_rendezvous.cpp runs one case per call (see its header),
+# with real processes on 127.0.0.1: tests/rendezvous.cpp runs one case per call (see its header),
 # each under a timeout, so a hang fails the case instead of the suite. Together about 20 s.
-# Usage: scripts/test_rendezvous.sh [build/cpu/test_rendezvous]
+# Usage: tests/rendezvous.sh [build/cpu/test_rendezvous]
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-build/cpu/test_rendezvous}
-[ -x "$BIN" ] || { echo "test_rendezvous: $BIN not built (make build/cpu/test_rendezvous)"; exit 1; }
+[ -x "$BIN" ] || { echo "rendezvous: $BIN not built (make build/cpu/test_rendezvous)"; exit 1; }
 fails=0
 for c in exchange big-blob strangers env no-rank0 world job port-in-use not-trainer peer-dies rank0-dies; do
     timeout 20 "$BIN" "$c"
@@ -15,5 +15,5 @@ for c in exchange big-blob strangers env no-rank0 world job port-in-use not-trai
     if [ $rc -eq 124 ]; then echo "  FAIL  $c: still running after 20 s (a hang)"; fi
     [ $rc -eq 0 ] || fails=$((fails + 1))
 done
-if [ $fails -ne 0 ]; then echo "test_rendezvous: $fails case(s) failed"; exit 1; fi
-echo "test_rendezvous: all cases passed"
+if [ $fails -ne 0 ]; then echo "rendezvous: $fails case(s) failed"; exit 1; fi
+echo "rendezvous: all cases passed"

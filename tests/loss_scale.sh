@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_loss_scale.sh: dynamic loss scaling on the CPU target (the logic is the same in every precision;
+# loss_scale.sh: dynamic loss scaling on the CPU target (the logic is the same in every precision;
 # FP16 is where it is needed). Two data-parallel ranks with ZeRO-1, and data that hold exactly one
 # global batch, so every step sees the same tokens and a skipped step simply delays training by one.
 #   A: 10 steps, rank 1 puts an inf into one of its gradients at step 5 (--fault-inf-*)
@@ -12,8 +12,8 @@
 # resuming A from its step-6 checkpoint restores the scale and its counters (bit-exact final model).
 set -u
 BIN=${1:-build/cpu/train_gpt}
-# shellcheck source=scripts/parallel_test_lib.sh
-source "$(dirname "$0")/parallel_test_lib.sh"
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
 "$PY" - "$TMP/tokens.bin" <<'PYEOF'
 import random, struct, sys
 random.seed(5)
@@ -88,5 +88,5 @@ PYEOF
 expect_mpi_error "--loss-scale-init 1e30" "--loss-scale-init must be between 1 and 16777216" 1 "$BIN" "${COMMON[@]}" --loss-scale-init 1e30
 expect_mpi_error "--loss-scale 1e9" "--loss-scale must be between 1 and 16777216" 1 "$BIN" "${COMMON[@]}" --loss-scale 1e9
 expect_mpi_error "--loss-scale-backoff 1" "--loss-scale-backoff must be below 1" 1 "$BIN" "${COMMON[@]}" --loss-scale-backoff 1
-if [ $fails -ne 0 ]; then echo "test_loss_scale: $fails FAILED"; exit 1; fi
-echo "test_loss_scale: all passed"
+if [ $fails -ne 0 ]; then echo "loss_scale: $fails FAILED"; exit 1; fi
+echo "loss_scale: all passed"

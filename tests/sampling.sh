@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_sample.sh: sampling with a prompt, and the C++ GPT-2 encoder that turns the prompt into tokens.
+# sampling.sh: sampling with a prompt, and the C++ GPT-2 encoder that turns the prompt into tokens.
 #   1. train_gpt --encode equals scripts/gpt2_tokenizer.py (itself equal to tiktoken's GPT-2 encoding) on
 #      the whole default dataset text (The Devil's Dictionary, 384k characters), on tricky strings
 #      (contractions, digits, runs of spaces, tabs and newlines, punctuation, non-ASCII), and on every code
@@ -12,7 +12,7 @@
 #      of the same model file after the prompt; --steps 0 reads no train data; an end-of-text token prints
 #      as a document break (a model made to always pick it), never as its text.
 #   4. bad vocabulary files and prompts end in one error line.
-# usage: scripts/test_sample.sh [path/to/train_gpt]
+# usage: tests/sampling.sh [path/to/train_gpt]
 set -u
 BIN=${1:-build/cpu/train_gpt}
 PY=${PYTHON:-/usr/bin/python3}
@@ -173,4 +173,4 @@ expect_error "prompt too long" "leaves no room" "${S[@]}" --prompt "$(printf 'wo
 expect_error "empty prompt" "--prompt is empty" "${S[@]}" --prompt ""
 expect_error "negative temperature" "--temperature must be" "${S[@]}" --temperature -1
 
-[ $fails -eq 0 ] && echo "test_sample: passed" || { echo "test_sample: $fails failure(s)"; exit 1; }
+[ $fails -eq 0 ] && echo "sampling: passed" || { echo "sampling: $fails failure(s)"; exit 1; }

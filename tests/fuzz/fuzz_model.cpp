@@ -6,7 +6,7 @@
  * out-of-bounds access, undefined behaviour or an allocation the file's size does not justify.
  */
 #include "fuzz_harness.h"
-#include "../llmc/model_file.h"
+#include "../../llmc/model_file.h"
 
 typedef struct {
     const char* path;

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# test_tp.sh: tensor parallelism on the CPU target under mpirun, against single-rank runs.
+# tensor_parallel.sh: tensor parallelism on the CPU target under mpirun, against single-rank runs.
 #   1. equivalence: tp in {2,3,4} (12 heads, vocabulary padded to 768), and dp x tp = 2 x 2 with ZeRO 0,
 #      1 and 2: 10 steps equal the single-rank run of the same global batch, every loss to 1e-5 relative
 #      and the final parameters to 1e-5 relative norm (partial sums are added in another order: ~1e-7)
 #   2. checkpoints in the single-file format: saved at tp=4, resumed at tp=2 and at tp=1 with the same
 #      losses; resumed at tp=4 bit-exactly
 #   3. bad configurations: heads or padded vocabulary not divisible by tp, world size not a multiple
-# usage: scripts/test_tp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
+# usage: tests/tensor_parallel.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-# shellcheck source=scripts/parallel_test_lib.sh
-source "$(dirname "$0")/parallel_test_lib.sh"
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
 make_tokens "$TMP/tokens.bin"
 COMMON=(--layers 2 --channels 48 --heads 12 --vocab 700 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
         --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
@@ -50,5 +50,5 @@ expect_mpi_error "vocabulary not divisible by tp" "the padded vocabulary Vp=768 
     --channels 40 --heads 5 --tp 5 --batch-size 4
 expect_mpi_error "world size not a multiple of tp" "world size 3 is not divisible by tp x pp = 2 x 1" 3 "$BIN" "${COMMON[@]}" --tp 2 --batch-size 4
 
-if [ $fails -ne 0 ]; then echo "test_tp: $fails FAILED"; exit 1; fi
-echo "test_tp: all passed"
+if [ $fails -ne 0 ]; then echo "tensor_parallel: $fails FAILED"; exit 1; fi
+echo "tensor_parallel: all passed"

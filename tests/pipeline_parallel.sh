@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# test_pp.sh: pipeline parallelism on the CPU target under mpirun, against single-rank runs.
+# pipeline_parallel.sh: pipeline parallelism on the CPU target under mpirun, against single-rank runs.
 #   1. equivalence: pp in {2,3,4} x micro-batches M in {1,4,7} x schedule in {gpipe, 1f1b}, with L=5
 #      layers (divisible by none of them): 10 steps equal the single-rank run of the same batch (every
 #      loss to 1e-5 relative, final parameters to 1e-5 relative norm); also an explicit --pp-split and
-#      rematerialization (in the MPI engine's strict mode, parallel_test_lib.sh, a forward output sent
+#      rematerialization (in the MPI engine's strict mode, lib.sh, a forward output sent
 #      from the rematerialized work set without waiting for the send gives wrong losses)
 #   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run; resuming
 #      that grid from a checkpoint is bit-exact; so is --fused-kernels 1 (device-side losses) against 0
@@ -15,11 +15,11 @@
 #      3(P-1) idle slots of 3(M+P-1)
 #   5. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
 #      the micro-batches, ZeRO-2 with pipelining
-# usage: scripts/test_pp.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
+# usage: tests/pipeline_parallel.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-# shellcheck source=scripts/parallel_test_lib.sh
-source "$(dirname "$0")/parallel_test_lib.sh"
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
 make_tokens "$TMP/tokens.bin"
 COMMON=(--layers 5 --channels 32 --heads 4 --vocab 512 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
         --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
@@ -122,7 +122,7 @@ run 8 --dp 2 --tp 2 --pp 2 --schedule 1f1b --batch-size 4 --micro-batches 4 --st
 check_trace "2x2x2 1f1b, clock skew 0.25 s per rank" "$TMP/trace3d.json" 0 4 || fails=$((fails + 1))
 cp "$TMP/trace_gpipe.json" "$TMP/trace.json"
 if "$PY" -c "import matplotlib" 2>/dev/null; then
-    if "$PY" "$(dirname "$0")/plot_trace.py" "$TMP/trace.json" -o "$TMP/trace.png" >/dev/null && [ -s "$TMP/trace.png" ]; then echo "  ok    plot_trace.py rendered a PNG"
+    if "$PY" "$(dirname "$0")/../scripts/plot_trace.py" "$TMP/trace.json" -o "$TMP/trace.png" >/dev/null && [ -s "$TMP/trace.png" ]; then echo "  ok    plot_trace.py rendered a PNG"
     else echo "  FAIL  plot_trace.py"; fails=$((fails + 1)); fi
 fi
 
@@ -202,5 +202,5 @@ expect_mpi_error "--pp-split 4294967298,3" "add up to more than the model's 5 la
 expect_mpi_error "--pp-split 99999999999999999999,1" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 99999999999999999999,1
 expect_mpi_error "--pp-split +2,3" "expected 2 positive layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split +2,3
 
-if [ $fails -ne 0 ]; then echo "test_pp: $fails FAILED"; exit 1; fi
-echo "test_pp: all passed"
+if [ $fails -ne 0 ]; then echo "pipeline_parallel: $fails FAILED"; exit 1; fi
+echo "pipeline_parallel: all passed"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_eval.sh: multiple-choice evaluation (--eval-data, llmc/eval.h) on llm.c's eval file format.
+# eval.sh: multiple-choice evaluation (--eval-data, llmc/eval.h) on llm.c's eval file format.
 #   1. Losses: on the small reference model (build/ref/ref_small_model.bin, V=512), 40 examples of random
 #      tokens with contexts of 1..40 and completions of 1..12 tokens (so with --seq-len 32 some rows lose
 #      context from the left, and rows of different lengths share a forward), each example's 4 mean
@@ -11,8 +11,8 @@
 #   2. The same accuracy with --dp 2, --tp 2 and --pp 2 (mpirun): examples split across DP ranks.
 #   3. Malformed files end in one error line: truncated, wrong magic, wrong version, a length past the
 #      file, a label out of range, a token id >= V, a wrong start marker, trailing bytes.
-# The accuracy of a trained and an untrained model is checked by scripts/test_train.sh.
-# usage: scripts/test_eval.sh [path/to/train_gpt]
+# The accuracy of a trained and an untrained model is checked by train.sh.
+# usage: tests/eval.sh [path/to/train_gpt]
 set -u
 BIN=${1:-build/cpu/train_gpt}
 PY=${PYTHON:-/usr/bin/python3}
@@ -129,4 +129,4 @@ expect_error bigid "token id 600 is outside the vocabulary of 512"
 expect_error ctxlen "runs past"
 expect_error trailing "after the last of its 40 examples"
 
-[ $fails -eq 0 ] && echo "test_eval: passed" || { echo "test_eval: $fails failure(s)"; exit 1; }
+[ $fails -eq 0 ] && echo "eval: passed" || { echo "eval: $fails failure(s)"; exit 1; }

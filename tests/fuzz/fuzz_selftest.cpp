@@ -1,7 +1,7 @@
 /*
  * fuzz_selftest.cpp: checks fuzz_try (fuzz_harness.h), on which every harness relies to run millions of
  * rejected inputs in one process. Built with the harnesses' sanitizers but without libFuzzer (it has its
- * own main); fuzz/run.sh runs it before the readers. Each case fails loudly when broken: a wrong count,
+ * own main); tests/fuzz/run.sh runs it before the readers. Each case fails loudly when broken: a wrong count,
  * or AddressSanitizer stopping the program on a double free.
  *   1. a rejected call (fatal) gets back every block it allocated: the allocated bytes return to where
  *      they were;

@@ -1,5 +1,5 @@
 /*
- * test_rendezvous.cpp: checks llmc/rendezvous.h, the exchange of the NCCL id over TCP, with real
+ * rendezvous.cpp: checks llmc/rendezvous.h, the exchange of the NCCL id over TCP, with real
  * processes on this machine (127.0.0.1). Each case forks the ranks (and, where the case needs one, a
  * process that plays a stranger: a dead peer, a program that is no trainer, torchrun's agent), waits for
  * them and checks what each one printed and how it ended:
@@ -18,7 +18,7 @@
  *   not-trainer  the port belongs to a program that is no trainer
  *   peer-dies    a rank dies halfway through its hello; another dies while the blob is being sent
  *   rank0-dies   rank 0 closes the connection before sending the id
- * Usage: test_rendezvous CASE (scripts/test_rendezvous.sh runs each under timeout). Exit 0 when it passed.
+ * Usage: test_rendezvous CASE (tests/rendezvous.sh runs each under timeout). Exit 0 when it passed.
  * By hand, under a launcher: `torchrun --nproc_per_node 4 --no_python build/cpu/test_rendezvous
  * launched-rank` makes each process one rank of an exchange, printing a hash of the bytes it holds.
  */

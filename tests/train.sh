@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_train.sh: runs the default training job (what `make train` runs) and checks that it learns: the
+# train.sh: runs the default training job (what `make train` runs) and checks that it learns: the
 # last validation loss must be at least 2 nats below the first (the initial loss is about ln(50257) =
 # 10.8 nats; a model that has learned the corpus' unigram statistics alone is below 8). Also checks the
 # JSON log has a line per step and per evaluation, and starts with the run's configuration; that each
@@ -51,4 +51,4 @@ colored = ((img.max(axis=2) - img.min(axis=2)) > 0.2).mean()
 print(f"plot_log.py: {img.shape[1]}x{img.shape[0]} PNG, {100 * colored:.2f}% colored pixels (need >= 0.2%)")
 sys.exit(0 if img.shape[0] >= 400 and img.shape[1] >= 600 and colored >= 0.002 else 1)
 PYEOF
-echo "test_train: passed"
+echo "train: passed"

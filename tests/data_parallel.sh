@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# data_parallel.sh: data parallelism (gradients all-reduced as each layer finishes, llmc/zero.h) on the CPU
+# target under mpirun, against single-rank runs.
+#   1. equivalence: dp in {2,3,4} x grad_accum in {1,2} (ZeRO 0; ZeRO 1 and 2: zero.sh): 10 steps equal the
+#      single-rank run of the same global batch (dp x B sequences per micro-step): every loss to 1e-5
+#      relative and the final parameters to 1e-5 relative norm (fp32; sums over ranks are taken in
+#      another order than one rank's, so results agree to rounding, ~1e-7, not bit for bit)
+#      (every run in the MPI engine's strict mode, see lib.sh)
+#   2. bad input: a world size that is not dp x tp x pp
+# Also about data-parallel runs: zero.sh (ZeRO, sharded checkpoints), faults.sh (a rank that dies, stops
+# or is slow), signals.sh, rank_agreement.sh, launch.sh, staging.sh (the MPI engine in chunks).
+# usage: tests/data_parallel.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
+set -u
+BIN=${1:-build/cpu/train_gpt}
+# shellcheck source=tests/lib.sh
+source "$(dirname "$0")/lib.sh"
+make_tokens "$TMP/tokens.bin"
+COMMON=(--layers 2 --channels 32 --heads 4 --vocab 1000 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
+        --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
+B=2
+
+echo "1. equivalence with the single-rank run of the same global batch"
+for D in 2 3 4; do
+    for A in 1 2; do
+        "$BIN" "${COMMON[@]}" --batch-size $((D * B)) --grad-accum $A --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null \
+            || { echo "  FAIL  single-rank reference D=$D A=$A"; fails=$((fails + 1)); continue; }
+        if timeout 120 "${MPIRUN[@]}" -np $D "$BIN" "${COMMON[@]}" --batch-size $B --grad-accum $A --zero 0 \
+            --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin" >"$TMP/dp.out" 2>&1; then
+            compare "dp=$D zero=0 grad_accum=$A" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+        else
+            echo "  FAIL  dp=$D zero=0 grad_accum=$A did not run:"; tail -5 "$TMP/dp.out"; fails=$((fails + 1))
+        fi
+    done
+done
+
+echo "2. bad input"
+expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2
+
+if [ $fails -ne 0 ]; then echo "data_parallel: $fails FAILED"; exit 1; fi
+echo "data_parallel: all passed"
