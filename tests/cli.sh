@@ -405,6 +405,11 @@ full_rc=$?
 check "sampling to /dev/full: exit 1, one line" eval '[ $full_rc -eq 1 ] && [ "$(grep -c . "$TMP/err")" = 1 ] && grep -q "^error: cannot write to standard output" "$TMP/err"'
 echo "help"
 if "$BIN" --help | grep -q -- "--train-data"; then echo "  ok    --help prints the flags"; else echo "  FAIL  --help"; fails=$((fails + 1)); fi
+# the testing flags are listed apart (--help-testing), each one there and none among the training flags
+testing_flags="--fault-rank --fault-step --fault-stop --fault-slow-save --fault-slow-sample --fault-wait-signal --fault-clock-skew --fault-inf-rank --fault-inf-step"
+missing=""; for f in $testing_flags; do "$BIN" --help-testing | grep -q -- "$f" || missing="$missing $f"; done
+if [ -z "$missing" ] && ! "$BIN" --help | grep -q -- "--fault-"; then echo "  ok    --help-testing lists the fault flags, --help none"
+else echo "  FAIL  --help-testing (missing:$missing) or a --fault- flag in --help"; fails=$((fails + 1)); fi
 
 if [ $fails -ne 0 ]; then echo "cli: $fails FAILED"; exit 1; fi
 echo "cli: all passed"
