@@ -20,7 +20,7 @@ export PYTHON
 include toolchain.mk
 
 CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) $(BLAS_DEFINE) $(BLAS_CFLAGS) -x c++ -DLLMC_CPU
-HEADERS = $(wildcard llmc/*.h)
+HEADERS = $(wildcard llmc/*.h llmc/comm/*.h)
 
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
              $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS)) $(NCCL_FLAGS)
@@ -89,8 +89,8 @@ build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtim
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 
-# the exchange of the NCCL id over TCP (llmc/rendezvous.h), with real processes: scripts/test_rendezvous.sh
-build/cpu/test_rendezvous: tests/test_rendezvous.cpp llmc/rendezvous.h llmc/common.h build/flags-cpu.txt
+# the exchange of the NCCL id over TCP (llmc/comm/rendezvous.h), with real processes: scripts/test_rendezvous.sh
+build/cpu/test_rendezvous: tests/test_rendezvous.cpp llmc/comm/rendezvous.h llmc/common.h build/flags-cpu.txt
 	@mkdir -p $(@D)
 	$(CXX) -O2 -std=c++17 -Wall -Wextra $< -o $@
 

@@ -269,7 +269,7 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-// The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, comm_staging.h),
+// The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, llmc/comm/staging.h),
 // which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once. (CUDA
 // may still wait for the stream before it stages: marked for the watchdog too.)
 static inline void copy_to_device_nowait(void* dst, const void* src, size_t bytes) {

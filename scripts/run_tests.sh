@@ -5,7 +5,7 @@
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: build, test_gpt against the references, bad-input tests, data parallelism, ZeRO,
-#      tensor and pipeline parallelism under mpirun, the NCCL id's exchange over TCP (llmc/rendezvous.h),
+#      tensor and pipeline parallelism under mpirun, the NCCL id's exchange over TCP (llmc/comm/rendezvous.h),
 #      fuzzing of the file readers (fuzz/), the default training job (its final validation loss must be
 #      2 nats below the first) and every command block of README.md and docs/ (scripts/test_readme.sh)
 #   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
