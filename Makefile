@@ -7,6 +7,7 @@
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
 #   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
+#   make headers        every header of llmc/ compiles on its own, on the CPU target and (with nvcc) the GPU target
 # PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`, TRAIN_FLAGS adds flags to its run
 # (e.g. TRAIN_FLAGS="--steps 20"); GPU_ARCH overrides the -arch list.
 
@@ -43,7 +44,7 @@ build/flags-%.txt: ;
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
 
-.PHONY: all cpu gpu dev emulated train deps test clean references
+.PHONY: all cpu gpu dev emulated train deps test clean references headers
 all: cpu
 
 cpu: build/cpu/train_gpt build/cpu/test_gpt
@@ -93,6 +94,15 @@ build/emu-%/train_gpt: $(EMU_SOURCES) dev/cuda/emulate.h dev/cuda/emulate_runtim
 build/cpu/test_rendezvous: tests/test_rendezvous.cpp llmc/comm/rendezvous.h llmc/common.h build/flags-cpu.txt
 	@mkdir -p $(@D)
 	$(CXX) -O2 -std=c++17 -Wall -Wextra $< -o $@
+
+# Every header of llmc/ and llmc/comm/ compiles on its own (scripts/check_headers.sh): a translation unit
+# that includes only it, for the CPU target (-fsyntax-only) and, where nvcc exists, the GPU target (BF16,
+# one architecture, without -O3, to keep it cheap). HEADERS_TARGETS=cpu or gpu checks one target only.
+HEADERS_TARGETS ?= all
+HEADERS_NVCC_FLAGS = $(filter-out -O3 $(GPU_ARCH),$(NVCC_FLAGS)) -gencode arch=compute_90,code=sm_90 $(PRECISION_DEFINE_bf16)
+headers:
+	@CXX="$(CXX)" CPU_FLAGS="$(CPU_FLAGS)" NVCC="$(NVCC)" NVCC_FLAGS="$(HEADERS_NVCC_FLAGS)" \
+	    bash scripts/check_headers.sh $(HEADERS_TARGETS)
 
 # kernel variants, checks and benchmarks (dev/cuda/README.md)
 dev:
