@@ -360,6 +360,26 @@ static inline int grid_for(size_t n, int block) { return (int)((n + block - 1) /
 #define launchCheck() cudaCheck(cudaGetLastError())
 #endif
 
+// out += x, elementwise (n floatX), on the main stream: each sum taken in float and rounded once to floatX,
+// the arithmetic of the residual add (llmc/residual.h). ZeRO-2 adds each micro-step's reduced gradient
+// chunks into its shard with it (llmc/zero.h).
+#ifndef LLMC_CPU
+#define ACCUMULATE_THREADS 256  // threads per block, one element each
+__global__ void __launch_bounds__(ACCUMULATE_THREADS) device_accumulate_kernel(floatX* out, const floatX* x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = float_to_floatX(floatX_to_float(out[i]) + floatX_to_float(x[i]));
+}
+#endif
+static inline void device_accumulate(floatX* out, const floatX* x, size_t n) {
+#ifdef LLMC_CPU
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = out[i] + x[i];
+#else
+    device_accumulate_kernel<<<grid_for(n, ACCUMULATE_THREADS), ACCUMULATE_THREADS, 0, main_stream>>>(out, x, n);
+    launchCheck();
+#endif
+}
+
 #ifndef LLMC_CPU
 // sum across the 32 lanes of a warp; every lane gets the result
 __device__ static inline float warp_sum(float v) {
