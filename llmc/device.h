@@ -145,6 +145,29 @@ static inline void device_name(char* buf, size_t cap) {
     if (f != NULL) fclose(f);
 }
 
+// The compute capability (major, minor) of GPU number `dev` (9.0: an H100 or H200), for the peak throughput
+// the MFU is reported against. The CPU target has no GPU: 0.0.
+static inline void device_compute_capability(int dev, int* major, int* minor) {
+#ifndef LLMC_CPU
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    *major = prop.major, *minor = prop.minor;
+#else
+    (void)dev;
+    *major = *minor = 0;
+#endif
+}
+
+// The memory of this rank's GPU, free and in all (bytes), as the GPU reports it: what the CUDA context and
+// every allocation of the process hold counts as used. The CPU target has no device memory of its own: 0, 0.
+static inline void device_memory_info(size_t* free_bytes, size_t* total_bytes) {
+#ifndef LLMC_CPU
+    cudaCheck(cudaMemGetInfo(free_bytes, total_bytes));
+#else
+    *free_bytes = *total_bytes = 0;
+#endif
+}
+
 // ----------------------------------------------------------------------------------------------------
 // is there a GPU at all?
 
