@@ -7,6 +7,7 @@
 #   make train          trains the default model on data/ (GPU if one is present, else CPU)
 #   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
 #   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
+#   make headers        every header of llmc/ compiles on its own, on the CPU target and (with nvcc) the GPU target
 # PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`, TRAIN_FLAGS adds flags to its run
 # (e.g. TRAIN_FLAGS="--steps 20"); GPU_ARCH overrides the -arch list.
 
@@ -20,7 +21,7 @@ export PYTHON
 include toolchain.mk
 
 CPU_FLAGS = -O3 -march=native -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) $(BLAS_DEFINE) $(BLAS_CFLAGS) -x c++ -DLLMC_CPU
-HEADERS = $(wildcard llmc/*.h)
+HEADERS = $(wildcard llmc/*.h llmc/comm/*.h)
 
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
              $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS)) $(NCCL_FLAGS)
@@ -43,7 +44,7 @@ build/flags-%.txt: ;
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
 
-.PHONY: all cpu gpu dev emulated train deps test clean references
+.PHONY: all cpu gpu dev emulated train deps test clean references headers
 all: cpu
 
 cpu: build/cpu/train_gpt build/cpu/test_gpt
@@ -89,10 +90,19 @@ build/emu-%/train_gpt: $(EMU_SOURCES) $(wildcard dev/emulate/*.h) | gpu-toolchai
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_FLAGS) $(PRECISION_DEFINE_$*) build/emu/src/train_gpt.cu $(MPI_LIBS) -o $@
 
-# the exchange of the NCCL id over TCP (llmc/rendezvous.h), with real processes: tests/rendezvous.sh
-build/cpu/test_rendezvous: tests/rendezvous.cpp llmc/rendezvous.h llmc/common.h build/flags-cpu.txt
+# the exchange of the NCCL id over TCP (llmc/comm/rendezvous.h), with real processes: tests/rendezvous.sh
+build/cpu/test_rendezvous: tests/rendezvous.cpp llmc/comm/rendezvous.h llmc/common.h build/flags-cpu.txt
 	@mkdir -p $(@D)
 	$(CXX) -O2 -std=c++17 -Wall -Wextra $< -o $@
+
+# Every header of llmc/ and llmc/comm/ compiles on its own (tests/headers.sh): a translation unit
+# that includes only it, for the CPU target (-fsyntax-only) and, where nvcc exists, the GPU target (BF16,
+# one architecture, without -O3, to keep it cheap). HEADERS_TARGETS=cpu or gpu checks one target only.
+HEADERS_TARGETS ?= all
+HEADERS_NVCC_FLAGS = $(filter-out -O3 $(GPU_ARCH),$(NVCC_FLAGS)) -gencode arch=compute_90,code=sm_90 $(PRECISION_DEFINE_bf16)
+headers:
+	@CXX="$(CXX)" CPU_FLAGS="$(CPU_FLAGS)" NVCC="$(NVCC)" NVCC_FLAGS="$(HEADERS_NVCC_FLAGS)" \
+	    bash tests/headers.sh $(HEADERS_TARGETS)
 
 # kernel variants, checks and benchmarks (dev/cuda/README.md)
 dev:

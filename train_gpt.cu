@@ -1281,15 +1281,11 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
 
 // peak dense BF16 tensor throughput of known GPUs, for MFU (0: unknown, MFU not printed)
 static double gpu_peak_flops(void) {
-#ifdef LLMC_CPU
+    int major, minor;
+    device_compute_capability(0, &major, &minor);  // (0.0 on the CPU target)
+    if (major == 9 && minor == 0) return 989e12;  // H100 SXM / H200
+    if (major == 8 && minor == 0) return 312e12;  // A100
     return 0.0;
-#else
-    cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    if (prop.major == 9 && prop.minor == 0) return 989e12;  // H100 SXM / H200
-    if (prop.major == 8 && prop.minor == 0) return 312e12;  // A100
-    return 0.0;
-#endif
 }
 
 // testing (--fault-inf-rank/--fault-inf-step): one gradient of this rank becomes inf, as an fp16 overflow would
@@ -1567,7 +1563,7 @@ static void report_step(Training* run, long long step, const StepResult* r) {
         char rank[32] = "";
         if (run->comm->world_size > 1) snprintf(rank, sizeof(rank), ", rank %d", run->comm->world_rank);
         size_t free_b, total_b;
-        cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+        device_memory_info(&free_b, &total_b);
         MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
         printf("device memory after the first step%s: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "

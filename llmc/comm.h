@@ -1,5 +1,8 @@
 /*
- * comm.h: ranks, process groups and collectives: one interface over two engines.
+ * comm.h: ranks, process groups and collectives: one interface over two engines. The header the model
+ * includes; it hands each operation to the engine of the run. The engines and the start-up live in
+ * llmc/comm/ (types.h, what they share; mpi_engine.h, staging.h; nccl_engine.h, rendezvous.h,
+ * liveness.h; launch.h), machinery a reader need not open to follow the training.
  *
  * The world of W ranks is a grid dp x tp x pp. Rank order: tp varies fastest, then dp, then pp, so
  *     world_rank = tp_rank + tp * (dp_rank + dp * pp_rank)
@@ -10,19 +13,19 @@
  * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, broadcast, send, recv,
  * barrier, over buffers in device memory (host memory on the CPU target), of type floatX or float.
  * Every operation is described by one CommOp and handed to the engine of the run:
- *   NCCL  (comm_nccl.h) GPU buffers, one GPU per rank, the production path. Every group has its own
+ *   NCCL  (comm/nccl_engine.h) GPU buffers, one GPU per rank, the production path. Every group has its own
  *         communication stream; an operation is queued on its group's stream after the work already
  *         queued on the main stream, so it overlaps what the main stream does next. comm_join() waits
  *         for every group's operations, comm_join_group() for one group's only: a tensor-parallel
  *         all-reduce is joined without waiting for the data-parallel buckets queued before it.
- *   MPI   (comm_mpi.h) the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that):
+ *   MPI   (comm/mpi_engine.h) the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that):
  *         on the GPU, each buffer is copied whole to host memory as float and back (mpi_run_host_copy),
- *         or with LLMC_MPI_STAGE_BYTES through pinned host slots in chunks (comm_staging.h), sums in
+ *         or with LLMC_MPI_STAGE_BYTES through pinned host slots in chunks (comm/staging.h), sums in
  *         float, everything else as bytes. Calls complete before they return.
- * Launch (comm_launch.h): mpirun (Open MPI); or, for the GPU target, without MPI through RANK /
+ * Launch (comm/launch.h): mpirun (Open MPI); or, for the GPU target, without MPI through RANK /
  * WORLD_SIZE / LOCAL_RANK (torchrun) or, in a task of srun, SLURM_PROCID / SLURM_STEP_NUM_TASKS /
  * SLURM_LOCALID, with the NCCL id passed through a file in a shared folder (--nccl-id-dir) or over TCP
- * at MASTER_ADDR:MASTER_PORT (llmc/rendezvous.h). Under mpirun the engine is chosen from the GPUs'
+ * at MASTER_ADDR:MASTER_PORT (llmc/comm/rendezvous.h). Under mpirun the engine is chosen from the GPUs'
  * UUIDs within each node and agreed by all ranks. On the CPU target each rank defaults to cores / local
  * ranks OpenMP threads.
  *
@@ -45,114 +48,12 @@
  */
 #pragma once
 
-#include "device.h"
-
-// The engines this build has. MPI: wherever Open MPI was found (the Makefile defines USE_MPI). NCCL: on
-// the GPU target unless built with -DNO_NCCL (the Makefile does that when nccl.h is missing); without
-// it, ranks communicate through the MPI engine. A build without an engine keeps its handles as
-// placeholders, so the types below look the same in every build.
-#ifdef USE_MPI
-#include <mpi.h>
-typedef MPI_Comm MpiHandle;
-#else
-typedef int MpiHandle;
-#endif
-#if !defined(LLMC_CPU) && !defined(NO_NCCL)
-#define HAVE_NCCL 1
-#define NCCL_BUILT 1
-#include <nccl.h>
-typedef ncclComm_t NcclHandle;
-typedef cudaStream_t NcclStream;
-#else
-#define NCCL_BUILT 0
-typedef void* NcclHandle;
-typedef void* NcclStream;
-#endif
-
-typedef enum { REDUCE_SUM, REDUCE_AVG, REDUCE_MAX } ReduceOp;
-// the most scalars one comm_all_reduce_host takes (the NCCL engine reduces them in a device buffer of
-// this size; the largest user is the start-up agreement, llmc/agreement.h: 2 per item)
-#define COMM_HOST_MAX 128
-typedef enum { DT_FLOATX, DT_FLOAT } DType;
-typedef enum { ENGINE_NONE, ENGINE_MPI, ENGINE_NCCL } Engine;
-
-typedef struct {
-    int rank, size;    // this rank's index in the group, and the group's size
-    const char* name;  // for messages: "world", "DP", "TP", "PP", "embedding"
-    MpiHandle mpi;     // the group's communicator in each engine
-    NcclHandle nccl;
-    NcclStream stream;  // NCCL: where the group's operations run, in order
-} Group;
-
-// One operation of the API, as an engine receives it (and as strict mode queues it until the join)
-typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_SEND, OP_RECV, OP_SENDRECV } OpKind;
-typedef struct {
-    OpKind kind;
-    Group* g;
-    const void* send;  // what the operation reads (for collectives in place, the same as recv)
-    void* recv;        // what it writes
-    size_t n;          // elements (all_gather, reduce_scatter: per rank)
-    DType t;
-    ReduceOp op;
-    int peer, recv_peer;  // send/recv: the peer; sendrecv: send_peer, recv_peer; broadcast: the root
-} CommOp;
-
-// What the engine moved while counting (--trace: the traced steps): the bytes of the operations'
-// buffers (all-reduce, broadcast, send, receive: n elements; reduce-scatter, all-gather: n per rank, the
-// whole buffer) and the time they took (MPI: inside the calls; NCCL: on the stream, timed by events)
-typedef struct {
-    int on;
-    double bytes, seconds;
-    long ops;
-} CommStats;
-
-typedef struct {
-    int world_rank, world_size, local_rank, local_size;  // local: the ranks on this node
-    int dp, tp, pp;                 // grid dimensions
-    int dp_rank, tp_rank, pp_rank;  // this rank's coordinates
-    Engine engine;                  // ENGINE_NONE when world_size == 1
-    int mpi_initialized;
-    Group world, dp_group, tp_group, pp_group;
-    Group emb_group;  // the first and last pipeline stage of one (dp, tp) position: they share the tied wte
-    double timeout_s;     // --comm-timeout: the longest a wait on other ranks may take (0: no limit)
-    double io_timeout_s;  // --io-timeout: the same, for waits while a rank reads or writes files
-    int waiting_io;       // the current wait is one around file I/O (comm_barrier_io)
-    int strict;       // MPI engine: run sends and collectives at the join (LLMC_COMM_STRICT=1)
-    CommOp* queue;    // strict mode: the operations posted since the last join, in order
-    int queued, queue_cap;
-    size_t stage_bytes;        // MPI engine: chunk size through pinned host slots (LLMC_MPI_STAGE_BYTES; 0: not
-                               // chunked: the buffers directly on the CPU target, whole host copies on the GPU)
-    struct Staging* staging;   // its pinned slots and copy streams (comm_staging.h)
-    HostScratch host_copy[2];  // MPI engine on the GPU, not chunked: the operation's host copies (mpi_run_host_copy)
-    CommStats stats;
-#ifdef HAVE_NCCL
-    cudaEvent_t event;    // orders an operation after the main stream's work
-    cudaEvent_t* timing;  // while counting: a start and an end event around each operation since the last join
-    int timed, timing_cap;
-#endif
-} Comm;
-
-static Comm* g_comm = NULL;  // for fatal(): abort every rank
-
-static size_t dtype_size(DType t) { return t == DT_FLOATX ? sizeof(floatX) : sizeof(float); }
-
-// the bytes an operation counts for (see CommStats)
-static double comm_op_bytes(const CommOp* q) {
-    int whole = q->kind == OP_REDUCE_SCATTER || q->kind == OP_ALL_GATHER;
-    return (double)q->n * dtype_size(q->t) * (whole ? q->g->size : 1);
-}
-
-// an invalid group (this rank is not a member), for emb_group on the middle pipeline stages
-static int group_valid(const Group* g) { return g->size > 0; }
-
-// the deadline of the wait in progress: --io-timeout around file I/O, --comm-timeout otherwise (0: none)
-static double comm_deadline_s(const Comm* c) { return c->waiting_io ? c->io_timeout_s : c->timeout_s; }
-static const char* comm_deadline_flag(const Comm* c) { return c->waiting_io ? "--io-timeout" : "--comm-timeout"; }
-
-// the engines (they see the types above), then start-up and shutdown: comm_init, comm_finalize
-#include "comm_mpi.h"
-#include "comm_nccl.h"
-#include "comm_launch.h"
+#include "comm/types.h"        // Comm, Group, CommOp, DType, ReduceOp, Engine; dtype_size
+#include "comm/mpi_engine.h"   // mpi_post, mpi_flush, mpi_flush_group, mpi_all_reduce_host
+#include "comm/nccl_engine.h"  // nccl_run, nccl_wait, nccl_wait_group, nccl_all_reduce_host
+#include "comm/launch.h"       // comm_init, comm_finalize, check_omp_threads: start-up and shutdown
+#include "device.h"            // device_copy
+#include "watchdog.h"          // watchdog_waiting_io
 
 // ----------------------------------------------------------------------------------------------------
 // the API: every call describes its operation and hands it to the engine

@@ -145,6 +145,29 @@ static inline void device_name(char* buf, size_t cap) {
     if (f != NULL) fclose(f);
 }
 
+// The compute capability (major, minor) of GPU number `dev` (9.0: an H100 or H200), for the peak throughput
+// the MFU is reported against. The CPU target has no GPU: 0.0.
+static inline void device_compute_capability(int dev, int* major, int* minor) {
+#ifndef LLMC_CPU
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    *major = prop.major, *minor = prop.minor;
+#else
+    (void)dev;
+    *major = *minor = 0;
+#endif
+}
+
+// The memory of this rank's GPU, free and in all (bytes), as the GPU reports it: what the CUDA context and
+// every allocation of the process hold counts as used. The CPU target has no device memory of its own: 0, 0.
+static inline void device_memory_info(size_t* free_bytes, size_t* total_bytes) {
+#ifndef LLMC_CPU
+    cudaCheck(cudaMemGetInfo(free_bytes, total_bytes));
+#else
+    *free_bytes = *total_bytes = 0;
+#endif
+}
+
 // ----------------------------------------------------------------------------------------------------
 // is there a GPU at all?
 
@@ -269,7 +292,7 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-// The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, comm_staging.h),
+// The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, llmc/comm/staging.h),
 // which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once. (CUDA
 // may still wait for the stream before it stages: marked for the watchdog too.)
 static inline void copy_to_device_nowait(void* dst, const void* src, size_t bytes) {
@@ -359,6 +382,26 @@ static inline void download_floats(float* dst, const floatX* src, size_t n) {
 static inline int grid_for(size_t n, int block) { return (int)((n + block - 1) / block); }
 #define launchCheck() cudaCheck(cudaGetLastError())
 #endif
+
+// out += x, elementwise (n floatX), on the main stream: each sum taken in float and rounded once to floatX,
+// the arithmetic of the residual add (llmc/residual.h). ZeRO-2 adds each micro-step's reduced gradient
+// chunks into its shard with it (llmc/zero.h).
+#ifndef LLMC_CPU
+#define ACCUMULATE_THREADS 256  // threads per block, one element each
+__global__ void __launch_bounds__(ACCUMULATE_THREADS) device_accumulate_kernel(floatX* out, const floatX* x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = float_to_floatX(floatX_to_float(out[i]) + floatX_to_float(x[i]));
+}
+#endif
+static inline void device_accumulate(floatX* out, const floatX* x, size_t n) {
+#ifdef LLMC_CPU
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = out[i] + x[i];
+#else
+    device_accumulate_kernel<<<grid_for(n, ACCUMULATE_THREADS), ACCUMULATE_THREADS, 0, main_stream>>>(out, x, n);
+    launchCheck();
+#endif
+}
 
 #ifndef LLMC_CPU
 // sum across the 32 lanes of a warp; every lane gets the result

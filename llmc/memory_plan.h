@@ -9,7 +9,7 @@
  */
 #pragma once
 
-#include "attention_flash.h"  // attention_flash_validate
+#include "attention.h"        // attention_flash_validate
 #include "device.h"           // KernelChoice
 #include "model_file.h"       // GPT2Config, model_file_read, validate_config
 #include "param_layout.h"     // Placement

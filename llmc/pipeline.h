@@ -24,7 +24,7 @@
  */
 #pragma once
 
-#include "device.h"
+#include "common.h"  // fatal, check_internal, malloc_check, calloc_check
 
 typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B } Schedule;
 

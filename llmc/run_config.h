@@ -145,7 +145,7 @@ static const char* bpe_dir_of(const TrainConfig* tc, char* buf, size_t cap) {
 // deadlines (--comm-timeout, --io-timeout: the first rank past one ends the run) and threads
 // (OMP_NUM_THREADS: a node's cores are its own, and what replicas must compute alike, the gradient norm,
 // is summed in fixed chunks whatever the thread count). --comm is compared by the engine's choice
-// (mpi_agree_engine), the launchers' variables at the start (llmc/comm_launch.h, llmc/rendezvous.h).
+// (mpi_agree_engine), the launchers' variables at the start (llmc/comm/launch.h, llmc/comm/rendezvous.h).
 static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Config* c, const RunState* state) {
     if (comm->world_size == 1) return;
     Agreement a = {.names = {NULL}, .hashes = {0}, .n = 0};

@@ -57,8 +57,8 @@
  */
 #pragma once
 
-#include "comm.h"
-#include "residual.h"
+#include "comm.h"    // Comm, comm_all_reduce, comm_reduce_scatter, comm_all_gather, comm_join_group
+#include "device.h"  // floatX, BuildMode, zeroed_device_buffer, device_free, device_memset_zero, device_accumulate
 
 typedef struct {
     size_t offset;  // first element in the flat buffer
@@ -126,11 +126,6 @@ typedef struct {
     cudaEvent_t slot_free[2];  // recorded on the communication stream after that reduce-scatter
 #endif
 } Zero2Grads;
-
-// out += x, elementwise (n): the micro-step's reduced chunks join the accumulated ones. The residual
-// connection's add (llmc/residual.h, measured by dev/cuda/residual_forward.cu) under the name of what it
-// does here.
-static void add_into(floatX* out, const floatX* x, size_t n) { residual_forward(out, out, x, n); }
 
 // Allocates the buffers at stage 2 (below it nothing: the full gradient buffer serves). elem: bytes of a
 // floatX element (the planner builds for other precisions); the bytes are counted into the three
@@ -218,7 +213,7 @@ static void zero2_layer_done(Comm* c, Zero2Grads* w, int l) {
 // end of a micro-step's backward, after the communication was joined: its reduced chunks join the ones
 // accumulated so far
 static void zero2_end_micro_step(Zero2Grads* w) {
-    if (w->shard) add_into(w->shard, w->incoming, w->shard_total);
+    if (w->shard) device_accumulate(w->shard, w->incoming, w->shard_total);  // shard += incoming
 }
 
 // ----------------------------------------------------------------------------------------------------

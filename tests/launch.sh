@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launch.sh: how a rank learns its place (llmc/comm_launch.h), on the CPU target: Slurm variables count
+# launch.sh: how a rank learns its place (llmc/comm/launch.h), on the CPU target: Slurm variables count
 # only in a task of srun; torchrun's variables count over the PMIx ones of the srun task that started
 # torchrun, and contradicting an MPI world they are refused; a RANK that is no number is named as such;
 # an MPMD peer that never starts MPI ends the job within --comm-timeout; OpenMP threads default to cores /

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# nccl_emulated.sh: the NCCL engine of the GPU target (llmc/comm_nccl.h), run on a machine without a
+# nccl_emulated.sh: the NCCL engine of the GPU target (llmc/comm/nccl_engine.h), run on a machine without a
 # GPU: the emulated train_gpt (make emulated) with EMU_DEVICES GPUs, so that its ranks take one each and
 # pick NCCL, whose calls dev/emulate/emulate_nccl.h carries out between the processes. Against single-rank
 # runs of the same binary (every loss to 1e-5 relative, final parameters to 1e-5 relative norm, as
@@ -9,14 +9,14 @@
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL";
 #      a final model written slower than --comm-timeout (the other ranks wait under --io-timeout)
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
-#      (llmc/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
+#      (llmc/comm/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
 #      PMIx variables of an srun task that started torchrun (torchrun's variables count); a restarted
 #      attempt (TORCHELASTIC_RESTART_COUNT) beside the id file its crashed predecessor left
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
 #      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError);
 #      a rank stopped mid-run under ZeRO-2, while the other's host waits inside CUDA (llmc/watchdog.h);
 #      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
-#      connection to rank 0 closes: llmc/liveness.h), with the id through a folder and over TCP
+#      connection to rank 0 closes: llmc/comm/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives

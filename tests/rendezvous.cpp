@@ -1,5 +1,5 @@
 /*
- * rendezvous.cpp: checks llmc/rendezvous.h, the exchange of the NCCL id over TCP, with real
+ * rendezvous.cpp: checks llmc/comm/rendezvous.h, the exchange of the NCCL id over TCP, with real
  * processes on this machine (127.0.0.1). Each case forks the ranks (and, where the case needs one, a
  * process that plays a stranger: a dead peer, a program that is no trainer, torchrun's agent), waits for
  * them and checks what each one printed and how it ended:
@@ -22,7 +22,7 @@
  * By hand, under a launcher: `torchrun --nproc_per_node 4 --no_python build/cpu/test_rendezvous
  * launched-rank` makes each process one rank of an exchange, printing a hash of the bytes it holds.
  */
-#include "../llmc/rendezvous.h"
+#include "../llmc/comm/rendezvous.h"
 #include <functional>
 #include <signal.h>
 #include <string>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rendezvous.sh: the exchange of the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (llmc/rendezvous.h),
+# rendezvous.sh: the exchange of the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (llmc/comm/rendezvous.h),
 # which a GPU launch by torchrun without a shared folder uses. It has no CUDA in it, so it is tested here
 # with real processes on 127.0.0.1: tests/rendezvous.cpp runs one case per call (see its header),
 # each under a timeout, so a hang fails the case instead of the suite. Together about 20 s.

@@ -4,13 +4,13 @@
 #      is missing (`make deps` installs it); nothing is installed here
 #   2. the default dataset rebuilds byte for byte from the Debian package (scripts/check_data.sh)
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
-#   4. CPU target: build, test_gpt against the references, bad-input tests and checkpoints, data
-#      parallelism, ZeRO, a rank that fails, signals, ranks started differently, launchers, the MPI
-#      engine in chunks, tensor and pipeline parallelism under mpirun, the NCCL id's exchange over TCP
-#      (llmc/rendezvous.h), fuzzing of the file readers (tests/fuzz/), the default training job (its final
-#      validation loss must be 2 nats below the first) and every command block of README.md and docs/
-#      (tests/readme.sh)
-#   5. GPU target: all precisions and dev/cuda always compile where nvcc exists; with a GPU, test_gpt
+#   4. CPU target: every header of llmc/ compiles on its own (make headers), build, test_gpt against the
+#      references, bad-input tests and checkpoints, data parallelism, ZeRO, a rank that fails, signals,
+#      ranks started differently, launchers, the MPI engine in chunks, tensor and pipeline parallelism
+#      under mpirun, the NCCL id's exchange over TCP (llmc/comm/rendezvous.h), fuzzing of the file readers
+#      (tests/fuzz/), the default training job (its final validation loss must be 2 nats below the first)
+#      and every command block of README.md and docs/ (tests/readme.sh)
+#   5. GPU target: each header alone, all precisions and dev/cuda compile where nvcc exists; with a GPU, test_gpt
 #      and the dev/cuda checks run on it; without one the dev/cuda checks and test_gpt's GPU build run on
 #      the CPU emulation of CUDA (dev/emulate/emulate.h), and the GPU memory plan is held to what the
 #      emulated train_gpt allocates (tests/memory_plan_emulated.sh), and its NCCL engine runs over
@@ -31,6 +31,9 @@ bash scripts/check_data.sh
 
 step "PyTorch reference (float64) -> build/ref"
 "$PY" scripts/gpt2_reference.py --out-dir build/ref
+
+step "CPU target: every header of llmc/ compiles on its own (make headers)"
+make -s headers HEADERS_TARGETS=cpu
 
 step "CPU target: build"
 make -j2 cpu
@@ -104,6 +107,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     # Without a GPU to run them on, the binaries are built for sm_90 only: that shows the code compiles
     # (no source differs between sm_80 and sm_90) in half the time. With a GPU: for that GPU (toolchain.mk).
     if nvidia-smi -L >/dev/null 2>&1; then arch=(); else arch=(GPU_ARCH="-gencode arch=compute_90,code=sm_90"); fi
+    make -s headers HEADERS_TARGETS=gpu  # (every header of llmc/ on its own, BF16)
     make -j2 gpu "${arch[@]}"
     make -C dev/cuda -j2 "${arch[@]}"
     step "the static kernel report (make -C dev/cuda report): registers, spills, occupancy, inner loops, floors at 124M"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # staging.sh: the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES: GPU buffers
-# through host slots, llmc/comm_staging.h; run here on host memory), on the CPU target under mpirun:
+# through host slots, llmc/comm/staging.h; run here on host memory), on the CPU target under mpirun:
 # chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for byte,
 # as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does pp=2 GPipe
 # in 8 KiB chunks (beyond Open MPI's eager size: a send-receive whose send waited for its receive chunk by

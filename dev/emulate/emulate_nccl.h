@@ -1,5 +1,5 @@
 /*
- * emulate_nccl.h: the NCCL calls of llmc/comm_nccl.h, for the CPU emulation of CUDA (emulate.h includes
+ * emulate_nccl.h: the NCCL calls of llmc/comm/nccl_engine.h, for the CPU emulation of CUDA (emulate.h includes
  * this file when built with -DEMULATE_NCCL), so that the NCCL engine of an emulated train_gpt runs on a
  * machine without a GPU: its start-up (the id through MPI, a shared folder or TCP), the group splits, every
  * collective and send/receive with the arguments the engine gives them, the non-blocking protocol

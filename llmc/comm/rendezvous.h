@@ -1,5 +1,5 @@
 /*
- * rendezvous.h: hands a small blob (the NCCL unique id) from rank 0 to every other rank over TCP, the
+ * comm/rendezvous.h: hands a small blob (the NCCL unique id) from rank 0 to every other rank over TCP, the
  * way torchrun's ranks meet: at MASTER_ADDR:MASTER_PORT, with neither MPI nor a shared folder.
  *
  * Rank 0 listens on the port; every other rank connects (retrying while rank 0 has not started yet) and
@@ -23,12 +23,12 @@
  */
 #pragma once
 
-#include "common.h"
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
+#include "../common.h"   // wall_seconds, calloc_check, realloc_check; fcntl, errno, va_list
+#include <arpa/inet.h>   // htonl, ntohl
+#include <netdb.h>       // getaddrinfo
+#include <netinet/in.h>  // sockaddr_in, sockaddr_in6
+#include <poll.h>        // poll
+#include <sys/socket.h>  // socket, bind, listen, accept, connect, send, recv
 
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0

@@ -1,17 +1,24 @@
 /*
- * comm_launch.h: start-up and shutdown of llmc/comm.h: who am I, which grid, which engine.
+ * comm/launch.h: start-up and shutdown of llmc/comm.h: who am I, which grid, which engine.
  *
  * comm_init finds this rank's place from the launcher (mpirun; torchrun's RANK / WORLD_SIZE /
  * LOCAL_RANK, also where srun or mpirun started torchrun; a task of srun's SLURM_PROCID /
  * SLURM_STEP_NUM_TASKS / SLURM_LOCALID), lays the ranks out
  * on the dp x tp x pp grid (tp fastest, then dp, then pp), picks this rank's GPU and the engine, and
- * creates the groups in that engine (comm_mpi.h, comm_nccl.h). comm_finalize undoes it, after the
+ * creates the groups in that engine (mpi_engine.h, nccl_engine.h). comm_finalize undoes it, after the
  * communication in flight is done.
  */
 #pragma once
 
-#include <limits.h>
-#include <sched.h>
+#include <limits.h>  // INT_MIN, INT_MAX
+#include <sched.h>   // sched_getaffinity, CPU_COUNT
+
+#include "../common.h"    // fatal, errno
+#include "../device.h"    // cudaCheck (the GPU target)
+#include "mpi_engine.h"   // mpi_start, mpi_agree_engine, mpi_split_groups, mpi_flush, mpi_finish
+#include "nccl_engine.h"  // nccl_start, nccl_finish, gpu_uuid
+#include "staging.h"      // stage_bytes_setting, staging_free
+#include "types.h"        // Comm, Engine, NCCL_BUILT, g_comm
 
 // A launcher's variable that holds a count or an index. Not atoi: RANK=abc would read as rank 0, and
 // two ranks 0 end with a message about something else (the port already in use, a rank that never joins).
@@ -29,7 +36,7 @@ static int env_int(const char* name, int fallback) {
 // runs (the cores it may use) / (ranks on the node) OpenMP threads, at least 1: OpenMP's default, every
 // core per rank, oversubscribes the node local_size times over and runs several times slower.
 #if defined(LLMC_CPU) && defined(_OPENMP)
-#include <omp.h>
+#include <omp.h>  // omp_set_num_threads
 static void set_default_threads(int local_size) {
     if (getenv("OMP_NUM_THREADS") != NULL) return;
     cpu_set_t mask;

@@ -1,5 +1,5 @@
 /*
- * comm_nccl.h: the NCCL engine of llmc/comm.h (GPU target, one GPU per rank), and its start-up.
+ * comm/nccl_engine.h: the NCCL engine of llmc/comm.h (GPU target, one GPU per rank), and its start-up.
  *
  * Every operation is queued on its group's communication stream (Group.stream: world, DP, TP, PP and
  * embedding each have one) after the work the main stream has queued so far (an event orders them), so
@@ -11,17 +11,23 @@
  *
  * Start-up: the ranks share NCCL's unique id (rank 0 draws it) through MPI when launched by mpirun, else
  * through a file in a shared folder (--nccl-id-dir) or, without one, over TCP at MASTER_ADDR:MASTER_PORT
- * as torchrun sets them (llmc/rendezvous.h), then create the world's communicator and split
+ * as torchrun sets them (rendezvous.h), then create the world's communicator and split
  * the DP, TP, PP and embedding groups from it. Launched so, without mpirun to end the job when a rank
- * dies, every rank also keeps a connection to rank 0 (llmc/liveness.h), by which a wait around file I/O
+ * dies, every rank also keeps a connection to rank 0 (liveness.h), by which a wait around file I/O
  * learns at once that a peer has ended instead of waiting out --io-timeout. A build without NCCL gets the
  * placeholders at the bottom.
  */
 #pragma once
 
-#include <ctype.h>
+#include <ctype.h>  // isalnum
 
-#include "liveness.h"
+#include "../common.h"    // fatal, check_internal, wall_seconds, fopen_check, fwrite_check, realloc_check
+#include "../device.h"    // cudaCheck, main_stream, device_malloc, copy_to_device, copy_to_host
+#include "../watchdog.h"  // watchdog_start, watchdog_stop, watchdog_communicating
+#include "liveness.h"     // liveness_*: every rank's connection to rank 0, launched without mpirun
+#include "mpi_engine.h"   // mpi_broadcast_bytes: the NCCL id to every rank under mpirun
+#include "rendezvous.h"   // rendezvous_from_env, launch_identity: the NCCL id without mpirun
+#include "types.h"        // Comm, Group, CommOp, DType, ReduceOp, HAVE_NCCL, COMM_HOST_MAX, comm_deadline_s
 
 #ifdef HAVE_NCCL
 
@@ -245,7 +251,7 @@ static char nccl_id_path[4300];  // rank 0 removes the file at the end
 
 static void nccl_id_file_name(const char* dir) {
     char tag[200];
-    launch_identity(tag, sizeof(tag));  // (llmc/rendezvous.h)
+    launch_identity(tag, sizeof(tag));  // (rendezvous.h)
     for (char* t = tag; *t; t++)  // a file name, whatever the launcher's id holds
         if (!isalnum((unsigned char)*t) && *t != '.' && *t != '-') *t = '_';
     snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s%s", dir, tag[0] ? "_" : "", tag);
@@ -288,7 +294,7 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port
 }
 
 // NCCL's unique id, drawn by rank 0 and shared with every rank. Without mpirun, rank 0's liveness port
-// travels with it: *host, *port say where the other ranks connect (llmc/liveness.h; *port 0: under mpirun).
+// travels with it: *host, *port say where the other ranks connect (liveness.h; *port 0: under mpirun).
 static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir, char* host, size_t host_n, int* live_port) {
     ncclUniqueId id;
     if (use_mpi) {

@@ -1,5 +1,5 @@
 /*
- * comm_staging.h: the copies between device buffers and host memory under the MPI engine (comm_mpi.h).
+ * comm/staging.h: the copies between device buffers and host memory under the MPI engine (mpi_engine.h).
  *
  * MPI moves host memory; on the GPU target the engine's buffers live on the device. An operation is cut
  * into chunks, and each chunk goes through one of STAGE_SLOTS pinned host slots:
@@ -18,15 +18,17 @@
  *
  * A send-receive is the exception: its send must not wait for its receive (the peer may answer only
  * after taking the whole message), so its send half is downloaded whole into `out` and every chunk of
- * it posted at once; only its receive half goes through the slots (comm_mpi.h, mpi_run_staged_sendrecv).
+ * it posted at once; only its receive half goes through the slots (mpi_engine.h, mpi_run_staged_sendrecv).
  *
  * The chunks are used when LLMC_MPI_STAGE_BYTES sets their size (8388608, 8 MiB, is the size meant for
  * GPUs: each MPI call then moves megabytes). Until this path has run on a GPU, the GPU target's default is
- * the simple whole-buffer copy that has (mpi_run_host_copy in comm_mpi.h). The CPU target runs the same
+ * the simple whole-buffer copy that has (mpi_run_host_copy in mpi_engine.h). The CPU target runs the same
  * chunking with plain copies when the variable is set (a test of the logic; by default its MPI engine
  * works on the buffers directly).
  */
 #pragma once
+
+#include "../device.h"  // floatX, malloc_check, calloc_check; GPU target: cudaCheck, main_stream, grid_for
 
 #define STAGE_SLOTS 4
 

@@ -1,5 +1,5 @@
 /*
- * liveness.h: tells a rank, within a moment, that a peer process has ended, for launches without mpirun.
+ * comm/liveness.h: tells a rank, within a moment, that a peer process has ended, for launches without mpirun.
  *
  * Under mpirun a rank that dies is noticed by mpirun, which ends the others. Started by torchrun-style
  * variables (or by srun, or by hand) nothing does that, and the NCCL engine sees a dead peer only as a
@@ -11,15 +11,16 @@
  * sockets and the peer reads end-of-stream. Rank 0 holds one connection per rank, every other rank one
  * to rank 0: a rank that waits sees at once when the rank it is connected to is gone (a dead rank r
  * ends rank 0 as soon as rank 0 waits, and rank 0's end ends the rest). A stopped or hung process keeps
- * its sockets open: for those the deadlines stay. Plain POSIX sockets (llmc/rendezvous.h's helpers).
+ * its sockets open: for those the deadlines stay. Plain POSIX sockets (rendezvous.h's helpers).
  */
 #pragma once
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
+#include <arpa/inet.h>  // ntohs, htonl, ntohl, inet_ntop
+#include <ifaddrs.h>    // getifaddrs
+#include <net/if.h>     // IFF_LOOPBACK
 
-#include "rendezvous.h"
+#include "../common.h"   // malloc_check, wall_seconds
+#include "rendezvous.h"  // rdzv_listen, rdzv_transfer, rdzv_connect_once, rdzv_fail: the socket helpers
 
 typedef struct {
     int listener;   // rank 0, at start-up: where the others connect

@@ -1,12 +1,12 @@
 /*
- * comm_mpi.h: the MPI engine of llmc/comm.h, and the MPI side of the launch.
+ * comm/mpi_engine.h: the MPI engine of llmc/comm.h, and the MPI side of the launch.
  *
  * The engine of the CPU target, and of the GPU target when ranks share a GPU (NCCL refuses two ranks on
  * one GPU): every operation runs on host memory, through MPI's non-blocking calls polled against the
  * deadline (mpi_wait). On the CPU target the buffers are host memory already (mpi_run_direct); on the
  * GPU target each operation's buffer is copied whole to host memory and back (mpi_run_host_copy), or, with
  * LLMC_MPI_STAGE_BYTES set, staged through pinned host slots in chunks, the copies of one chunk
- * overlapping the transfer of another (mpi_run_staged, comm_staging.h; not yet run on a GPU). An operation completes before its call
+ * overlapping the transfer of another (mpi_run_staged, staging.h; not yet run on a GPU). An operation completes before its call
  * returns, except in strict mode, where mpi_post queues it and the join (mpi_flush) runs the queue in
  * order. Each operation's bytes and time are counted while c->stats.on (comm_print_stats).
  *
@@ -15,11 +15,15 @@
  */
 #pragma once
 
-#include <limits.h>
-#include <signal.h>
-#include <unistd.h>
+#include <limits.h>  // INT_MAX
+#include <math.h>    // ceil
+#include <signal.h>  // sigaction, alarm: MPI_Init's deadline
+#include <unistd.h>  // usleep, write, _exit
 
-#include "comm_staging.h"
+#include "../common.h"  // fatal, fatal_hook, wall_seconds, malloc_check, realloc_check, host_scratch
+#include "../device.h"  // download_floats, upload_floats, copy_to_host, copy_to_device
+#include "staging.h"    // Staging, StagePlan, stage_*: the chunks through pinned host slots
+#include "types.h"      // Comm, Group, CommOp, ReduceOp, dtype_size, comm_deadline_s, g_comm
 
 #ifdef USE_MPI
 
@@ -127,7 +131,7 @@ static void mpi_run_direct(Comm* c, const CommOp* q) {
 
 static int mpi_is_sum(const CommOp* q) { return q->kind == OP_ALL_REDUCE || q->kind == OP_REDUCE_SCATTER; }
 
-// What an operation downloads into the slots and uploads from them (comm_staging.h)
+// What an operation downloads into the slots and uploads from them (staging.h)
 static StagePlan mpi_stage_plan(const CommOp* q) {
     const Group* g = q->g;
     StagePlan p;
@@ -153,7 +157,7 @@ static StagePlan mpi_stage_plan(const CommOp* q) {
 }
 
 // The chunks of an operation through the slots, MPI on chunk k while the copies of the chunks around
-// it run (comm_staging.h); between stage_begin and stage_end
+// it run (staging.h); between stage_begin and stage_end
 static void mpi_stage_chunks(Comm* c, const CommOp* q, const StagePlan* p, size_t S, size_t chunks) {
     Staging* st = c->staging;
     int sum = mpi_is_sum(q);
@@ -194,7 +198,7 @@ static void mpi_run_staged_sendrecv(Comm* c, const CommOp* q, StagePlan p, size_
     free(sends);
 }
 
-// LLMC_MPI_STAGE_BYTES set: through the pinned slots, chunk by chunk (comm_staging.h)
+// LLMC_MPI_STAGE_BYTES set: through the pinned slots, chunk by chunk (staging.h)
 static void mpi_run_staged(Comm* c, const CommOp* q) {
     StagePlan p = mpi_stage_plan(q);
     size_t S = stage_width(&p, c->stage_bytes), chunks = (p.n + S - 1) / S;
