@@ -53,6 +53,7 @@
 #include "llmc/run_inputs.h"       // RunInputs: the start point, data, eval set, tokenizer, prompt
 #include "llmc/run_log.h"          // log_run_config, print_step_line
 #include "llmc/sampling.h"         // SampleConfig, draw_token, encode_prompt
+#include "llmc/saving.h"           // check_finite_before_save, save_final_model
 #include "llmc/stop_signal.h"      // a signal stops the run after its step, with a checkpoint
 #include "llmc/tokenizer.h"        // Tokenizer: ids to text for samples
 #include "llmc/trace.h"            // Tracer: --trace's spans
@@ -180,47 +181,6 @@ typedef struct {
     floatX* scratch;               // (B, T, C) workspace shared by every layer (a projection before its residual add)
 } LayerActs;
 
-typedef struct {
-    void** ptr;
-    size_t bytes;
-} BufferSpec;
-
-// The layer launchers' scratch (llmc/device.h): buffers a launcher needs only while it runs, grown on first
-// use and kept, one per purpose, owned by the model and freed with it. The planner counts them as kernel
-// scratch (gpu_kernel_scratch, cpu_kernel_scratch).
-typedef struct {
-    Scratch matmul;     // CPU: the transposed operand; GPU: the bias gradient's partial sums
-    Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
-    Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
-    Scratch encoder;    // GPU: encoder_backward's positions grouped by token
-    Scratch norm;       // GPU: the gradient norm's per-block partial sums
-    Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
-} KernelScratch;
-
-static void kernel_scratch_free(KernelScratch* k) {
-    Scratch* all[] = {&k->matmul, &k->layernorm, &k->attention, &k->encoder, &k->norm, &k->vocab_ce};
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) scratch_free(all[i]);
-}
-
-// Lays out `n` buffers in one allocation (256-byte aligned each); returns the base pointer (NULL when
-// built dry, with the buffers' pointers as offsets from it).
-static void* allocate_buffers(const BuildMode* mode, BufferSpec* specs, int n, size_t* total_bytes) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += round_up(specs[i].bytes, 256);
-    char* base = NULL;
-    if (!mode->dry) {
-        base = (char*)device_malloc(total);
-        device_memset_zero(base, total);
-    }
-    size_t offset = 0;
-    for (int i = 0; i < n; i++) {
-        *specs[i].ptr = base + offset;
-        offset += round_up(specs[i].bytes, 256);
-    }
-    *total_bytes = total;
-    return base;
-}
-
 // ----------------------------------------------------------------------------------------------------
 // 3. the model: build, parameters in and out, activations
 
@@ -262,15 +222,6 @@ typedef struct {
 
 // In fp32 the parameters are their own master weights; in bf16 and fp16 an fp32 copy is kept.
 static int master_is_params(const GPT2* model) { return model->mode.elem_bytes == sizeof(float); }
-
-// A one-rank world, for single-process runs, the planner and tests (the caller keeps it).
-static Comm comm_single(void) {
-    Comm single;
-    memset(&single, 0, sizeof(single));
-    single.world_size = single.dp = single.tp = single.pp = 1;
-    single.world.size = single.dp_group.size = single.tp_group.size = single.pp_group.size = single.emb_group.size = 1;
-    return single;
-}
 
 static void gpt2_init_norm_parts(GPT2* model);
 
@@ -897,50 +848,6 @@ static floatX* stage_output(const GPT2* model, const Activations* a, int B, int 
     return a->residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
 }
 
-// The send left over from the previous action, if any, goes out now; if this action receives from
-// the same neighbour, the two travel as one paired send-receive (so that two neighbours never both
-// block sending to each other). recv_buf NULL: nothing to receive. Messages are named in traces by
-// what they carry: "act m" (micro-batch m's activations, forward) or "grad m" (their gradient, backward).
-typedef struct {
-    const floatX* buf;
-    int peer;    // stage index, -1: nothing pending
-    int shared;  // buf is shared (dresidual, or the rematerialized work set), which the next action overwrites: wait for the send
-    char what[16];  // "act m" or "grad m"
-} PendingSend;
-
-static void pipe_exchange(GPT2* model, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, const char* recv_what) {
-    Comm* c = model->comm;
-    Tracer* tr = model->tracer;
-    char name[40];
-    double t0 = trace_now_us(tr);
-    if (pending->peer >= 0 && recv_buf != NULL && pending->peer == recv_peer) {
-        comm_sendrecv(c, &c->pp_group, pending->buf, pending->peer, recv_buf, recv_peer, n, DT_FLOATX);
-        comm_join(c);
-        snprintf(name, sizeof(name), "send %s, recv %s", pending->what, recv_what);
-        trace_add(tr, "sendrecv", name, -1, t0);
-    } else {
-        if (pending->peer >= 0) {
-            // A forward output lives in its micro-batch slot, which nothing writes before a later
-            // receive has been waited for (same stream, in order): its send is not waited for, and with
-            // NCCL it runs while the next forward computes. An input gradient is in the shared dresidual,
-            // and with rematerialization a forward output is in the shared work set: the next forward or
-            // backward overwrites them, so those sends are waited for.
-            comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
-            if (pending->shared) comm_join(c);
-            snprintf(name, sizeof(name), "send %s", pending->what);
-            trace_add(tr, "send", name, -1, t0);
-        }
-        if (recv_buf != NULL) {
-            t0 = trace_now_us(tr);
-            comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, recv_peer);
-            comm_join(c);
-            snprintf(name, sizeof(name), "recv %s", recv_what);
-            trace_add(tr, "recv", name, -1, t0);
-        }
-    }
-    pending->peer = -1;
-}
-
 // The activations forward and backward of micro-batch i (B, T) work on: its slot. With
 // rematerialization the one full work set, starting from the slot's stage input.
 static Activations* micro_batch_activations(GPT2* model, int i, int B, int T) {
@@ -963,7 +870,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
     char what[16];
     snprintf(what, sizeof(what), "act %d", m);
-    pipe_exchange(model, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, what);
+    pipe_exchange(model->comm, model->tracer, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     model->loss_dest = defer_loss ? model->step_losses + m : NULL;
@@ -987,7 +894,7 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     Activations* slot = &model->slots[m % model->n_slots];
     char what[16];
     snprintf(what, sizeof(what), "grad %d", m);
-    pipe_exchange(model, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, what);
+    pipe_exchange(model->comm, model->tracer, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
@@ -1033,7 +940,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
         if (!actions[i].backward) loss += schedule_forward(model, loader, &pending, m, batch, dloss, defer_loss);
         else schedule_backward(model, &pending, m, loader->B, loader->T, dloss, m == M - 1);
     }
-    pipe_exchange(model, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
+    pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
     if (defer_loss) loss += sum_step_losses(model, M);
@@ -1047,37 +954,6 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
 
 // ----------------------------------------------------------------------------------------------------
 // 8. checkpoints, evaluation and sampling
-
-// Ends the run on a verdict that every rank reaches alike from the same values: every rank ends here
-// together, without an abort, and rank 0 says why in one line ("error: <msg>").
-[[noreturn]] static void end_every_rank(Comm* comm, const char* msg) {
-    fflush(stdout);
-    if (comm->world_rank == 0) {
-        fprintf(stderr, "error: %s\n", msg);
-        fflush(stderr);
-    }
-    comm_finalize(comm);
-    exit(1);
-}
-
-// The run diverged (a non-finite loss, gradient norm or parameter). Every rank reaches the same verdict
-// from the same reduced values, so every rank ends here together, without saving: the newest checkpoint
-// stays the last good one.
-[[noreturn]] static void end_diverged(Comm* comm, long long step, const char* what, int applied) {
-    char msg[512];
-    snprintf(msg, sizeof(msg), "training diverged at step %lld: %s; %snothing after step %lld was saved", step, what,
-             applied ? "" : "the step was not applied and ", step - 1);
-    end_every_rank(comm, msg);
-}
-
-// Before any model file is written: the whole model after `step` steps (the same on every rank) must be
-// finite. (A finite gradient norm does not rule out an update that overflows, e.g. a huge weight decay.)
-static void check_finite_before_save(Comm* comm, const GPT2Config* c, const float* master, long long step) {
-    char where[160], what[200];
-    if (!find_nonfinite_param(c, master, where, sizeof(where))) return;
-    snprintf(what, sizeof(what), "parameter %s", where);
-    end_diverged(comm, step, what, 1);
-}
 
 // Saves a checkpoint (collective: every rank calls it): the model in llm.c format (fp32 master weights,
 // written by rank 0) and the optimizer state, one file per shard (written by the rank that owns it),
@@ -1114,17 +990,12 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     state->num_shards = model->place.pp * model->place.tp * per_tp;
     state->shard = (model->place.pp_rank * model->place.tp + model->place.tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
     if (z->stage > 0 || z->d == 0) {
-        float* m_host = (float*)malloc_check(z->shard_total * sizeof(float));
-        float* v_host = (float*)malloc_check(z->shard_total * sizeof(float));
-        float* m_out = (float*)malloc_check(z->shard_total * sizeof(float));
-        float* v_out = (float*)malloc_check(z->shard_total * sizeof(float));
-        copy_to_host(m_host, model->m, z->shard_total * sizeof(float));
-        copy_to_host(v_host, model->v, z->shard_total * sizeof(float));
         int64_t* ranges;
-        size_t n_ranges = shard_file_runs(&model->layout, z, &model->place, m_host, v_host, &ranges, m_out, v_out);
+        float *m, *v;
+        size_t n_ranges = shard_file_runs(&model->layout, z, &model->place, model->m, model->v, &ranges, &m, &v);
         snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, state->step, state->shard);
-        state_file_write(path, state, ranges, (int64_t)n_ranges, m_out, v_out);
-        free(ranges), free(m_host), free(v_host), free(m_out), free(v_out);
+        state_file_write(path, state, ranges, (int64_t)n_ranges, m, v);
+        free(ranges), free(m), free(v);
     }
     comm_barrier_io(comm, &comm->world);  // the checkpoint is complete when every rank is past here (rank 0 may take minutes)
     if (writes_model) printf("saved checkpoint %s/model_%08lld.bin and %d state shard(s)\n", dir, state->step, state->num_shards);
@@ -1279,15 +1150,6 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
 // ----------------------------------------------------------------------------------------------------
 // 10. the training loop
 
-// peak dense BF16 tensor throughput of known GPUs, for MFU (0: unknown, MFU not printed)
-static double gpu_peak_flops(void) {
-    int major, minor;
-    device_compute_capability(0, &major, &minor);  // (0.0 on the CPU target)
-    if (major == 9 && minor == 0) return 989e12;  // H100 SXM / H200
-    if (major == 8 && minor == 0) return 312e12;  // A100
-    return 0.0;
-}
-
 // testing (--fault-inf-rank/--fault-inf-step): one gradient of this rank becomes inf, as an fp16 overflow would
 static void inject_inf_gradient(GPT2* model) {
     for (int b = 0; b < model->zero.num_buckets; b++) {
@@ -1296,29 +1158,6 @@ static void inject_inf_gradient(GPT2* model) {
         copy_to_device(owned_grads(model, b), &inf, sizeof(inf));
         return;
     }
-}
-
-// Writes the trace (every rank its part, rank 0 merges) and prints the pipeline bubble measured in the
-// traced steps: the fraction of each rank's pipeline time not spent in forward or backward, averaged
-// over the ranks, next to the schedule's (P-1)/(M+P-1) (the trace records both, for plot_trace.py's
-// title); then the communication engine's rate in those steps.
-static void write_trace(const Tracer* tracer, const TrainConfig* tc, Comm* comm) {
-    char label[128], run[256];
-    snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
-    double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
-    comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);
-    int P = comm->pp, M = tc->grad_accum;
-    double ideal = (double)(P - 1) / (M + P - 1);
-    snprintf(run, sizeof(run), "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"bubble_measured\": %.4f, \"bubble_ideal\": %.4f}",
-             tc->pipe_schedule == SCHEDULE_GPIPE ? "gpipe" : "1f1b", P, M, bubble, ideal);
-    trace_write_rank(tracer, tc->trace, comm->world_rank, label);
-    comm_barrier_io(comm, &comm->world);  // every part is written
-    if (comm->world_rank == 0) {
-        trace_merge(tc->trace, comm->world_size, run);
-        printf("wrote trace %s; pipeline bubble: measured %.1f%%, (P-1)/(M+P-1) = %.1f%%\n", tc->trace, 100.0 * bubble, 100.0 * ideal);
-    }
-    comm_barrier_io(comm, &comm->world);  // rank 0 has merged (the collective below waits under --comm-timeout)
-    comm_print_stats(comm);
 }
 
 // What a training run holds besides its configuration: the model, its data, what it evaluates and
@@ -1434,7 +1273,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
     run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;
-    run->peak_flops = gpu_peak_flops();
+    run->peak_flops = device_peak_flops();
     print_run_summary(run);
 }
 
@@ -1560,15 +1399,9 @@ static void report_step(Training* run, long long step, const StepResult* r) {
 #ifndef LLMC_CPU
     if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
         run->memory_reported = 1;
-        char rank[32] = "";
-        if (run->comm->world_size > 1) snprintf(rank, sizeof(rank), ", rank %d", run->comm->world_rank);
-        size_t free_b, total_b;
-        device_memory_info(&free_b, &total_b);
         MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
-        printf("device memory after the first step%s: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "
-               "(in use - planned: %+.3f MiB)\n", rank, (total_b - free_b) / 1073741824.0, plan_total(&p) / 1073741824.0,
-               ((double)(total_b - free_b) - (double)plan_total(&p)) / 1048576.0);
+        print_device_memory_vs_plan(&p, run->comm);
     }
 #endif
     double peak = run->peak_flops;
@@ -1586,27 +1419,10 @@ static void training_finish(Training* run) {
     if (tc->save_model && !stop_signal_ended_run) {
         float* buf = (float*)malloc_check(model->num_parameters * sizeof(float));
         gpt2_export_master(model, buf);
-        check_finite_before_save(run->comm, &model->config, buf, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
-        char where[160], msg[4400];
-        if (tc->save_model_version == 5 && find_bf16_overflow_param(&model->config, buf, where, sizeof(where))) {
-            // a finite model that bf16 cannot hold: refused as a non-finite one is (the same on every rank),
-            // and whatever file is at the path stays as it was
-            snprintf(msg, sizeof(msg), "--save-model-dtype bf16: parameter %s is beyond bf16's range (it would round to "
-                     "infinity); '%s' was not written (--save-model-dtype fp32 can hold it)", where, tc->save_model);
-            end_every_rank(run->comm, msg);
-        }
-        if (run->main_rank) {
-            fault_delay(tc->fault.slow_save);  // testing: slow storage
-            model_file_write_version(tc->save_model, &model->config, buf, tc->save_model_version);
-            if (!tc->quiet) printf("wrote %s\n", tc->save_model);
-        }
+        save_final_model(run->comm, tc, &model->config, buf);
         free(buf);
-        // The other ranks wait here for rank 0's write, under --io-timeout as a checkpoint's do: going on,
-        // they waited in the next collective (finalize, at the latest) under --comm-timeout, and a slow
-        // write ended the job, rank 0 with it, halfway through the file.
-        comm_barrier_io(run->comm, &run->comm->world);
     }
-    if (tc->trace) write_trace(&run->tracer, tc, run->comm);
+    if (tc->trace) trace_finish(&run->tracer, tc->trace, tc->pipe_schedule == SCHEDULE_GPIPE ? "gpipe" : "1f1b", tc->grad_accum, run->comm);
     free(run->tracer.events);
     logger_close(&run->logger);
     run_inputs_free(&run->in, tc);

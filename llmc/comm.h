@@ -158,3 +158,34 @@ static void comm_print_stats(Comm* c) {
     printf("communication, %s engine: %.0f operations, %.1f MB in %.3f s per rank: %.3g GB/s\n", c->engine == ENGINE_NCCL ? "NCCL" : "MPI",
            v[2] / c->world_size, v[0] / c->world_size / 1e6, v[1] / c->world_size, v[1] > 0 ? v[0] / v[1] / 1e9 : 0.0);
 }
+
+// A one-rank world, for single-process runs, the planner and tests (the caller keeps it).
+static Comm comm_single(void) {
+    Comm single;
+    memset(&single, 0, sizeof(single));
+    single.world_size = single.dp = single.tp = single.pp = 1;
+    single.world.size = single.dp_group.size = single.tp_group.size = single.pp_group.size = single.emb_group.size = 1;
+    return single;
+}
+
+// Ends the run on a verdict that every rank reaches alike from the same values: every rank ends here
+// together, without an abort, and rank 0 says why in one line ("error: <msg>").
+[[noreturn]] static void end_every_rank(Comm* comm, const char* msg) {
+    fflush(stdout);
+    if (comm->world_rank == 0) {
+        fprintf(stderr, "error: %s\n", msg);
+        fflush(stderr);
+    }
+    comm_finalize(comm);
+    exit(1);
+}
+
+// The run diverged (a non-finite loss, gradient norm or parameter). Every rank reaches the same verdict
+// from the same reduced values, so every rank ends here together, without saving: the newest checkpoint
+// stays the last good one.
+[[noreturn]] static void end_diverged(Comm* comm, long long step, const char* what, int applied) {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "training diverged at step %lld: %s; %snothing after step %lld was saved", step, what,
+             applied ? "" : "the step was not applied and ", step - 1);
+    end_every_rank(comm, msg);
+}

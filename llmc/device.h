@@ -168,6 +168,15 @@ static inline void device_memory_info(size_t* free_bytes, size_t* total_bytes) {
 #endif
 }
 
+// peak dense BF16 tensor throughput of known GPUs, for MFU (0: unknown, MFU not printed)
+static double device_peak_flops(void) {
+    int major, minor;
+    device_compute_capability(0, &major, &minor);  // (0.0 on the CPU target)
+    if (major == 9 && minor == 0) return 989e12;  // H100 SXM / H200
+    if (major == 8 && minor == 0) return 312e12;  // A100
+    return 0.0;
+}
+
 // ----------------------------------------------------------------------------------------------------
 // is there a GPU at all?
 
@@ -268,6 +277,31 @@ static inline void* zeroed_device_buffer(const BuildMode* mode, size_t bytes, si
     return p;
 }
 
+// One buffer of allocate_buffers: where its pointer goes, and its size
+typedef struct {
+    void** ptr;
+    size_t bytes;
+} BufferSpec;
+
+// Lays out `n` buffers in one allocation (256-byte aligned each); returns the base pointer (NULL when
+// built dry, with the buffers' pointers as offsets from it).
+static void* allocate_buffers(const BuildMode* mode, BufferSpec* specs, int n, size_t* total_bytes) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += round_up(specs[i].bytes, 256);
+    char* base = NULL;
+    if (!mode->dry) {
+        base = (char*)device_malloc(total);
+        device_memset_zero(base, total);
+    }
+    size_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        *specs[i].ptr = base + offset;
+        offset += round_up(specs[i].bytes, 256);
+    }
+    *total_bytes = total;
+    return base;
+}
+
 #ifndef LLMC_CPU
 // a copy on the main stream, waited for
 static inline cudaError_t copy_and_wait(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -345,6 +379,23 @@ static inline void* scratch_get(Scratch* s, size_t bytes) {
         s->bytes = bytes;
     }
     return s->ptr;
+}
+
+// The layer launchers' scratch: buffers a launcher needs only while it runs, grown on first
+// use and kept, one per purpose, owned by the model and freed with it. The planner counts them as kernel
+// scratch (gpu_kernel_scratch, cpu_kernel_scratch).
+typedef struct {
+    Scratch matmul;     // CPU: the transposed operand; GPU: the bias gradient's partial sums
+    Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
+    Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
+    Scratch encoder;    // GPU: encoder_backward's positions grouped by token
+    Scratch norm;       // GPU: the gradient norm's per-block partial sums
+    Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
+} KernelScratch;
+
+static void kernel_scratch_free(KernelScratch* k) {
+    Scratch* all[] = {&k->matmul, &k->layernorm, &k->attention, &k->encoder, &k->norm, &k->vocab_ce};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) scratch_free(all[i]);
 }
 
 // host float[n] -> device floatX[n], converting in chunks so no large host temporary is needed

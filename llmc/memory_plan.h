@@ -10,6 +10,7 @@
 #pragma once
 
 #include "attention.h"        // attention_flash_validate
+#include "comm.h"             // Comm
 #include "device.h"           // KernelChoice
 #include "model_file.h"       // GPT2Config, model_file_read, validate_config
 #include "param_layout.h"     // Placement
@@ -166,4 +167,16 @@ static void print_stage_memory(const MemoryPlan* p, int stage, int l0, int l1, i
            "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
            stage, l0, l1 - 1, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, n_slots, n_slots > 1 ? "s" : "",
            p->workspace / M, p->comm / M, p->kernel_scratch / M, plan_total(p) / M);
+}
+
+// GPU target, after the first applied step: what the device reports in use (the CUDA context included)
+// against the plan of this rank, on every rank (stages differ)
+static void print_device_memory_vs_plan(const MemoryPlan* p, const Comm* comm) {
+    char rank[32] = "";
+    if (comm->world_size > 1) snprintf(rank, sizeof(rank), ", rank %d", comm->world_rank);
+    size_t free_b, total_b;
+    device_memory_info(&free_b, &total_b);
+    printf("device memory after the first step%s: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "
+           "(in use - planned: %+.3f MiB)\n", rank, (total_b - free_b) / 1073741824.0, plan_total(p) / 1073741824.0,
+           ((double)(total_b - free_b) - (double)plan_total(p)) / 1048576.0);
 }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include "common.h"           // round_up, malloc_check
+#include "device.h"           // copy_to_host
 #include "model_file.h"       // GPT2Config, FileTensor (WTE ...), file_tensor_numel
 #include "tensor_parallel.h"  // TensorShape, local_shape, Run, tensor_runs
 #include "zero.h"             // Bucket
@@ -173,13 +174,18 @@ static int owned_part(const ZeroPlan* z, const TensorSlot* s, size_t* lo, size_t
 
 // The optimizer state this rank writes into its state shard (llmc/state_file.h): each tensor's overlap with
 // the owned chunks, in runs of the file order, once across the ranks that hold a tensor alike (a replicated
-// tensor by TP rank 0, the tied wte by the first stage). m and v (z->shard_total, in shard order) are
-// gathered into m_out and v_out run after run; *ranges (malloc'ed) gets each run's (file offset, count).
-// Returns the number of runs.
-static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const Placement* p, const float* m, const float* v,
-                              int64_t** ranges_out, float* m_out, float* v_out) {
-    size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k;
+// tensor by TP rank 0, the tied wte by the first stage). The AdamW moments m_dev and v_dev (on the device,
+// z->shard_total each, in shard order) are copied to the host and gathered into *m_out and *v_out
+// (malloc'ed) run after run; *ranges_out (malloc'ed) gets each run's (file offset, count). Returns the
+// number of runs.
+static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const Placement* p, const float* m_dev, const float* v_dev,
+                              int64_t** ranges_out, float** m_out, float** v_out) {
+    size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k, bytes = z->shard_total * sizeof(float);
     int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
+    float *m = (float*)malloc_check(bytes), *v = (float*)malloc_check(bytes);
+    float *m_file = (float*)malloc_check(bytes), *v_file = (float*)malloc_check(bytes);
+    copy_to_host(m, m_dev, bytes);
+    copy_to_host(v, v_dev, bytes);
     for (int i = 0; i < lay->num_slots; i++) {  // each tensor's overlap with what we own, in file runs
         const TensorSlot* t = &lay->slots[i];
         if (!owned_part(z, t, &lo, &hi, &k)) continue;
@@ -193,13 +199,14 @@ static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const P
             size_t from = k + (runs[j].local - (lo - t->offset));
             ranges[2 * n_ranges] = (int64_t)runs[j].file;
             ranges[2 * n_ranges + 1] = (int64_t)runs[j].count;
-            memcpy(m_out + count, m + from, runs[j].count * sizeof(float));
-            memcpy(v_out + count, v + from, runs[j].count * sizeof(float));
+            memcpy(m_file + count, m + from, runs[j].count * sizeof(float));
+            memcpy(v_file + count, v + from, runs[j].count * sizeof(float));
             count += runs[j].count;
             n_ranges++;
         }
         free(runs);
     }
-    *ranges_out = ranges;
+    free(m), free(v);
+    *ranges_out = ranges, *m_out = m_file, *v_out = v_file;
     return n_ranges;
 }

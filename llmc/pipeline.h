@@ -24,7 +24,9 @@
  */
 #pragma once
 
+#include "comm.h"    // comm_send, comm_recv, comm_sendrecv, comm_join
 #include "common.h"  // fatal, check_internal, malloc_check, calloc_check
+#include "trace.h"   // trace_now_us, trace_add
 
 typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B } Schedule;
 
@@ -90,6 +92,51 @@ static int pipeline_slots(Schedule sched, int P, int s, int M) {
     int slots = pipeline_schedule(sched, P, s, M, actions);
     free(actions);
     return slots;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the messages between stages, as the pipeline step (train_gpt.cu) exchanges them
+
+// The send left over from the previous action, if any, goes out now; if this action receives from
+// the same neighbour, the two travel as one paired send-receive (so that two neighbours never both
+// block sending to each other). recv_buf NULL: nothing to receive. Messages are named in traces by
+// what they carry: "act m" (micro-batch m's activations, forward) or "grad m" (their gradient, backward).
+typedef struct {
+    const floatX* buf;
+    int peer;    // stage index, -1: nothing pending
+    int shared;  // buf is shared (dresidual, or the rematerialized work set), which the next action overwrites: wait for the send
+    char what[16];  // "act m" or "grad m"
+} PendingSend;
+
+static void pipe_exchange(Comm* c, Tracer* tr, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, const char* recv_what) {
+    char name[40];
+    double t0 = trace_now_us(tr);
+    if (pending->peer >= 0 && recv_buf != NULL && pending->peer == recv_peer) {
+        comm_sendrecv(c, &c->pp_group, pending->buf, pending->peer, recv_buf, recv_peer, n, DT_FLOATX);
+        comm_join(c);
+        snprintf(name, sizeof(name), "send %s, recv %s", pending->what, recv_what);
+        trace_add(tr, "sendrecv", name, -1, t0);
+    } else {
+        if (pending->peer >= 0) {
+            // A forward output lives in its micro-batch slot, which nothing writes before a later
+            // receive has been waited for (same stream, in order): its send is not waited for, and with
+            // NCCL it runs while the next forward computes. An input gradient is in the shared dresidual,
+            // and with rematerialization a forward output is in the shared work set: the next forward or
+            // backward overwrites them, so those sends are waited for.
+            comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
+            if (pending->shared) comm_join(c);
+            snprintf(name, sizeof(name), "send %s", pending->what);
+            trace_add(tr, "send", name, -1, t0);
+        }
+        if (recv_buf != NULL) {
+            t0 = trace_now_us(tr);
+            comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, recv_peer);
+            comm_join(c);
+            snprintf(name, sizeof(name), "recv %s", recv_what);
+            trace_add(tr, "recv", name, -1, t0);
+        }
+    }
+    pending->peer = -1;
 }
 
 // ----------------------------------------------------------------------------------------------------
