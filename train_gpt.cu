@@ -214,7 +214,7 @@ typedef struct {
     Tracer* tracer;  // spans for --trace (NULL: off)
     float* host_losses; // (B, T)
     // --fused-kernels in a training step: gpt2_forward leaves its mean loss at loss_dest (device) instead
-    // of copying the losses over and waiting; pipeline_step fetches the step's (M) means in one copy
+    // of copying the losses over and waiting; the step (plain_step, pipeline_step) fetches its M means in one copy
     float* loss_dest;        // NULL: gpt2_forward returns the loss itself
     float* step_losses;      // (step_losses_cap) device
     int step_losses_cap;
@@ -908,9 +908,9 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
 
 // PP: wte is tied, the first stage's embedding and the last stage's classifier both use it, so its
 // gradient is the sum of the two stages' (an all-reduce over the group of the two); then the embedding
-// bucket is final and its DP reduction starts. Without pipelining the one stage has summed both itself.
+// bucket is final and its DP reduction starts. (Without pipelining the one stage has summed both itself.)
 static void sum_tied_embedding_grads(GPT2* model) {
-    if (model->place.pp == 1 || !(model->first || model->last)) return;
+    if (!(model->first || model->last)) return;
     Comm* comm = model->comm;
     double t0 = trace_now_us(model->tracer);
     size_t wte = model->layout.slots[0].numel;  // wte is the first tensor of both stages
@@ -1346,9 +1346,9 @@ typedef struct {
 } StepResult;
 
 // One optimizer step after `step`: forward and backward over its micro-batches (plain_step, or
-// pipeline_step with --pp > 1), then the
-// update. A non-finite loss, or a non-finite norm without loss scaling, ends the run (end_diverged); an
-// overflow under loss scaling skips the step on every rank. The loss goes to losses[step] if given.
+// pipeline_step with --pp > 1), then the update. A non-finite loss, or a non-finite norm without loss
+// scaling, ends the run (end_diverged); an overflow under loss scaling skips the step on every rank. The
+// loss goes to losses[step] if given.
 static StepResult train_step(Training* run, long long step, float* losses, long long max_losses) {
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
