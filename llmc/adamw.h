@@ -15,7 +15,7 @@
  */
 #pragma once
 
-#include "device.h"
+#include "device.h"  // floatX, launches, stochastic rounding helpers
 
 // The optimizer's settings for a run (--lr, --beta1, --beta2, --eps, --weight-decay, --grad-clip): lr is
 // the peak rate the learning-rate schedule scales (llmc/lr_schedule.h); grad_clip the largest global

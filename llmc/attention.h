@@ -25,9 +25,9 @@
  */
 #pragma once
 
-#include "device.h"
-#include "matmul.h"
-#include "attention_flash.h"
+#include "device.h"  // floatX, Scratch, launches
+#include "matmul.h"  // matmul_init, cublas_handle (the batched products of classic attention)
+#include "attention_flash.h"  // attention_forward_flash, attention_backward_flash
 
 // the errors for configurations the flash path cannot run: not a 16-bit GPU build (bytes = element size
 // the run or plan uses; for_plan: only planning, so the CPU target may plan a GPU run), or head size != 64

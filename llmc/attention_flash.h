@@ -41,10 +41,10 @@
  */
 #pragma once
 
-#include "attention_flash_mma.h"
-#include "attention_flash_softmax.h"
-#include "attention_flash_forward.h"
-#include "attention_flash_backward.h"
+#include "attention_flash_mma.h"  // tile sizes, fragment maps, tile products
+#include "attention_flash_softmax.h"  // causal mask, online softmax, P and dS
+#include "attention_flash_forward.h"  // flash_tc_forward
+#include "attention_flash_backward.h"  // the three backward kernels
 
 #ifndef LLMC_CPU
 // ----------------------------------------------------------------------------------------------------

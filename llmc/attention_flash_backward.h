@@ -7,7 +7,7 @@
  */
 #pragma once
 
-#include "attention_flash_softmax.h"
+#include "attention_flash_softmax.h"  // the tile arithmetic (and, through it, the mma maps)
 
 #ifndef LLMC_CPU
 // a. D[(b*NH + h)*T + t] = scale (dout[b,t,h,:] . out[b,t,h,:]) in fp32 (times the softmax scale, which the

@@ -6,7 +6,7 @@
  */
 #pragma once
 
-#include "attention_flash_softmax.h"
+#include "attention_flash_softmax.h"  // the tile arithmetic (and, through it, the mma maps)
 
 #ifndef LLMC_CPU
 // grid (ceil(T/64), B*NH), block 128, static shared memory 5 tiles (46080 bytes, under the 48 KiB that

@@ -81,7 +81,7 @@ static FLASH_HD int flash_acc_to_a_elem(int r) { return (r % 2) * 2; }
 
 #ifndef LLMC_CPU
 #include <type_traits>
-#include "device.h"
+#include "device.h"  // floatX, the CUDA headers
 
 // ----------------------------------------------------------------------------------------------------
 // the PTX building blocks

@@ -16,7 +16,7 @@
 #pragma once
 
 #include <math.h>
-#include "attention_flash_mma.h"
+#include "attention_flash_mma.h"  // fragment maps, tile sizes
 
 // forward, step 1 of a key tile: s (this lane's part of S = Q K^T) -> scores in log2 units, the causal
 // mask on the diagonal tile (key u = k0 + column > query t = row0 + row: -inf), and mx[i] = the maximum

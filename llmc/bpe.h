@@ -17,8 +17,8 @@
  */
 #pragma once
 
-#include "common.h"
-#include "pretokenize.h"
+#include "common.h"  // fatal, read_whole_file
+#include "pretokenize.h"  // the pre-tokenizer: text to words
 
 // GPT-2's byte -> symbol code point table: bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF are their own symbol;
 // the other 68 bytes get U+0100, U+0101, ... in increasing byte order

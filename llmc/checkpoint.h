@@ -11,9 +11,9 @@
 
 #include <dirent.h>
 
-#include "common.h"
-#include "model_file.h"
-#include "state_file.h"
+#include "common.h"  // fatal, checked file calls
+#include "model_file.h"  // model_file_read
+#include "state_file.h"  // RunState, state_file_read, ranges_cover
 
 // The longest name written into a checkpoint folder, with its slash: "/state_<step>_<shard>.bin.tmp",
 // the step up to 18 digits (checkpoint_steps), the shard 5. Start-up checks that the folder's path and it

@@ -22,7 +22,7 @@
 
 #include <float.h>
 
-#include "device.h"
+#include "device.h"  // floatX, launches
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference

@@ -13,8 +13,8 @@
  */
 #pragma once
 
-#include "common.h"
-#include "watchdog.h"
+#include "common.h"  // fatal, malloc_check
+#include "watchdog.h"  // the watchdog around blocking CUDA calls
 
 #ifdef LLMC_CPU
 // ----------------------------------------------------------------------------------------------------

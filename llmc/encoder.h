@@ -16,7 +16,7 @@
  */
 #pragma once
 
-#include "device.h"
+#include "device.h"  // floatX, Scratch, launches
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference

@@ -9,7 +9,7 @@
  */
 #pragma once
 
-#include "device.h"
+#include "device.h"  // floatX, launches
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
 

@@ -13,7 +13,7 @@
  */
 #pragma once
 
-#include "device.h"
+#include "device.h"  // floatX, Scratch, launches
 
 #define NORM_CHUNK 65536
 

@@ -20,8 +20,8 @@
  */
 #pragma once
 
-#include "device.h"
-#include "residual.h"
+#include "device.h"  // floatX, Scratch, launches
+#include "residual.h"  // residual_forward (the unfused path)
 
 static const float LAYERNORM_EPS = 1e-5f;
 

@@ -17,8 +17,8 @@
  */
 #pragma once
 
-#include "atomic_file.h"
-#include "common.h"
+#include "atomic_file.h"  // files written whole or not at all
+#include "common.h"  // fatal, checked file calls, Rng
 
 #define MODEL_MAGIC 20240326
 #define HEADER_INTS 256

@@ -21,7 +21,7 @@
  */
 #pragma once
 
-#include "common.h"
+#include "common.h"  // fatal
 
 enum { CP_LETTER, CP_NUMBER, CP_SPACE, CP_OTHER };
 

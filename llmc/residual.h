@@ -5,7 +5,7 @@
  */
 #pragma once
 
-#include "device.h"
+#include "device.h"  // floatX, launches
 
 static void residual_forward_cpu(float* out, const float* a, const float* b, size_t n) {
 #pragma omp parallel for

@@ -39,9 +39,9 @@
 
 #include <limits.h>
 
-#include "atomic_file.h"
-#include "common.h"
-#include "model_file.h"
+#include "atomic_file.h"  // files written whole or not at all
+#include "common.h"  // fatal, checked file calls
+#include "model_file.h"  // GPT2Config, gpt2_num_parameters
 
 #define STATE_MAGIC 20261123
 #define STATE_VERSION 3

@@ -17,7 +17,7 @@
 
 #include <signal.h>
 
-#include "comm.h"
+#include "comm.h"  // comm_all_reduce_host: the ranks agree on a stop
 
 // the exit code of a run stopped by a signal after saving its checkpoint (0: finished, 1: error)
 #define EXIT_STOPPED_BY_SIGNAL 3
