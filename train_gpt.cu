@@ -842,7 +842,8 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
     return (float)mean;
 }
 
-// --- the pipeline step (--pp > 1): its messages, its forward and backward actions, then the step itself
+// --- the pipeline step (--pp > 1): its forward and backward actions (their messages: pipe_exchange in
+// llmc/pipeline.h), then the step itself
 
 static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
     return a->residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
