@@ -508,51 +508,63 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
     printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T, kernels->flash_attention ? ", flash attention" : "");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
-    char data[4200], model_path[4096], out[4][4300];
+    char data[4200], model_path[4096], out[6][4300];
     snprintf(data, sizeof(data), "%s/tokens.bin", tmp);
     snprintf(model_path, sizeof(model_path), "%s/ref_%s_model.bin", dir, name);
     write_random_tokens(data, 5000, V, 5);
-    float losses[4][10];
-    for (int R = 0; R <= 3; R++) {
+    GPT2Config c;
+    model_file_read(model_path, &c, NULL);
+    // levels 0..3, then level 3 in segments (sublinear checkpointing) of 2 layers and of all L layers
+    const int levels[6] = {0, 1, 2, 3, 3, 3}, segments[6] = {1, 1, 1, 1, 2, c.L};
+    float losses[6][10];
+    for (int i = 0; i < 6; i++) {
         TrainConfig tc;
         default_train_config(&tc);
         tc.kernels = *kernels;
         tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
-        tc.B = B, tc.T = T, tc.steps = 10, tc.recompute = R;
-        snprintf(out[R], sizeof(out[R]), "%s/model_R%d.bin", tmp, R);
-        tc.save_model = out[R];
-        train(&tc, single_rank(), losses[R], 10);
+        tc.B = B, tc.T = T, tc.steps = 10, tc.recompute = levels[i], tc.recompute_segment = segments[i];
+        snprintf(out[i], sizeof(out[i]), "%s/model_%d.bin", tmp, i);
+        tc.save_model = out[i];
+        train(&tc, single_rank(), losses[i], 10);
     }
-    GPT2Config c;
     float* p0 = NULL;
     model_file_read(out[0], &c, &p0);
     size_t n = gpt2_num_parameters(&c);
-    size_t bytes[4];
-    for (int R = 0; R <= 3; R++) {
+    size_t bytes[6];
+    for (int i = 0; i < 6; i++) {
+        int R = levels[i], K = segments[i];
         float* pr = NULL;
-        model_file_read(out[R], &c, &pr);
-        int same = memcmp(losses[R], losses[0], sizeof(losses[0])) == 0 && memcmp(pr, p0, n * sizeof(float)) == 0;
+        model_file_read(out[i], &c, &pr);
+        int same = memcmp(losses[i], losses[0], sizeof(losses[0])) == 0 && memcmp(pr, p0, n * sizeof(float)) == 0;
         GPT2 model;
         Placement place = placement_single(&c);
         gpt2_build(&model, &c, single_rank(), &place, kernels);
-        model.recompute = R;
+        model.recompute = R, model.recompute_segment = K;
         gpt2_allocate_activations(&model, B, T, 1, 0);
-        bytes[R] = model.bytes_activations;
+        bytes[i] = model.bytes_activations;
         gpt2_free(&model);
         // what each level stops keeping for layers 1..L-1 (fx bytes): R1 GELU out, R2 two LN outs,
-        // R3 ln stats, qkv, atty, att (flash: lse), residual2, fch; each buffer rounded to 256 bytes
-        size_t fx = sizeof(floatX), BT = (size_t)B * T, L = c.L, C = c.C;
+        // R3 ln stats, qkv, atty, att (flash: lse), residual2, fch; each buffer rounded to 256 bytes. In
+        // segments of K layers, K layers' worth of all of them and of the layers' outputs is kept instead
+        // of one layer's (and of L outputs), and the inputs of the segments after the first.
+        size_t fx = sizeof(floatX), BT = (size_t)B * T, L = c.L, C = c.C, kept = K > 1 ? (K < (int)L ? K : L) : 1;
         size_t att = kernels->flash_attention ? (size_t)c.NH * T * B * 4 : (size_t)c.NH * T * T * B * fx;
         size_t drop = 0;
-        if (R >= 1) drop += round_up(L * BT * 4 * C * fx, 256) - round_up(BT * 4 * C * fx, 256);
-        if (R >= 2) drop += 2 * (round_up(L * BT * C * fx, 256) - round_up(BT * C * fx, 256));
+        if (R >= 1) drop += round_up(L * BT * 4 * C * fx, 256) - round_up(kept * BT * 4 * C * fx, 256);
+        if (R >= 2) drop += 2 * (round_up(L * BT * C * fx, 256) - round_up(kept * BT * C * fx, 256));
         if (R >= 3) {
             size_t per_layer[] = {BT * 4, BT * 4, BT * 3 * C * fx, BT * C * fx, att, BT * C * fx, BT * 4, BT * 4, BT * 4 * C * fx};
-            for (size_t k = 0; k < sizeof(per_layer) / sizeof(per_layer[0]); k++) drop += round_up(L * per_layer[k], 256) - round_up(per_layer[k], 256);
+            for (size_t k = 0; k < sizeof(per_layer) / sizeof(per_layer[0]); k++)
+                drop += round_up(L * per_layer[k], 256) - round_up(kept * per_layer[k], 256);
         }
-        int ok = same && bytes[R] == bytes[0] - drop;
-        printf("  --recompute %d: losses and parameters %s, activations %zu B (%.0f%% of level 0)  %s\n", R,
-               same ? "bit-identical" : "DIFFER", bytes[R], 100.0 * bytes[R] / bytes[0], ok ? "ok" : "FAIL");
+        size_t checkpoints = 0;
+        if (K > 1) {
+            drop += round_up(L * BT * C * fx, 256) - round_up(kept * BT * C * fx, 256);  // the layers' outputs
+            checkpoints = round_up(((L + kept - 1) / kept - 1) * BT * C * fx, 256);
+        }
+        int ok = same && bytes[i] == bytes[0] - drop + checkpoints;
+        printf("  --recompute %d --recompute-segment %d: losses and parameters %s, activations %zu B (%.0f%% of level 0)  %s\n", R,
+               K, same ? "bit-identical" : "DIFFER", bytes[i], 100.0 * bytes[i] / bytes[0], ok ? "ok" : "FAIL");
         if (!ok) failures++;
         free(pr);
     }
@@ -574,20 +586,21 @@ static void test_memory_plan(const KernelChoice* kernels) {
         for (int tp = 1; tp <= 2; tp++)
             for (int pp = 1; pp <= 2; pp++)
                 for (int zero = 0; zero <= 2; zero++)
-                    for (int R = 0; R <= 3; R += 3)
+                    for (int v = 0; v < 3; v++)  // --recompute 0, 3, and 3 in segments of 3 layers
                         for (int B = 1; B <= 3; B += 2) {
                             if (pp > 1 && zero == 2) continue;
+                            int R = v ? 3 : 0, K = v == 2 ? 3 : 1;
                             int first[3];
                             pipeline_split(c.L, pp, NULL, first);
                             for (int st = 0; st < pp; st++) {
                                 Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st,
                                                 .l0 = first[st], .l1 = first[st + 1]};
                                 int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
-                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, remat, -1, sizeof(floatX), kernels);
+                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
                                 size_t before = device_allocated_bytes;
                                 GPT2 model;
                                 gpt2_build(&model, &c, single_rank(), &pl, kernels);
-                                model.recompute = R;
+                                model.recompute = R, model.recompute_segment = K;
                                 gpt2_allocate_activations(&model, B, 16, slots, remat);
                                 size_t measured = device_allocated_bytes - before;
                                 int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
@@ -595,8 +608,8 @@ static void test_memory_plan(const KernelChoice* kernels) {
                                          plan.workspace == model.bytes_workspace && plan.comm == model.bytes_comm &&
                                          measured == plan_total(&plan) - plan.kernel_scratch;
                                 if (!ok) {
-                                    printf("  FAIL dp=%d tp=%d pp=%d stage %d zero=%d R=%d B=%d: planned %zu, allocated %zu\n", dp, tp, pp, st,
-                                           zero, R, B, plan_total(&plan) - plan.kernel_scratch, measured);
+                                    printf("  FAIL dp=%d tp=%d pp=%d stage %d zero=%d R=%d K=%d B=%d: planned %zu, allocated %zu\n", dp, tp, pp,
+                                           st, zero, R, K, B, plan_total(&plan) - plan.kernel_scratch, measured);
                                     bad++;
                                 }
                                 n++;
@@ -621,8 +634,8 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {
                 Placement pl = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
-                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX), &classic_kernels);
-                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, -1, sizeof(floatX), &flash_kernels);
+                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, 0, -1, sizeof(floatX), &classic_kernels);
+                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, 0, -1, sizeof(floatX), &flash_kernels);
                 size_t before = device_allocated_bytes;
                 GPT2 model;
                 gpt2_build(&model, &c, single_rank(), &pl, &flash_kernels);

@@ -141,6 +141,7 @@ typedef struct {
     int *inputs, *targets;                  // (B, T) token ids on the device
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
+    floatX* checkpoints;                    // (ceil(L/K) - 1, B, T, C) --recompute-segment K: segment inputs
 } Activations;
 
 // Recomputation (--recompute R): what R does not keep per layer lives in a single layer-sized buffer that
@@ -150,18 +151,47 @@ typedef struct {
 //   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
 //   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
 //          recomputed in backward ("full checkpointing")
+//   R = 3 with --recompute-segment K > 1: sublinear checkpointing (Chen et al. 2016). Only the input of
+//          every K-th layer is kept (a checkpoint), and one segment's worth of everything: backward
+//          reruns the forward of a segment of K layers from its checkpoint, keeping all its activations,
+//          then runs the segment's backward (recompute_segment). The last segment is still there from
+//          the forward. Activation memory for L layers: L/K checkpoints + K layers of activations, least
+//          near K = sqrt(L x a checkpoint's size / a layer's activations); --plan prints the best K.
+//          Activations per rank from --plan (GiB; BF16, T=1024; nothing else a rank holds depends on K):
+//                              R=0    K=1    K=2    K=3    K=4    K=6    K=12
+//            124M B=8 classic 5.363  1.366  1.670  2.022  2.385  3.124  5.363
+//            124M B=8 flash   3.117  1.178  1.296  1.461  1.637  2.001  3.117
+//            1.5B B=1 classic 4.809  0.361  0.386  0.459  0.545  0.728  1.302
+//            1.5B B=1 flash   2.469  0.313  0.288  0.313  0.350  0.435  0.717
+//          A layer's activations are many checkpoints' worth at GPT-2's sizes (classic attention's T x T
+//          probabilities most of all), so K = 1 keeps the least, but for 1.5B with flash attention: K = 2.
 // Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
-// recompute_keeps is the one mapping from R to buffers: the allocation (gpt2_allocate_activations) sizes
-// them by it and layer_acts indexes them by it. The pipeline's --pp-rematerialize is the coarser form:
-// a stage keeps only each micro-batch's input and reruns its whole forward before the backward
+// recompute_keeps is the one mapping from R (and K) to buffers: the allocation (gpt2_allocate_activations)
+// sizes them by it and layer_acts indexes them by it. The pipeline's --pp-rematerialize is the coarser
+// form: a stage keeps only each micro-batch's input and reruns its whole forward before the backward
 // (micro_batch_activations, schedule_backward).
 typedef struct {
-    int all;   // 1: everything a layer's backward reads is kept per layer (R < 3)
-    int ln;    // 1: the LayerNorm outputs are kept per layer (R < 2)
-    int gelu;  // 1: the GELU output is kept per layer (R < 1)
+    int all;          // layers' worth of what a layer's backward reads: L (kept per layer, R < 3), 1 (R = 3) or K
+    int ln;           // of the LayerNorm outputs: L (R < 2), 1 or K
+    int gelu;         // of the GELU output: L (R < 1), 1 or K
+    int outputs;      // of the layers' outputs (the residual stream): L, or K with segments
+    int checkpoints;  // segment inputs kept besides the stage's input: ceil(L/K) - 1 with segments, else 0
+    int segment;      // K: layers per segment (0: no segments)
 } RecomputeKeeps;
 
-static RecomputeKeeps recompute_keeps(int R) { return (RecomputeKeeps){.all = R < 3, .ln = R < 2, .gelu = R < 1}; }
+// for a stage of L layers at --recompute R and --recompute-segment K
+static RecomputeKeeps recompute_keeps(int R, int K, int L) {
+    if (R == 3 && K > 1) {
+        K = K < L ? K : L;
+        return (RecomputeKeeps){.all = K, .ln = K, .gelu = K, .outputs = K, .checkpoints = (L + K - 1) / K - 1, .segment = K};
+    }
+    return (RecomputeKeeps){.all = R < 3 ? L : 1, .ln = R < 2 ? L : 1, .gelu = R < 1 ? L : 1, .outputs = L, .checkpoints = 0, .segment = 0};
+}
+
+// Which of `count` layer-sized buffers layer li (of L) uses: its own, the one shared, or its place in the segment
+static size_t keep_index(int count, int L, const RecomputeKeeps* keep, int li) {
+    return count == L ? li : count == 1 ? 0 : li % keep->segment;
+}
 
 // One layer's activations (local index li of this stage) inside an activation set (layer_acts).
 typedef struct {
@@ -205,7 +235,8 @@ typedef struct {
     Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
     int n_slots, rematerialize;
-    int recompute;           // --recompute level: which layer activations backward recomputes (see LayerActs)
+    int recompute;           // --recompute level: which layer activations backward recomputes (RecomputeKeeps)
+    int recompute_segment;   // --recompute-segment K: layers per segment at level 3 (0, 1: no segments)
     int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
     void* acts_memory;
     KernelScratch kernel_scratch;  // the layer launchers' buffers (allocated by the launchers, on first use)
@@ -414,7 +445,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     size_t set_bytes[2] = {0, 0};  // [input-only set, full set], each buffer rounded as allocate_buffers does
     model->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
     Activations* sets = (Activations*)calloc_check(n_laid * sizeof(Activations));
-    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 24 * n_laid) * sizeof(BufferSpec));
+    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 25 * n_laid) * sizeof(BufferSpec));
     int n = 0;
     Activations shared;
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
@@ -426,9 +457,9 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
         size_t k = full ? 1 : 0;  // a stage-input-only set keeps encoded and the ids
         int flash = model->kernels.flash_attention;
-        // per-layer buffers, or one layer's worth for what --recompute recomputes (recompute_keeps)
-        RecomputeKeeps keep = recompute_keeps(model->recompute);
-        size_t Lall = keep.all ? L : 1, Lln = keep.ln ? L : 1, Lgelu = keep.gelu ? L : 1;
+        // per-layer buffers, or one layer's (one segment's) worth for what --recompute recomputes
+        RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, (int)L);
+        size_t Lall = keep.all, Lln = keep.ln, Lgelu = keep.gelu, Lout = keep.outputs, Lck = keep.checkpoints;
         BufferSpec per[] = {
             {(void**)&a->encoded, BT * C * fx},                  {(void**)&a->ln1, k * Lln * BT * C * fx},
             {(void**)&a->ln1_mean, k * Lall * BT * f},           {(void**)&a->ln1_rstd, k * Lall * BT * f},
@@ -437,10 +468,11 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
             {(void**)&a->lse, flash ? k * Lall * B * NHl * T * f : 0},       {(void**)&a->residual2, k * Lall * BT * C * fx},
             {(void**)&a->ln2, k * Lln * BT * C * fx},            {(void**)&a->ln2_mean, k * Lall * BT * f},
             {(void**)&a->ln2_rstd, k * Lall * BT * f},           {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},
-            {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * L * BT * C * fx},
+            {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * Lout * BT * C * fx},
             {(void**)&a->lnf, k * lf * BT * C * fx},         {(void**)&a->lnf_mean, k * lf * BT * f},
             {(void**)&a->lnf_rstd, k * lf * BT * f},         {(void**)&a->logits, k * BT * Vpl * fx},
             {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
+            {(void**)&a->checkpoints, k * Lck * BT * C * fx},
         };
         for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j], set_bytes[full] += round_up(per[j].bytes, 256);
     }
@@ -473,13 +505,25 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     free(sets);
 }
 
+// Layer li's output (B, T, C), the next layer's input: in the residual stream's buffer, or with segments
+// the checkpoint of the next segment when li ends one (and is not the stage's last layer)
+static floatX* layer_output(const GPT2* model, const Activations* a, int li, int B, int T) {
+    int L = model->place.l1 - model->place.l0;
+    RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);
+    size_t BTC = (size_t)B * T * model->config.C;
+    int K = keep.segment;
+    if (K && li % K == K - 1 && li != L - 1) return a->checkpoints + (size_t)(li / K) * BTC;
+    return a->residual3 + keep_index(keep.outputs, L, &keep, li) * BTC;
+}
+
 static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int B, int T) {
     int tp = model->place.tp;
     size_t BT = (size_t)B * T, C = model->config.C, Cl = C / tp, NHl = model->config.NH / tp;
-    RecomputeKeeps keep = recompute_keeps(model->recompute);  // the buffer used: layer li's, or the one shared
-    size_t all = keep.all ? li : 0, ln = keep.ln ? li : 0, gelu = keep.gelu ? li : 0;
+    int L = model->place.l1 - model->place.l0;
+    RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);  // the buffers used
+    size_t all = keep_index(keep.all, L, &keep, li), ln = keep_index(keep.ln, L, &keep, li), gelu = keep_index(keep.gelu, L, &keep, li);
     LayerActs la;
-    la.input = li == 0 ? a->encoded : a->residual3 + (li - 1) * BT * C;
+    la.input = li == 0 ? a->encoded : layer_output(model, a, li - 1, B, T);
     la.ln1 = a->ln1 + ln * BT * C;
     la.ln1_mean = a->ln1_mean + all * BT;
     la.ln1_rstd = a->ln1_rstd + all * BT;
@@ -493,7 +537,7 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.ln2_rstd = a->ln2_rstd + all * BT;
     la.fch = a->fch + all * BT * 4 * Cl;
     la.fch_gelu = a->fch_gelu + gelu * BT * 4 * Cl;
-    la.output = a->residual3 + li * BT * C;
+    la.output = layer_output(model, a, li, B, T);
     la.scratch = a->scratch;
     return la;
 }
@@ -544,10 +588,11 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
 }
 
-// before a layer's backward: recompute what --recompute did not keep
+// before a layer's backward: recompute what --recompute did not keep (with segments: recompute_segment)
 static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights* w, int B, int T) {
     int R = model->recompute, C = model->config.C, Cl = C / model->place.tp, fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
+    if (model->recompute_segment > 1 && R == 3) return;
     if (R == 3) {
         layer_forward(model, la, w, B, T);  // rewrites la->output with the same values
         return;
@@ -557,6 +602,19 @@ static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights
         layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->residual2, w->ln2w, w->ln2b, BT, C, fused);
     }
     if (R >= 1) gelu_forward(la->fch_gelu, la->fch, BT * 4 * Cl, fused);
+}
+
+// --recompute-segment K, before the backward of local layer li: if li ends a segment other than the
+// stage's last, that segment's forward runs again from its checkpoint, keeping all its activations
+static void recompute_segment(GPT2* model, const Activations* a, int li, int B, int T) {
+    int l0 = model->place.l0, L = model->place.l1 - l0;
+    RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);
+    int K = keep.segment;
+    if (!K || li % K != K - 1 || li / K == (L - 1) / K) return;  // (the last segment is kept from the forward)
+    for (int j = li - K + 1; j <= li; j++) {
+        LayerActs lj = layer_acts(model, a, j, B, T);
+        layer_forward(model, &lj, &model->params.layers[l0 + j], B, T);
+    }
 }
 
 // Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set a (a
@@ -587,7 +645,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
         layer_forward(model, &la, &model->params.layers[l0 + li], B, T);
     }
     if (!model->last) return 0.0f;
-    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (Ls - 1) * BT * C, model->params.lnfw,
+    layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_output(model, a, Ls - 1, B, T), model->params.lnfw,
                       model->params.lnfb, BT, C, fused);
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
@@ -655,7 +713,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
-        layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, a->residual3 + (Ls - 1) * BT * C, p->lnfw, a->lnf_mean,
+        layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, layer_output(model, a, Ls - 1, B, T), p->lnfw, a->lnf_mean,
                            a->lnf_rstd, BT, C, &ks->layernorm, fused);
         gradients_ready(model, L + 1, communicate);
     }  // other stages: the pipeline has put the next stage's input gradient in dresidual
@@ -664,6 +722,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         int l = l0 + li;
         const LayerWeights* w = &p->layers[l];
         LayerWeights* dw = &g->layers[l];
+        recompute_segment(model, a, li, B, T);
         LayerActs la = layer_acts(model, a, li, B, T);
         recompute_layer(model, &la, w, B, T);
         zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
@@ -846,7 +905,7 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
 // llmc/pipeline.h), then the step itself
 
 static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
-    return a->residual3 + (size_t)(model->place.l1 - model->place.l0 - 1) * B * T * model->config.C;
+    return layer_output(model, a, model->place.l1 - model->place.l0 - 1, B, T);
 }
 
 // The activations forward and backward of micro-batch i (B, T) work on: its slot. With
@@ -1132,13 +1191,14 @@ static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
-static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize,
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int segment, int rematerialize,
                             int phases, size_t elem_bytes, const KernelChoice* kernels) {
     GPT2 model;
     Comm single = comm_single();
     BuildMode dry = {.elem_bytes = elem_bytes, .dry = 1};
     gpt2_build_as(&model, c, &single, pl, &dry, kernels);
     model.recompute = recompute;
+    model.recompute_segment = segment;
     gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
     MemoryPlan p = model_memory(&model, elem_bytes);
     if (plan_is_cpu(elem_bytes) && phases >= 0)
@@ -1197,6 +1257,7 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
     if (tc->kernels.flash_attention) attention_flash_validate(config->C, config->NH, sizeof(floatX), 0);
     gpt2_build(model, config, comm, &place, &tc->kernels);
     model->recompute = tc->recompute;
+    model->recompute_segment = tc->recompute_segment;
     if (params) gpt2_set_parameters(model, params);
     else gpt2_init_random(model, tc->seed);
     model->stochastic_rounding = tc->stochastic_rounding;
@@ -1400,7 +1461,8 @@ static void report_step(Training* run, long long step, const StepResult* r) {
 #ifndef LLMC_CPU
     if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
         run->memory_reported = 1;
-        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->rematerialize, -1,
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->recompute_segment,
+                                 tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
         print_device_memory_vs_plan(&p, run->comm);
     }

@@ -65,6 +65,9 @@ static void print_usage(void) {
         "  --stochastic-rounding 0|1  BF16: round parameter updates stochastically [1 in BF16 builds]\n"
         "memory\n"
         "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
+        "  --recompute-segment K  with --recompute 3: keep only every K-th layer's input; backward reruns K layers\n"
+        "                        at a time, keeping their activations (sublinear checkpointing; --plan names the\n"
+        "                        best K) [1]\n"
         "  --attention classic|flash  classic: cuBLAS over the stored (B,NH,T,T) probabilities (the CPU\n"
         "                        reference's algorithm); flash: tensor-core flash attention, BF16/FP16 GPU builds,\n"
         "                        head size 64, no T x T buffer (not yet verified on a GPU) [classic]\n"
@@ -214,6 +217,7 @@ static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const cha
     else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
+    else if (!strcmp(f, "--recompute-segment")) tc->recompute_segment = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--attention")) {
         if (strcmp(v, "classic") && strcmp(v, "flash")) fatal("--attention must be classic or flash, got '%s'", v);
         tc->kernels.flash_attention = strcmp(v, "flash") == 0;
@@ -318,6 +322,9 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    if (tc->recompute_segment > 1 && tc->recompute != 3)
+        fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their checkpoints)",
+              tc->recompute_segment);
     // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, and
     // printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
     // --micro-batches gets an answer at once, not a loop of hours or gigabytes of text

@@ -99,7 +99,7 @@ static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int
 // One rank's plan for micro-batches of (B, T), n_slots activation sets and elements of elem_bytes: the
 // model built dry (train_gpt.cu's plan_rank). `phases` (PLAN_*): what the run does besides training, for
 // the CPU target's host copies (<0: not counted).
-typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int rematerialize,
+typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int segment, int rematerialize,
                                int phases, size_t elem_bytes, const KernelChoice* kernels);
 
 // The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
@@ -113,7 +113,8 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
         int slots = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->rematerialize, phases, elem_bytes, &tc->kernels);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
+                                 &tc->kernels);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;
         if (print) {
@@ -130,6 +131,22 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
     return worst;
 }
 
+// --recompute 3: the segment length (--recompute-segment K, sublinear checkpointing) whose worst stage
+// needs the least memory: each K from 1 (a checkpoint per layer) to L (one segment) planned
+static void print_best_segment(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp, size_t elem_bytes) {
+    TrainConfig t = *tc;
+    int best = 1;
+    size_t best_total = 0, one = 0;
+    for (int K = 1; K <= c->L; K++) {
+        t.recompute_segment = K;
+        size_t total = plan_stages(plan_rank, c, &t, dp, tc->B, elem_bytes, 0);
+        if (K == 1) one = total;
+        if (K == 1 || total < best_total) best = K, best_total = total;
+    }
+    printf("  --recompute 3: the least memory with --recompute-segment %d: %.3f GiB per rank (--recompute-segment 1: %.3f)\n", best,
+           best_total / 1073741824.0, one / 1073741824.0);
+}
+
 // --plan: prints the per-rank memory of the configuration on the command line and, with
 // --device-memory, the largest micro-batch that fits. The world size is dp x tp x pp (--dp defaults to 1).
 static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* precision, double device_memory) {
@@ -143,10 +160,13 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
     int dp = tc->dp > 0 ? tc->dp : 1;
     printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
            plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
-    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
-           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, tc->B, tc->T, tc->grad_accum,
+    char segment[48] = "";
+    if (tc->recompute_segment > 1) snprintf(segment, sizeof(segment), " (segments of %d layers)", tc->recompute_segment);
+    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d%s, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
+           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
            tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
     plan_stages(plan_rank, &c, tc, dp, tc->B, elem_bytes, 1);
+    if (tc->recompute == 3) print_best_segment(plan_rank, &c, tc, dp, elem_bytes);
     if (device_memory > 0) {
         int lo = 0, hi = 1;  // largest B whose worst stage fits: grow, then bisect
         while (hi <= (1 << 16) && plan_stages(plan_rank, &c, tc, dp, hi, elem_bytes, 0) <= device_memory) lo = hi, hi *= 2;

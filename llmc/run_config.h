@@ -39,7 +39,8 @@ typedef struct {
     const char* pp_split;  // layers per stage "a,b,c", or NULL: as even as possible
     Schedule pipe_schedule;  // GPipe or 1F1B
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
-    int recompute;         // --recompute 0..3 (see LayerActs)
+    int recompute;         // --recompute 0..3 (train_gpt.cu: RecomputeKeeps)
+    int recompute_segment; // --recompute-segment K: with --recompute 3, layers per segment (1: a checkpoint per layer)
     int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
     KernelChoice kernels;     // --fused-kernels, --attention, --cpu-matmul (llmc/device.h): the model's kernel variants
     int plan;                 // --plan: print the memory plan and exit
@@ -114,6 +115,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->save_model_version = 3;
     tc->engine = "auto";
     tc->tp = 1;
+    tc->recompute_segment = 1;
     tc->pp = 1;
     tc->pipe_schedule = SCHEDULE_GPIPE;
     tc->trace_steps = 2;
@@ -160,6 +162,7 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, 0};
     agree_bytes(&a, "the pipeline settings (--pp-split, --schedule, --pp-rematerialize)", pipe, sizeof(pipe), tc->pp_split);
     agree_int(&a, "--recompute", tc->recompute);
+    agree_int(&a, "--recompute-segment", tc->recompute_segment);
     agree_int(&a, "--seed", (long long)tc->seed);
     agree_int(&a, "--shuffle", tc->shuffle);
     agree_double(&a, "--lr", tc->opt.lr);

@@ -80,6 +80,9 @@ bash tests/tensor_parallel.sh build/cpu/train_gpt
 step "CPU target: pipeline parallelism and 3D under mpirun"
 bash tests/pipeline_parallel.sh build/cpu/train_gpt
 
+step "CPU target: sublinear checkpointing, on one rank, with pipeline stages and tensor parallelism"
+bash tests/recompute.sh build/cpu/train_gpt
+
 step "the NCCL id over TCP at MASTER_ADDR:MASTER_PORT (torchrun without a shared folder), with processes on 127.0.0.1"
 make -s build/cpu/test_rendezvous
 bash tests/rendezvous.sh build/cpu/test_rendezvous
