@@ -28,7 +28,6 @@
 #include "llmc/gelu.h"             // gelu_forward
 #include "llmc/layernorm.h"        // layernorm_forward/_backward, residual_layernorm_forward
 #include "llmc/matmul.h"           // matmul_forward/_backward, cuBLASLt epilogues, the CPU's BLAS or reference GEMM
-#include "llmc/residual.h"         // residual_forward, residual_bias_forward
 // the optimizer and the numerics
 #include "llmc/adamw.h"            // OptimizerConfig, adamw_update_ranges, round_params
 #include "llmc/global_norm.h"      // NormParts: the gradient norm over the owned ranges
@@ -58,8 +57,6 @@
 #include "llmc/tokenizer.h"        // Tokenizer: ids to text for samples
 #include "llmc/trace.h"            // Tracer: --trace's spans
 
-#include <signal.h>
-#include <sys/stat.h>
 
 // ----------------------------------------------------------------------------------------------------
 // 1. parameter layout
@@ -167,7 +164,8 @@ typedef struct {
 //          probabilities most of all), so K = 1 keeps the least, but for 1.5B with flash attention: K = 2.
 // Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
 // recompute_keeps is the one mapping from R (and K) to buffers: the allocation (gpt2_allocate_activations)
-// sizes them by it and layer_acts indexes them by it. The pipeline's --pp-rematerialize is the coarser
+// sizes them by it and layer_acts indexes them by it; recompute_layer and recompute_segment rerun what
+// the level does not keep. The pipeline's --pp-rematerialize is the coarser
 // form: a stage keeps only each micro-batch's input and reruns its whole forward before the backward
 // (micro_batch_activations, schedule_backward).
 typedef struct {
@@ -876,14 +874,14 @@ static double sum_step_losses(GPT2* model, int M) {
 
 // The plain step, one stage (no pipelining): gradient accumulation over M micro-batches, each a forward
 // and a backward that adds into the gradients. The last micro-batch's backward also reduces them across
-// the DP group, bucket by bucket as each layer's become final (gradients_ready), so a layer's reduction
-// overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
+// the DP group (at ZeRO-2 every micro-batch's does: see gpt2_backward), bucket by bucket as each layer's
+// become final (gradients_ready), so a layer's reduction overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
 static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
     const Placement* pl = &model->place;
     Activations* a = &model->slots[0];
     int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
     if (defer_loss) reserve_step_losses(model, M);
-    double loss = 0.0;
+    double loss = 0.0, t_start = wall_seconds();
     for (int m = 0; m < M; m++) {
         dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
         double t0 = trace_now_us(model->tracer);
@@ -891,11 +889,12 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
         loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
         trace_add(model->tracer, "forward", "F", m, t0);
         t0 = trace_now_us(model->tracer);
-        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces
+        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces (ZeRO-2: each)
         trace_add(model->tracer, "backward", "B", m, t0);
     }
     model->loss_dest = NULL;
     if (defer_loss) loss += sum_step_losses(model, M);
+    if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;  // (--trace's busy share)
     double mean = loss / M;
     comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
     return (float)mean;
@@ -1120,7 +1119,7 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
         if (model->last) eval_row_means(&rows, r0, per_forward, model->host_losses);
     }
     double counts[2] = {0.0, 0.0};  // right, examples (the last stage's; the others add zeros)
-    if (model->last) eval_count(&rows, e, model->place.dp_rank, model->place.dp, counts, dump);
+    if (model->last) eval_count(&rows, e, counts, dump);
     if (model->place.tp_rank != 0) counts[0] = counts[1] = 0.0;  // TP ranks hold the same counts: one of them counts
     comm_all_reduce_host(comm, &comm->pp_group, counts, 2, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->tp_group, counts, 2, REDUCE_SUM);
@@ -1267,7 +1266,7 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
 
 // The activations: one set for the plain step, or one slot per micro-batch the pipeline's schedule keeps
 // in flight (llmc/pipeline.h).
-static void allocate_for_schedule(Training* run) {
+static void allocate_run_activations(Training* run) {
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
     int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
@@ -1330,7 +1329,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     run_inputs_open(&run->in, tc, &config, comm);
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
-    allocate_for_schedule(run);
+    allocate_run_activations(run);
     if (tc->trace) run->model.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;

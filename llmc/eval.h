@@ -129,6 +129,7 @@ static int eval_predict(const double* mean_loss) {
 // tokens and padded to T, with what scoring needs: each row's number of targets and its completion's
 // length (the last targets), the longest row (Te), and each row's mean completion loss once forwarded.
 typedef struct {
+    int d, D;            // this rank scores examples d, d + D, ...
     int n_mine, n_rows;  // examples of this rank, and their rows (EVAL_COMPLETIONS each)
     int T, Te;           // the rows' allocated length, the longest row's tokens
     int *in, *tg;        // (n_rows, T) inputs and targets
@@ -139,6 +140,7 @@ typedef struct {
 static EvalRows eval_rows(const EvalSet* e, int d, int D, int T, const char* path) {
     const int K = EVAL_COMPLETIONS;
     EvalRows r;
+    r.d = d, r.D = D;
     r.n_mine = e->n_examples > d ? (e->n_examples - d + D - 1) / D : 0;
     r.n_rows = r.n_mine * K;
     r.T = T;
@@ -179,10 +181,10 @@ static void eval_row_means(EvalRows* r, int r0, int n, const float* losses) {
 }
 
 // Adds this rank's right answers and examples to counts[0], counts[1]; each example's line to `dump` if given
-static void eval_count(const EvalRows* r, const EvalSet* e, int d, int D, double* counts, FILE* dump) {
+static void eval_count(const EvalRows* r, const EvalSet* e, double* counts, FILE* dump) {
     const int K = EVAL_COMPLETIONS;
     for (int i = 0; i < r->n_mine; i++) {
-        int ex = d + i * D;
+        int ex = r->d + i * r->D;
         const double* m = r->mean + (size_t)i * K;
         counts[0] += eval_predict(m) == e->label[ex];
         counts[1] += 1;

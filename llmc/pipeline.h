@@ -18,9 +18,9 @@
  *   stage 1   .  F0 F1 F2 F3 B0 .  B1 .  B2 .  B3 .
  * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for either schedule.
  *
- * The schedule is a list of actions; train_gpt.cu executes it (pipeline_step), pairing each send with
- * the receive that follows it when both go to the same neighbour, so two neighbours never both block
- * in a send.
+ * The schedule is a list of actions; train_gpt.cu executes it (pipeline_step). Its messages go through
+ * pipe_exchange (below), which pairs each send with the receive that follows it when both go to the same
+ * neighbour, so two neighbours never both block in a send.
  */
 #pragma once
 
@@ -142,7 +142,7 @@ static void pipe_exchange(Comm* c, Tracer* tr, PendingSend* pending, floatX* rec
 // ----------------------------------------------------------------------------------------------------
 // --print-schedule: the schedule of every stage, before running it
 
-// The messages before an action, as pipeline_step exchanges them (train_gpt.cu, pipe_exchange): the
+// The messages before an action, as pipeline_step exchanges them (through pipe_exchange, above): the
 // send left over from the previous action goes out first, and when the action receives from the same
 // neighbour the two travel as one send-receive. "a3>1": micro-batch 3's activation sent to stage 1;
 // "g3<2": its gradient received from stage 2.
