@@ -10,9 +10,7 @@ set -u
 BIN=${1:-build/cpu/train_gpt}
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
-make_tokens "$TMP/tokens.bin"
-COMMON=(--layers 2 --channels 32 --heads 4 --vocab 1000 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
-        --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
+use_small_run  # $TMP/tokens.bin and COMMON (tests/lib.sh)
 
 echo "launch"
 # `sbatch -n 4` runs its script once: one process that sees the allocation's SLURM_NTASKS=4 but no step

@@ -4,6 +4,7 @@
 # and memory_plan_emulated.sh. Source it after setting BIN; it makes the temporary folder $TMP (removed on
 # exit) and counts failures in $fails.
 #   make_tokens FILE [SEED]  a token file of 40000 random ids below 512 (seed 3 unless given)
+#   use_small_run          the small 2-layer run most suites use: $TMP/tokens.bin and COMMON
 #   run NP ARGS...         the trainer on NP ranks with ${COMMON[@]} ARGS (output in $TMP/run.out)
 #   compare NAME LOG_A MODEL_A LOG_B MODEL_B [FIRST_STEP]
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
@@ -39,6 +40,14 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<256i", *([20240520, 1, len(ids)] + [0] * 253)))
     f.write(struct.pack("<%dH" % len(ids), *ids))
 PYEOF
+}
+
+# The small run of the suites split from the data-parallel tests (data_parallel, zero, faults, signals,
+# rank_agreement, launch, staging): token file $TMP/tokens.bin, and COMMON: 2 layers, 10 shuffled steps
+use_small_run() {
+    make_tokens "$TMP/tokens.bin"
+    COMMON=(--layers 2 --channels 32 --heads 4 --vocab 1000 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
+            --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
 }
 
 # whether $BIN is the GPU target (its --help names the target): some checks hold on the CPU target only
