@@ -245,8 +245,7 @@ typedef struct {
     // --fused-kernels in a training step: gpt2_forward leaves its mean loss at loss_dest (device) instead
     // of copying the losses over and waiting; the step (plain_step, pipeline_step) fetches its M means in one copy
     float* loss_dest;        // NULL: gpt2_forward returns the loss itself
-    float* step_losses;      // (step_losses_cap) device
-    int step_losses_cap;
+    StepLosses step_losses;  // the step's M means (llmc/classifier.h)
 } GPT2;
 
 // In fp32 the parameters are their own master weights; in bf16 and fp16 an fp32 copy is kept.
@@ -318,7 +317,7 @@ static void gpt2_free(GPT2* model) {
     zero_plan_free(&model->zero);
     norm_parts_free(&model->norm_parts);
     free(model->host_losses);
-    device_free(model->step_losses);
+    device_free(model->step_losses.means);
 }
 
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
@@ -332,12 +331,6 @@ static float* owned_master(GPT2* model, int b) {
 static floatX* owned_grads(GPT2* model, int b) {
     if (model->zero.stage == 2) return model->zero2.shard + model->zero.owned_offset[b];
     return model->grads_memory + owned_start(&model->zero, b);
-}
-
-// host buffer in memory layout (layout.total) <-> this rank's shard of it (zero.shard_total)
-static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard) {
-    for (int b = 0; b < z->num_buckets; b++)
-        memcpy(shard + z->owned_offset[b], mem + owned_start(z, b), owned_size(z, b) * sizeof(float));
 }
 
 // parameters from a host float array in file order: the whole floatX copy, and our master shard
@@ -406,12 +399,7 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     device_free(whole);
     if (model->place.pp > 1) {  // PP: each stage filled in its own tensors; the sum over stages is the model
         if (model->last && !model->first) memset(file_order, 0, file_tensor_numel(&model->config, WTE) * sizeof(float));  // wte once
-        float* dev = (float*)device_malloc(total * sizeof(float));
-        copy_to_device(dev, file_order, total * sizeof(float));
-        comm_all_reduce(comm, &comm->pp_group, dev, total, DT_FLOAT, REDUCE_SUM);
-        comm_join(comm);
-        copy_to_host(file_order, dev, total * sizeof(float));
-        device_free(dev);
+        comm_sum_host_floats(comm, &comm->pp_group, file_order, total);
     }
 }
 
@@ -853,25 +841,6 @@ static void gpt2_round_params(GPT2* model, int t) {
 // ----------------------------------------------------------------------------------------------------
 // 7. the step: forward and backward over an optimizer step's micro-batches, plain or pipelined
 
-// --fused-kernels on the last stage: room on the device for a step's M mean losses
-static void reserve_step_losses(GPT2* model, int M) {
-    if (model->step_losses_cap >= M) return;
-    device_free(model->step_losses);
-    model->step_losses = (float*)device_malloc((size_t)M * sizeof(float));
-    model->step_losses_cap = M;
-}
-
-// The sum of the step's M deferred mean losses: one copy for the whole step, added in micro-step order
-// (the order forwards run in, so the sum equals the one of losses returned by each forward)
-static double sum_step_losses(GPT2* model, int M) {
-    float* means = (float*)malloc_check((size_t)M * sizeof(float));
-    copy_to_host(means, model->step_losses, (size_t)M * sizeof(float));
-    double sum = 0.0;
-    for (int m = 0; m < M; m++) sum += means[m];
-    free(means);
-    return sum;
-}
-
 // The plain step, one stage (no pipelining): gradient accumulation over M micro-batches, each a forward
 // and a backward that adds into the gradients. The last micro-batch's backward also reduces them across
 // the DP group (at ZeRO-2 every micro-batch's does: see gpt2_backward), bucket by bucket as each layer's
@@ -880,12 +849,12 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
     const Placement* pl = &model->place;
     Activations* a = &model->slots[0];
     int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
-    if (defer_loss) reserve_step_losses(model, M);
+    if (defer_loss) step_losses_reserve(&model->step_losses, M);
     double loss = 0.0, t_start = wall_seconds();
     for (int m = 0; m < M; m++) {
         dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
         double t0 = trace_now_us(model->tracer);
-        model->loss_dest = defer_loss ? model->step_losses + m : NULL;
+        model->loss_dest = defer_loss ? model->step_losses.means + m : NULL;
         loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
         trace_add(model->tracer, "forward", "F", m, t0);
         t0 = trace_now_us(model->tracer);
@@ -893,7 +862,7 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
         trace_add(model->tracer, "backward", "B", m, t0);
     }
     model->loss_dest = NULL;
-    if (defer_loss) loss += sum_step_losses(model, M);
+    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;  // (--trace's busy share)
     double mean = loss / M;
     comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
@@ -919,7 +888,7 @@ static Activations* micro_batch_activations(GPT2* model, int i, int B, int T) {
 // A forward action of the schedule: micro-batch m (number `batch` in the data order) is loaded, its input
 // arrives from the previous stage (paired with the pending send when that goes there too), forward runs,
 // and its output becomes the pending send to the next stage. With defer_loss the mean loss stays on the
-// device (model->step_losses[m]). Returns the loss (0 when deferred, and on all but the last stage).
+// device (model->step_losses.means[m]). Returns the loss (0 when deferred, and on all but the last stage).
 static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pending, int m, long long batch, float dloss,
                               int defer_loss) {
     int B = loader->B, T = loader->T, s = model->place.pp_rank;
@@ -932,7 +901,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     pipe_exchange(model->comm, model->tracer, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
-    model->loss_dest = defer_loss ? model->step_losses + m : NULL;
+    model->loss_dest = defer_loss ? model->step_losses.means + m : NULL;
     float loss = gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     model->loss_dest = NULL;
     trace_add(model->tracer, "forward", "F", m, t0);
@@ -992,7 +961,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0, .what = ""};
     double loss = 0.0, t_start = wall_seconds();
     int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
-    if (defer_loss) reserve_step_losses(model, M);
+    if (defer_loss) step_losses_reserve(&model->step_losses, M);
     for (int i = 0; i < 2 * M; i++) {
         int m = actions[i].micro;
         long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
@@ -1002,7 +971,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
-    if (defer_loss) loss += sum_step_losses(model, M);
+    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
     sum_tied_embedding_grads(model);
     double mean = model->last ? loss / M : 0.0;  // the last stage has the loss; the DP ranks average theirs
@@ -1021,15 +990,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     Comm* comm = model->comm;
     const ZeroPlan* z = &model->zero;
     int writes_model = comm->world_rank == 0;
-    // a checkpoint that a resume would refuse is not written at all (the state is the same on every rank):
-    // written, it would become the newest, and --keep-last would delete the good ones before it
-    char why[256], msg[400];
-    if (run_state_error(state, why, sizeof(why))) {
-        snprintf(msg, sizeof(msg), "the checkpoint of step %lld was not written: a resume would refuse its state (%s)", state->step, why);
-        end_every_rank(comm, msg);
-    }
-    if (writes_model && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
-    comm_barrier_io(comm, &comm->world);  // the folder exists for everyone
+    prepare_checkpoint_save(comm, dir, state);  // (its state checked, its folder made)
     char path[4200];
     float* master = (float*)malloc_check(model->num_parameters * sizeof(float));
     gpt2_export_master(model, master);
@@ -1264,15 +1225,6 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
     if (tc->resume && model->stochastic_rounding && run->state.updates > 0) gpt2_round_params(model, (int)run->state.updates);
 }
 
-// The activations: one set for the plain step, or one slot per micro-batch the pipeline's schedule keeps
-// in flight (llmc/pipeline.h).
-static void allocate_run_activations(Training* run) {
-    const TrainConfig* tc = run->tc;
-    Comm* comm = run->comm;
-    int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
-    gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
-}
-
 // Where the loop starts, and with what: from scratch, or as the checkpoint left it (its step, update
 // count, sampling generator and loss scale); then the log, continued on resume.
 static void restore_run_state(Training* run) {
@@ -1287,9 +1239,7 @@ static void restore_run_state(Training* run) {
         run->scaler.good_steps = state->scale_good_steps;
         run->scaler.hysteresis_left = state->scale_hysteresis_left;
     }
-    if (run->main_rank && tc->resume) logger_open_resumed(&run->logger, tc->log_file, run->start_step);
-    else if (run->main_rank) logger_open(&run->logger, tc->log_file, 0);
-    log_run_config(&run->logger, tc, run->comm, &run->model.config, run->model.num_parameters, tc->resume ? run->start_step : -1);
+    open_run_log(&run->logger, tc, run->comm, &run->model.config, run->model.num_parameters, run->start_step);
 }
 
 // The start-up lines: the run's (main rank) and each pipeline stage's memory.
@@ -1329,7 +1279,9 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     run_inputs_open(&run->in, tc, &config, comm);
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
-    allocate_run_activations(run);
+    // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
+    int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
+    gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
     if (tc->trace) run->model.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
@@ -1361,25 +1313,13 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
 // The run state a checkpoint saved after `step` holds, for a resume to continue exactly from it.
 static void fill_run_state(Training* run, long long step) {
     const TrainConfig* tc = run->tc;
-    RunState* state = &run->state;
-    state->config = run->model.config;
-    state->B = run->comm->dp * tc->B;
-    state->T = tc->T;
-    state->grad_accum = tc->grad_accum;
-    state->shuffle = tc->shuffle;
-    state->step = step;
-    state->sample_rng = run->sample_rng.state;
-    state->data_seed = tc->seed;
-    state->zero_stage = tc->zero;
-    state->dp = run->comm->dp;
-    state->updates = run->updates;
-    state->loss_scale = run->scaler.scale;
-    state->scale_good_steps = run->scaler.good_steps;
-    state->scale_hysteresis_left = run->scaler.hysteresis_left;
-    state->run_id = run->run_id;
-    state->data_hash = run->in.data.hash;
-    state->data_tokens = run->in.data.tokens;
-    state->data_files = run->in.data.files;
+    const LossScaler* ls = &run->scaler;
+    run->state = (RunState){.config = run->model.config, .B = run->comm->dp * tc->B, .T = tc->T, .grad_accum = tc->grad_accum,
+                            .shuffle = tc->shuffle, .step = step, .sample_rng = run->sample_rng.state, .model_hash = 0,
+                            .data_seed = tc->seed, .shard = 0, .num_shards = 0, .zero_stage = tc->zero, .dp = run->comm->dp,
+                            .updates = run->updates, .loss_scale = ls->scale, .scale_good_steps = ls->good_steps,
+                            .scale_hysteresis_left = ls->hysteresis_left, .run_id = run->run_id, .data_hash = run->in.data.hash,
+                            .data_tokens = run->in.data.tokens, .data_files = run->in.data.files, .version = run->state.version};
 }
 
 // Saves a checkpoint after `step` when one is due (every --save-every steps and at the last) or when the
@@ -1416,9 +1356,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     GPT2* model = &run->model;
     StepResult r = {.loss = 0.0, .norm = 0.0f, .lr = 0.0f, .ms = 0.0, .skipped = 0};
     double t0 = wall_seconds();
-    run->tracer.enabled = tc->trace && step > run->start_step && step <= run->start_step + tc->trace_steps;  // skip the first step
-    comm->stats.on = run->tracer.enabled;  // the engine's bytes and time over the same steps (comm_print_stats)
-    if (run->tracer.enabled && step == run->start_step + 1) trace_align_clocks(&run->tracer, comm, tc->fault.clock_skew);
+    trace_step_begin(&run->tracer, comm, tc->trace != NULL, step - run->start_step, tc->trace_steps, tc->fault.clock_skew);
     gpt2_zero_grad(model);
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
@@ -1525,19 +1463,7 @@ int main(int argc, char** argv) {
     parse_args(&tc, argc, argv);
     check_omp_threads();  // before the first parallel loop
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (tc.encode_file) {
-        encode_file(&tc);
-        return 0;
-    }
-    if (tc.print_schedule) {  // no ranks needed: every stage's schedule is a function of P, M and the schedule
-        pipeline_print_schedule(tc.pipe_schedule, tc.pp, tc.grad_accum);
-        return 0;
-    }
-    if (tc.plan) {
-        const char* own = BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32";
-        print_plan(plan_rank, &tc, tc.plan_precision ? tc.plan_precision : own, tc.device_memory);
-        return 0;
-    }
+    if (run_tool(&tc, plan_rank)) return 0;  // --encode, --print-schedule, --plan: no ranks, no training
     device_require_gpu();  // GPU build: a clear error without a GPU or driver (CPU build: nothing)
     Comm comm;
     comm_init(&comm, &argc, &argv, tc.dp, tc.tp, tc.pp, tc.engine, tc.nccl_id_dir, tc.comm_timeout, tc.io_timeout);

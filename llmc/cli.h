@@ -1,12 +1,15 @@
 /*
  * cli.h: the command line: --help (and --help-testing), every flag parsed into a TrainConfig
  * (llmc/run_config.h) with its range checked, and the flags whose meaning depends on others. A bad value
- * ends the program with one line naming the flag.
+ * ends the program with one line naming the flag. Also the modes that print and exit (run_tool).
  */
 #pragma once
 
-#include "checkpoint.h"  // newest_complete_checkpoint
-#include "run_config.h"  // TrainConfig, default_train_config
+#include "checkpoint.h"   // newest_complete_checkpoint
+#include "memory_plan.h"  // print_plan, PlanRank
+#include "pipeline.h"     // pipeline_print_schedule
+#include "run_config.h"   // TrainConfig, default_train_config
+#include "sampling.h"     // encode_file
 
 // "80GiB", "80GB", "512MiB", or bytes
 static double parse_size(const char* flag, const char* v) {
@@ -401,4 +404,16 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
         printf("--resume-if-present: no complete checkpoint in '%s': starting %s\n", tc->resume_if_present,
                tc->model_file ? "from --model" : "from scratch");
     }
+}
+
+// The modes that print and exit without ranks or training: --encode (llmc/sampling.h), --print-schedule
+// (every stage's schedule is a function of P, M and the schedule: llmc/pipeline.h), --plan. Returns
+// whether one ran.
+static int run_tool(const TrainConfig* tc, PlanRank plan_rank) {
+    if (tc->encode_file) encode_file(tc);
+    else if (tc->print_schedule) pipeline_print_schedule(tc->pipe_schedule, tc->pp, tc->grad_accum);
+    else if (tc->plan) print_plan(plan_rank, tc, tc->plan_precision ? tc->plan_precision : BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32",
+                                  tc->device_memory);
+    else return 0;
+    return 1;
 }

@@ -134,6 +134,17 @@ static void comm_all_reduce_host(Comm* c, Group* g, double* values, int n, Reduc
     else mpi_all_reduce_host(c, g, values, n, op);
 }
 
+// Sums a host array of floats over group g, in place, through a device buffer (the engines reduce device
+// buffers; comm_all_reduce_host is for a few doubles)
+static void comm_sum_host_floats(Comm* c, Group* g, float* values, size_t n) {
+    float* dev = (float*)device_malloc(n * sizeof(float));
+    copy_to_device(dev, values, n * sizeof(float));
+    comm_all_reduce(c, g, dev, n, DT_FLOAT, REDUCE_SUM);
+    comm_join(c);
+    copy_to_host(values, dev, n * sizeof(float));
+    device_free(dev);
+}
+
 static void comm_barrier(Comm* c, Group* g) {
     double x = 0.0;
     comm_all_reduce_host(c, g, &x, 1, REDUCE_SUM);

@@ -172,6 +172,12 @@ static int owned_part(const ZeroPlan* z, const TensorSlot* s, size_t* lo, size_t
     return *lo < *hi;
 }
 
+// host buffer in memory layout (layout.total) <-> this rank's shard of it (zero.shard_total)
+static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard) {
+    for (int b = 0; b < z->num_buckets; b++)
+        memcpy(shard + z->owned_offset[b], mem + owned_start(z, b), owned_size(z, b) * sizeof(float));
+}
+
 // The optimizer state this rank writes into its state shard (llmc/state_file.h): each tensor's overlap with
 // the owned chunks, in runs of the file order, once across the ranks that hold a tensor alike (a replicated
 // tensor by TP rank 0, the tied wte by the first stage). The AdamW moments m_dev and v_dev (on the device,

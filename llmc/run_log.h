@@ -77,3 +77,10 @@ static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2
         printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, tc->pipe_schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
                tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
 }
+
+// The log (--log, main rank), continued on resume from start_step, and its configuration record
+static void open_run_log(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters, long long start_step) {
+    if (comm->world_rank == 0 && tc->resume) logger_open_resumed(lg, tc->log_file, start_step);
+    else if (comm->world_rank == 0) logger_open(lg, tc->log_file, 0);
+    log_run_config(lg, tc, comm, c, num_parameters, tc->resume ? start_step : -1);
+}

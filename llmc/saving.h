@@ -2,14 +2,17 @@
  * saving.h: what every model file a run writes must pass, and the final model (--save-model). A model
  * that is not finite is never written (the run has diverged: every rank ends, the newest checkpoint
  * stays the last good one); a finite one that bf16 cannot hold is not written as bf16. Checkpoints
- * (train_gpt.cu's save_checkpoint) go through the same check.
+ * (train_gpt.cu's save_checkpoint) go through the same check, and through prepare_checkpoint_save.
  */
 #pragma once
+
+#include <sys/stat.h>  // mkdir
 
 #include "comm.h"        // Comm, end_diverged, end_every_rank, comm_barrier_io
 #include "fault.h"       // fault_delay
 #include "model_file.h"  // find_nonfinite_param, find_bf16_overflow_param, model_file_write_version
 #include "run_config.h"  // TrainConfig
+#include "state_file.h"  // RunState, run_state_error
 
 // Before any model file is written: the whole model after `step` steps (the same on every rank) must be
 // finite. (A finite gradient norm does not rule out an update that overflows, e.g. a huge weight decay.)
@@ -41,4 +44,17 @@ static void save_final_model(Comm* comm, const TrainConfig* tc, const GPT2Config
     // they waited in the next collective (finalize, at the latest) under --comm-timeout, and a slow
     // write ended the job, rank 0 with it, halfway through the file.
     comm_barrier_io(comm, &comm->world);
+}
+
+// Before a checkpoint is written into dir: a checkpoint that a resume would refuse is not written at all
+// (the state is the same on every rank): written, it would become the newest, and --keep-last would
+// delete the good ones before it. Then rank 0 makes the folder, for everyone.
+static void prepare_checkpoint_save(Comm* comm, const char* dir, const RunState* state) {
+    char why[256], msg[400];
+    if (run_state_error(state, why, sizeof(why))) {
+        snprintf(msg, sizeof(msg), "the checkpoint of step %lld was not written: a resume would refuse its state (%s)", state->step, why);
+        end_every_rank(comm, msg);
+    }
+    if (comm->world_rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
+    comm_barrier_io(comm, &comm->world);  // the folder exists for everyone
 }

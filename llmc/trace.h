@@ -151,3 +151,13 @@ static void trace_finish(const Tracer* tracer, const char* path, const char* sch
     comm_barrier_io(comm, &comm->world);  // rank 0 has merged (the collective below waits under --comm-timeout)
     comm_print_stats(comm);
 }
+
+// --trace records the steps 1 .. n_traced after the first of a run (the first pays for first touches):
+// `nth` is the step's number in this run (0: its first). The communication engine counts its bytes and
+// time over the same steps (comm_print_stats); the ranks' clocks are aligned when the first traced step
+// begins (skew: --fault-clock-skew, testing).
+static void trace_step_begin(Tracer* tr, Comm* comm, int tracing, long long nth, int n_traced, double skew) {
+    tr->enabled = tracing && nth > 0 && nth <= n_traced;
+    comm->stats.on = tr->enabled;
+    if (tr->enabled && nth == 1) trace_align_clocks(tr, comm, skew);
+}
