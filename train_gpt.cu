@@ -138,6 +138,8 @@ typedef struct {
     int *inputs, *targets;                  // (B, T) token ids on the device
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
+                                            // (both pinned: copied to inputs, targets without waiting)
+    DeviceEvent ids_copied;                 // recorded after the last copy from host_inputs or host_targets
     floatX* checkpoints;                    // (ceil(L/K) - 1, B, T, C) --recompute-segment K: segment inputs
 } Activations;
 
@@ -309,8 +311,13 @@ static void gpt2_free(GPT2* model) {
     device_free(model->v);
     device_free(model->acts_memory);
     kernel_scratch_free(&model->kernel_scratch);
-    for (int i = 0; i < model->n_slots; i++) free(model->slots[i].host_inputs), free(model->slots[i].host_targets);
-    free(model->work.host_inputs), free(model->work.host_targets);
+    // (host_pinned_free waits for the device to be idle: no copy from the ids is left to run)
+    Activations* sets[] = {model->slots, &model->work};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < (k == 0 ? model->n_slots : 1); i++) {
+            host_pinned_free(sets[k][i].host_inputs), host_pinned_free(sets[k][i].host_targets);
+            device_event_destroy(&sets[k][i].ids_copied);
+        }
     free(model->slots);
     free(model->grads.layers);
     free_layout(&model->layout);
@@ -474,8 +481,9 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
         sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
-        sets[i].host_inputs = (int*)malloc_check(BT * sizeof(int));
-        sets[i].host_targets = (int*)malloc_check(BT * sizeof(int));
+        sets[i].host_inputs = (int*)host_pinned_malloc(BT * sizeof(int));
+        sets[i].host_targets = (int*)host_pinned_malloc(BT * sizeof(int));
+        device_event_create(&sets[i].ids_copied);
     }
     if (rematerialize) {
         model->work = sets[0];
@@ -603,6 +611,22 @@ static void recompute_segment(GPT2* model, const Activations* a, int li, int B, 
     }
 }
 
+// The host may write a set's host_inputs and host_targets once the copies from them have run.
+static void activation_ids_writable(Activations* a) {
+    device_event_wait(&a->ids_copied);
+}
+
+// (B, T) ids from a set's pinned host buffer to the device: with --fused-kernels without waiting, the
+// set's event recorded after the copy (llmc/device.h: copy_to_device_nowait); else copied and waited for
+static void upload_ids(Activations* a, int* dev, const int* host, size_t BT, int fused) {
+    if (fused) {
+        copy_to_device_nowait(dev, host, BT * sizeof(int));
+        device_event_record(&a->ids_copied);
+    } else {
+        copy_to_device(dev, host, BT * sizeof(int));
+    }
+}
+
 // Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set a (a
 // micro-batch slot, or the work set: see micro_batch_activations). The first stage starts from the token
 // ids `inputs` (host); the others from a->encoded, which the pipeline has filled with the previous
@@ -619,10 +643,15 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     int fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     Comm* comm = model->comm;
+    // the ids into this set's pinned buffers (the pipeline passes them there already), once the copies
+    // from them of the set's previous forward have run
+    int stage_inputs = model->first && inputs != a->host_inputs;
+    int stage_targets = model->last && targets != NULL && targets != a->host_targets;
+    if (stage_inputs || stage_targets) activation_ids_writable(a);
+    if (stage_inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));
+    if (stage_targets) memcpy(a->host_targets, targets, BT * sizeof(int));
     if (model->first) {
-        if (fused) copy_to_device_nowait(a->inputs, inputs, BT * sizeof(int));  // llmc/device.h: pageable, staged
-        else copy_to_device(a->inputs, inputs, BT * sizeof(int));
-        if (a->host_inputs != inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));  // the pipeline passes them in place
+        upload_ids(a, a->inputs, a->host_inputs, BT, fused);
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
         vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
     }
@@ -636,8 +665,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
-    if (fused) copy_to_device_nowait(a->targets, targets, BT * sizeof(int));
-    else copy_to_device(a->targets, targets, BT * sizeof(int));
+    upload_ids(a, a->targets, a->host_targets, BT, fused);
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, fused);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
     if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
@@ -735,7 +763,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     if (model->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
         vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp,
-                                          &ks->encoder, fused);
+                                          &ks->encoder, &ks->encoder_host, fused);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
     // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);
@@ -894,6 +922,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     int B = loader->B, T = loader->T, s = model->place.pp_rank;
     Activations* slot = &model->slots[m % model->n_slots];
     dataloader_load(loader, batch);  // every stage reads the ids it needs
+    activation_ids_writable(slot);   // (the copies from the slot's ids for micro-batch m - n_slots have run)
     memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
     memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
     char what[16];

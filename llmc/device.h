@@ -326,15 +326,133 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-// The same without waiting: safe only for pageable host memory (only the MPI engine's staging slots are pinned, llmc/comm/staging.h),
-// which CUDA copies into a staging buffer before the call returns, so `src` may be reused at once. (CUDA
-// may still wait for the stream before it stages: marked for the watchdog too.)
+// ----------------------------------------------------------------------------------------------------
+// pinned host memory and events: copies to the device that do not wait
+//
+// A cudaMemcpyAsync from pageable (malloc'ed) host memory is not asynchronous: CUDA stages the bytes through
+// a buffer of its own before the call returns. From pinned (page-locked) memory, cudaMallocHost'ed, the
+// call returns at once and the GPU's copy engine reads the host buffer when the stream gets to the copy,
+// which may be long after. So the host must neither write nor free such a buffer until the copy is done:
+// an event recorded after the copy, waited for before the buffer is written again, says when (the
+// trainer's token ids: one pinned buffer and one event per activation set, train_gpt.cu; the encoder
+// backward's grouping: a HostStaging below). The CPU target has no copies: plain memory, events that are
+// always complete.
+
+// Host memory for copy_to_device_nowait: pinned on the GPU target, plain on the CPU target.
+static inline void* host_pinned_malloc(size_t bytes) {
+#ifdef LLMC_CPU
+    return malloc_check(bytes > 0 ? bytes : 1);
+#else
+    void* p = NULL;
+    cudaError_t err = cudaMallocHost(&p, bytes > 0 ? bytes : 1);
+    if (err != cudaSuccess) fatal("allocating %zu bytes of pinned host memory failed: %s", bytes, cudaGetErrorString(err));
+    return p;
+#endif
+}
+
+// Frees host_pinned_malloc's memory (NULL: nothing). On the GPU target it first waits until the device is
+// idle, so that no copy still queued reads it afterwards (teardown and rare growth only: it costs a wait).
+static inline void host_pinned_free(void* p) {
+    if (p == NULL) return;
+#ifdef LLMC_CPU
+    free(p);
+#else
+    cudaCheckBlocking("waiting for the GPU before freeing pinned memory", cudaDeviceSynchronize());
+    cudaCheck(cudaFreeHost(p));
+#endif
+}
+
+// An event on the main stream: recorded after a copy from pinned memory, waited for before the memory is
+// written again. Zero-initialized it is "none": waiting for it returns at once, destroying it does nothing.
+typedef struct {
+#ifdef LLMC_CPU
+    int unused;
+#else
+    cudaEvent_t event;
+#endif
+} DeviceEvent;
+
+static inline void device_event_create(DeviceEvent* e) {
+#ifdef LLMC_CPU
+    e->unused = 0;
+#else
+    cudaCheck(cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming));
+#endif
+}
+static inline void device_event_destroy(DeviceEvent* e) {
+#ifndef LLMC_CPU
+    if (e->event != NULL) cudaCheck(cudaEventDestroy(e->event));
+    e->event = NULL;
+#else
+    (void)e;
+#endif
+}
+// marks the main stream's work queued so far
+static inline void device_event_record(DeviceEvent* e) {
+#ifndef LLMC_CPU
+    cudaCheck(cudaEventRecord(e->event, main_stream));
+#else
+    (void)e;
+#endif
+}
+// the host waits until the work before the last record has run (at once if never recorded)
+static inline void device_event_wait(DeviceEvent* e) {
+#ifndef LLMC_CPU
+    if (e->event != NULL) cudaCheckBlocking("waiting for a copy to the GPU", cudaEventSynchronize(e->event));
+#else
+    (void)e;
+#endif
+}
+
+// host `src` -> device `dst` on the main stream, without waiting. `src` must be host_pinned_malloc's
+// memory, left unwritten and not freed until the copy has run: record a DeviceEvent after this call and
+// wait for it before writing `src` again. The copy is ordered after the main stream's earlier work (which
+// may still read `dst`).
 static inline void copy_to_device_nowait(void* dst, const void* src, size_t bytes) {
 #ifdef LLMC_CPU
     memcpy(dst, src, bytes);
 #else
-    cudaCheckBlocking("a copy to the GPU", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, main_stream));
 #endif
+}
+
+// A pinned host buffer grown on demand, for data that goes to the device with copy_to_device_nowait, and
+// the event of the last copy from it. host_staging_get hands it out only once that copy has run.
+// Zero-initialized it is empty; host_staging_free frees it.
+typedef struct {
+    void* ptr;
+    size_t bytes;
+    DeviceEvent copied;  // recorded by host_staging_upload (created with the first buffer)
+} HostStaging;
+
+// the buffer, at least `bytes`, safe to write: the previous copy from it has run
+static inline void* host_staging_get(HostStaging* s, size_t bytes) {
+    device_event_wait(&s->copied);
+    if (bytes > s->bytes || s->ptr == NULL) {
+        host_pinned_free(s->ptr);
+        s->ptr = host_pinned_malloc(bytes);
+        s->bytes = bytes;
+#ifndef LLMC_CPU
+        if (s->copied.event == NULL) device_event_create(&s->copied);
+#endif
+    }
+    return s->ptr;
+}
+// its first `bytes` -> device `dst`: with `nowait` (--fused-kernels) queued on the main stream, the event
+// recorded after it; else copied and waited for
+static inline void host_staging_upload(HostStaging* s, void* dst, size_t bytes, int nowait) {
+    if (nowait) {
+        copy_to_device_nowait(dst, s->ptr, bytes);
+        device_event_record(&s->copied);
+    } else {
+        copy_to_device(dst, s->ptr, bytes);
+    }
+}
+static inline void host_staging_free(HostStaging* s) {
+    host_pinned_free(s->ptr);
+    device_event_destroy(&s->copied);
+    s->ptr = NULL;
+    s->bytes = 0;
 }
 
 static inline void device_copy(void* dst, const void* src, size_t bytes) {
@@ -389,6 +507,7 @@ typedef struct {
     Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
     Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
     Scratch encoder;    // GPU: encoder_backward's positions grouped by token
+    HostStaging encoder_host;  // GPU: the same grouping on the host, pinned, on its way to `encoder`
     Scratch norm;       // GPU: the gradient norm's per-block partial sums
     Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
 } KernelScratch;
@@ -396,6 +515,7 @@ typedef struct {
 static void kernel_scratch_free(KernelScratch* k) {
     Scratch* all[] = {&k->matmul, &k->layernorm, &k->attention, &k->encoder, &k->norm, &k->vocab_ce};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) scratch_free(all[i]);
+    host_staging_free(&k->encoder_host);
 }
 
 // host float[n] -> device floatX[n], converting in chunks so no large host temporary is needed

@@ -16,7 +16,7 @@
  */
 #pragma once
 
-#include "device.h"  // floatX, Scratch, launches
+#include "device.h"  // floatX, Scratch, HostStaging, launches
 
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
@@ -139,26 +139,25 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 #endif
 }
 
-// inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there, and
-// `scratch` takes the grouping to the device; the CPU loop needs neither); `fused`: the run's
-// --fused-kernels (KernelChoice.fused), which copies the grouping without waiting
+// inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there, in
+// `staging`'s pinned buffer, and `scratch` takes the grouping to the device; the CPU loop needs neither);
+// `fused`: the run's --fused-kernels (KernelChoice.fused), which copies the grouping without waiting
 static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
-                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch, int fused) {
+                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch, HostStaging* staging, int fused) {
 #ifdef LLMC_CPU
-    (void)inp_host, (void)scratch, (void)fused;
+    (void)inp_host, (void)scratch, (void)staging, (void)fused;
     encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = ENCODER_THREADS;
     int BT = B * T, n_kept = 0;
-    int* host = (int*)malloc_check((3 * (size_t)BT + 1) * sizeof(int));
+    // (waits for the previous call's copy from the buffer, if it has not run yet)
+    int* host = (int*)host_staging_get(staging, (3 * (size_t)BT + 1) * sizeof(int));
     int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);
     int* dev = (int*)scratch_get(scratch, (3 * (size_t)BT + 1) * sizeof(int));
     size_t bytes = (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int);
-    // --fused-kernels: no wait; the pageable `host` is staged before the call returns (llmc/device.h), and
-    // the copy into `dev` is ordered after the previous micro-step's kernels that read it (one stream)
-    if (fused) copy_to_device_nowait(dev, host, bytes);
-    else copy_to_device(dev, host, bytes);
-    free(host);
+    // --fused-kernels: no wait; the copy reads the pinned `host` when the stream gets to it (after the
+    // previous micro-step's kernels that read `dev`: one stream), and the next call waits for it
+    host_staging_upload(staging, dev, bytes, fused);
     if (n_unique > 0)
         encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique, dev + 2 * n_unique + 1, C);
     launchCheck();

@@ -293,11 +293,12 @@ static void vocab_parallel_embedding_forward(Comm* comm, Tracer* tr, floatX* out
 }
 
 // dwte (+=) for the ids in our rows only, dwpe (+=) the same on every rank: g's backward needs no
-// communication, dout is replicated (inp_host: the same ids on the host; scratch, fused: encoder_backward's)
+// communication, dout is replicated (inp_host: the same ids on the host; scratch, staging, fused: encoder_backward's)
 static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
-                                              const int* inp_host, int B, int T, int C, int Vp, Scratch* scratch, int fused) {
+                                              const int* inp_host, int B, int T, int C, int Vp, Scratch* scratch,
+                                              HostStaging* staging, int fused) {
     VocabSlice slice = vocab_slice(comm, Vp);
-    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, slice.start, slice.rows, scratch, fused);
+    encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, slice.start, slice.rows, scratch, staging, fused);
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ struct Grouping {  // positions grouped by token, on the device (version 3)
 };
 
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's grouping (its model owns one)
+static HostStaging trainer_staging = {};      // and the same on the host, pinned
 
 static const int NV = 3;
 static const char* version_names[NV + 1] = {"", "grouped by token on the host, deterministic (llmc)",
@@ -87,7 +88,7 @@ static const char* version_names[NV + 1] = {"", "grouped by token on the host, d
 static void run_version(int v, float* dwte, float* dwpe, const float* dout, const int* d_inp, const int* inp, const Grouping& g,
                         int B, int T, int C, int Vp) {
     switch (v) {
-        case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, 0); break;
+        case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, &trainer_staging, 0); break;
         case 2:
             encoder_backward_atomic_kernel<<<grid_for((size_t)B * T * C / 4, 256), 256, 0, main_stream>>>(dwte, dwpe, dout, d_inp, B, T, C, 0, Vp);
             break;
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaFree(d_group)), cudaCheck(cudaFree(d_inp)), cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_dwte)), cudaCheck(cudaFree(d_dwpe));
     scratch_free(&trainer_scratch);
+    host_staging_free(&trainer_staging);
     free(inp), free(dout), free(dwte0), free(dwpe0), free(dwte_ref), free(dwpe_ref), free(host);
     return finish();
 }

@@ -38,10 +38,11 @@
  * Atomics are plain read-modify-writes: threads never interleave inside one.
  *
  * The runtime calls the programs make (cudaMalloc, cudaMemcpy, events, properties) and their cuBLAS(Lt)
- * products are defined over host memory in emulate_runtime.h, included at the end. Every launch and copy
- * has finished when its call returns; the emulated NCCL's operations wait in their stream's queue until the
- * host waits for the stream (emulate_runtime.h, "streams and events"). "Device" memory is host memory, so
- * a kernel that dereferences a host pointer does not fail here as it would on a GPU.
+ * products are defined over host memory in emulate_runtime.h, included at the end. A launch or copy has
+ * finished when its call returns, unless its stream has work queued: the emulated NCCL's operations and
+ * copies from pinned host memory wait in their stream's queue until the host waits for the stream, and
+ * what is issued behind them joins the queue (emulate_runtime.h, "streams and events"). "Device" memory
+ * is host memory, so a kernel that dereferences a host pointer does not fail here as it would on a GPU.
  */
 #pragma once
 
@@ -60,6 +61,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -287,17 +290,34 @@ P convert(A&& a) {
     }
 }
 
+// emulate_runtime.h, "streams and events": whether a stream has work queued, and queueing an operation
+inline bool stream_busy(cudaStream_t s);
+inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string what);
+
 struct Launch {
     dim3 grid, block;
     size_t shared_bytes;
-    Launch(dim3 g, dim3 b, size_t smem = 0, cudaStream_t stream = 0) : grid(g), block(b), shared_bytes(smem) { (void)stream; }
+    cudaStream_t stream;
+    Launch(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) : grid(g), block(b), shared_bytes(smem), stream(s) {}
 
-    // runs the kernel over the grid with the arguments converted to its parameter types, as a launch does
+    // runs the kernel over the grid with the arguments converted to its parameter types, as a launch does:
+    // at the call, or, where its stream has work queued (emulate_runtime.h), when the stream gets to it,
+    // with the arguments of the call
     template <typename... Params, typename... Args>
     void run(void (*kernel)(Params...), Args&&... args) {
-        std::tuple<typename std::decay<Params>::type...> values(convert<typename std::decay<Params>::type>(std::forward<Args>(args))...);
+        auto values = std::make_shared<std::tuple<typename std::decay<Params>::type...>>(
+            convert<typename std::decay<Params>::type>(std::forward<Args>(args))...);
         if (!admissible((const void*)kernel)) return;
-        body = [&] { std::apply(kernel, values); };
+        if (stream_busy(stream)) {
+            Launch self = *this;
+            queue_op(stream, [self, kernel, values]() mutable {
+                body = [&] { std::apply(kernel, *values); };
+                self.run_grid();
+                return true;
+            }, "a kernel launch behind it");
+            return;
+        }
+        body = [&] { std::apply(kernel, *values); };
         run_grid();
     }
 

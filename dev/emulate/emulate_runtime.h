@@ -1,13 +1,13 @@
 /*
  * emulate_runtime.h: the CUDA runtime and the cuBLAS(Lt) calls that dev/cuda and llmc make, over host
  * memory, for the CPU emulation of emulate.h (which includes this file last). "Device" memory is host
- * memory; kernels, copies and memsets have finished when their call returns, and what needs other
- * processes (the emulated NCCL's operations) waits in its stream's queue until the host waits for the
- * stream (see "streams and events" below); the device reports an H100's limits, so grids and shared
- * memory are sized as there. Device
- * allocations are counted against its 80 GiB: cudaMemGetInfo reports what is allocated (with no CUDA
- * context beside it, so a memory plan can be compared with it exactly), and an allocation beyond the
- * 80 GiB fails as on the GPU.
+ * memory; kernels, copies and memsets run at their call unless their stream has work queued: what needs
+ * other processes (the emulated NCCL's operations) and copies from pinned host memory wait in their
+ * stream's queue until the host waits for the stream, and so does what follows them on it (see "streams
+ * and events" below). The device reports an H100's limits, so grids and shared memory are sized as there.
+ * Device allocations are counted against its 80 GiB: cudaMemGetInfo reports what is allocated (with no
+ * CUDA context beside it, so a memory plan can be compared with it exactly; pinned host memory is not
+ * device memory and not counted), and an allocation beyond the 80 GiB fails as on the GPU.
  */
 #pragma once
 #include <unistd.h>
@@ -20,15 +20,24 @@
 // ----------------------------------------------------------------------------------------------------
 // streams and events
 //
-// Kernels, copies and memsets run at their call, in the host's order. An operation that needs other
-// processes (emulate_nccl.h's collectives, sends and receives) is queued on its stream instead and
-// carried out as late as CUDA allows: when the host waits for that stream (cudaStreamSynchronize,
-// cudaStreamQuery, an event recorded on it) or queues a copy on it. So a send reads its buffer, and a
-// receive or collective writes its, only then: a buffer the host's later work writes before waiting, or
-// reads without waiting, gives wrong results here, as it may on a GPU. While the host waits for anything,
-// every stream makes progress (a GPU's streams run on without the host and without each other), so only
-// a true deadlock, every process waiting for another, waits past EMU_NCCL_TIMEOUT (default 300 s); it
-// ends the process with one line naming what each stream waits for.
+// Kernels, copies and memsets run at their call, in the host's order, while their stream has nothing
+// queued. Two kinds of operation are queued on their stream instead and carried out as late as CUDA
+// allows, when the host waits for the stream (cudaStreamSynchronize, cudaStreamQuery, cudaEventSynchronize
+// or cudaStreamWaitEvent on an event recorded after them, cudaDeviceSynchronize, a copy to the host):
+//   - what needs other processes (emulate_nccl.h's collectives, sends and receives): a send reads its
+//     buffer, and a receive or collective writes its, only then;
+//   - a copy to the device from pinned host memory (cudaMallocHost's): it reads the host buffer only
+//     then, as a GPU's copy engine may read it long after cudaMemcpyAsync has returned. (From pageable
+//     memory CUDA stages the bytes before the call returns: such a copy reads its source at the call.)
+// Whatever is issued on a stream while it has work queued joins the queue behind it (kernels, cuBLAS
+// products, memsets, copies), so the stream's order holds and the host runs ahead of the stream as it
+// does of a GPU. A host buffer written, or freed (cudaFreeHost stops the program), before the host has
+// waited for the copy or communication that reads it gives wrong results here, as it may on a GPU; so
+// does a buffer read that such work writes. An event marks its stream's position at cudaEventRecord;
+// waiting for it (cudaEventSynchronize, cudaStreamWaitEvent) completes the stream up to there. While the
+// host waits for anything, every stream makes progress (a GPU's streams run on without the host and
+// without each other), so only a true deadlock, every process waiting for another, waits past
+// EMU_NCCL_TIMEOUT (default 300 s); it ends the process with one line naming what each stream waits for.
 
 namespace emu {
 struct QueuedOp {
@@ -48,22 +57,25 @@ struct Event {
     long position;   // happened once the stream has completed that many operations
 };
 
-// one pass over every stream: each completes its queued operations in order, as far as they can go now
-inline void progress_all() {
+// one pass over every stream: each completes its queued operations in order, as far as they can go now;
+// `held` only up to its operation number `upto` (a wait for an event runs its stream no further than the
+// event, so what was queued after it still runs late)
+inline void progress_all(const Stream* held = NULL, long upto = 0) {
     for (Stream* s : streams)
-        while (!s->queue.empty() && s->queue.front().step()) s->queue.pop_front(), s->done++;
+        while (!s->queue.empty() && !(s == held && s->done >= upto) && s->queue.front().step()) s->queue.pop_front(), s->done++;
 }
 // how long a wait for other processes may take (EMU_NCCL_TIMEOUT, default 300 s)
 inline double wait_timeout_s() {
     const char* t = getenv("EMU_NCCL_TIMEOUT");
     return t ? atof(t) : 300.0;
 }
-// the host waits until ready() while every stream makes progress
-inline void wait_until(const std::function<bool()>& ready, const char* waiting_in) {
+// the host waits until ready() while every stream makes progress (`held` up to `upto` only)
+inline void wait_until(const std::function<bool()>& ready, const char* waiting_in, const Stream* held = NULL, long upto = 0) {
     double timeout = wait_timeout_s();
     auto begun = std::chrono::steady_clock::now();
     for (;;) {
-        progress_all();
+        if (ready()) return;
+        progress_all(held, upto);
         if (ready()) return;
         if (std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count() > timeout) {
             std::string waits;
@@ -81,8 +93,13 @@ inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string wha
     st->queue.push_back({std::move(step), std::move(what)});
     st->queued++;
 }
-// work queued on s after this call must follow what s has queued: a copy runs at its call, so the queue
-// is completed first
+inline bool stream_busy(cudaStream_t s) { return !stream_of(s)->queue.empty(); }
+// an operation on s: at the call where s has nothing queued, else queued behind what it has
+inline void in_order(cudaStream_t s, std::function<void()> op, const char* what) {
+    if (!stream_busy(s)) op();
+    else queue_op(s, [op] { return op(), true; }, what);
+}
+// the host waits for what s has queued (before an operation whose result it needs at the call)
 inline void drain(cudaStream_t s, const char* waiting_in) {
     Stream* st = stream_of(s);
     if (!st->queue.empty()) wait_until([st] { return st->queue.empty(); }, waiting_in);
@@ -128,7 +145,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     emu::Stream* st = ((emu::Event*)e)->stream;
     long position = ((emu::Event*)e)->position;
-    emu::wait_until([st, position] { return st->done >= position; }, "cudaEventSynchronize");
+    emu::wait_until([st, position] { return st->done >= position; }, "cudaEventSynchronize", st, position);
     return cudaSuccess;
 }
 // Later work on s follows the event. Where s has operations queued, the wait joins its queue; otherwise
@@ -138,7 +155,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     long position = ((emu::Event*)e)->position;
     if (st == waiter || st->done >= position) return cudaSuccess;
     if (!waiter->queue.empty()) emu::queue_op(s, [st, position] { return st->done >= position; }, "a wait for an event of another stream");
-    else emu::wait_until([st, position] { return st->done >= position; }, "cudaStreamWaitEvent");
+    else emu::wait_until([st, position] { return st->done >= position; }, "cudaStreamWaitEvent", st, position);
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
@@ -153,6 +170,58 @@ namespace emu {
 const size_t DEVICE_BYTES = (size_t)80 << 30;
 inline std::map<void*, size_t> device_blocks;  // allocation -> its bytes (rounded up to 256, as cudaMalloc aligns)
 inline size_t device_in_use = 0;
+struct PinnedBlock {
+    size_t bytes;
+    int reads_queued;  // copies queued that will read it
+};
+inline std::map<const char*, PinnedBlock> pinned_blocks;  // cudaMallocHost's allocations
+// the pinned allocation that holds p, or NULL
+inline PinnedBlock* pinned_block(const void* p) {
+    auto it = pinned_blocks.upper_bound((const char*)p);
+    if (it == pinned_blocks.begin()) return NULL;
+    --it;
+    return (const char*)p < it->first + it->second.bytes ? &it->second : NULL;
+}
+// does the copy's source (destination) lie on the host? (cudaMemcpyDefault: where it is not device memory)
+inline bool host_side(cudaMemcpyKind kind, const void* p, bool source) {
+    if (kind == cudaMemcpyDefault) {
+        auto it = device_blocks.upper_bound((void*)p);
+        return it == device_blocks.begin() || (const char*)p >= (const char*)std::prev(it)->first + std::prev(it)->second;
+    }
+    return source ? kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost
+                  : kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
+}
+// A copy on stream s of `rows` rows of `width` bytes (`spitch`, `dpitch` apart): to the host, the stream
+// is waited for and the copy made at the call (the host has the bytes when it returns); from pinned host
+// memory it is queued, reading the source when the stream gets to it; from pageable host memory the
+// source is read at the call (CUDA stages it); device to device it is made in the stream's order.
+inline void copy_on_stream(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind kind,
+                           cudaStream_t s, const char* what) {
+    auto copy = [=] {
+        for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
+    };
+    bool from_host = host_side(kind, src, true);
+    if (host_side(kind, dst, false)) {
+        drain(s, what);
+        copy();
+    } else if (PinnedBlock* pinned = from_host ? pinned_block(src) : NULL) {
+        pinned->reads_queued++;
+        queue_op(s, [copy, src] {
+            copy();
+            pinned_block(src)->reads_queued--;
+            return true;
+        }, "a copy from pinned host memory");
+    } else if (from_host && stream_busy(s)) {
+        auto staged = std::make_shared<std::vector<char>>(rows * width);
+        for (size_t r = 0; r < rows; r++) memcpy(staged->data() + r * width, (const char*)src + r * spitch, width);
+        queue_op(s, [=] {
+            for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, staged->data() + r * width, width);
+            return true;
+        }, "a copy from pageable host memory");
+    } else {
+        in_order(s, copy, "a copy on the device");
+    }
+}
 }  // namespace emu
 extern "C" {
 cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -166,6 +235,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
     if (p == NULL) return cudaSuccess;
+    emu::drain_all("cudaFree");  // (cudaFree waits for the device: queued work may still use the memory)
     auto block = emu::device_blocks.find(p);
     if (block == emu::device_blocks.end()) return cudaErrorInvalidValue;  // not from cudaMalloc, or freed twice
     emu::device_in_use -= block->second;
@@ -173,15 +243,22 @@ cudaError_t cudaFree(void* p) {
     free(p);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) { return memcpy(dst, src, bytes), cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
-    emu::drain(s, "cudaMemcpyAsync");
+// the blocking calls follow the default stream's work
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+    emu::drain(0, "cudaMemcpy");
     return memcpy(dst, src, bytes), cudaSuccess;
 }
-cudaError_t cudaMemset(void* p, int v, size_t bytes) { return memset(p, v, bytes), cudaSuccess; }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t s) {
-    emu::drain(s, "cudaMemsetAsync");
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    emu::copy_on_stream(dst, bytes, src, bytes, bytes, 1, kind, s, "cudaMemcpyAsync");
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int v, size_t bytes) {
+    emu::drain(0, "cudaMemset");
     return memset(p, v, bytes), cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t s) {
+    emu::in_order(s, [=] { memset(p, v, bytes); }, "a memset");
+    return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
     return *free_bytes = emu::DEVICE_BYTES - emu::device_in_use, *total = emu::DEVICE_BYTES, cudaSuccess;
@@ -269,6 +346,7 @@ inline void store_element(void* p, size_t i, cudaDataType type, float v) {
     else ((float*)p)[i] = v;
 }
 inline int handle_storage;  // what the handles point at
+inline cudaStream_t cublas_stream = 0;  // the stream cublasSetStream gave the cuBLAS handle
 
 struct LtDesc {  // behind a cublasLtMatmulDesc_t
     int32_t trans_a, trans_b;  // cublasOperation_t
@@ -359,7 +437,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 extern "C" {
 cublasStatus_t cublasCreate_v2(cublasHandle_t* h) { return *h = (cublasHandle_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return *h = (cublasLtHandle_t)&emu::handle_storage, CUBLAS_STATUS_SUCCESS; }
-cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t s) { return emu::cublas_stream = s, CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 // C_b (m x n) = alpha op(A_b) (m x k) . op(B_b) (k x n) + beta C_b for b < batch; C is not read when beta = 0
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
@@ -368,10 +446,13 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t tran
                                           cudaDataType Ctype, int ldc, long long strideC, int batch, cublasComputeType_t compute,
                                           cublasGemmAlgo_t) {
     if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    for (int b = 0; b < batch; b++)
-        emu::gemm(transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, *(const float*)alpha, {(const char*)A + b * strideA * emu::elem(Atype), Atype, lda},
-                  {(const char*)B + b * strideB * emu::elem(Btype), Btype, ldb}, *(const float*)beta, {(const char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc},
-                  (char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc);
+    float al = *(const float*)alpha, be = *(const float*)beta;  // (host scalars: read at the call)
+    emu::in_order(emu::cublas_stream, [=] {
+        for (int b = 0; b < batch; b++)
+            emu::gemm(transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, al, {(const char*)A + b * strideA * emu::elem(Atype), Atype, lda},
+                      {(const char*)B + b * strideB * emu::elem(Btype), Btype, ldb}, be, {(const char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc},
+                      (char*)C + b * strideC * emu::elem(Ctype), Ctype, ldc);
+    }, "a cuBLAS product");
     return CUBLAS_STATUS_SUCCESS;
 }
 }
@@ -423,7 +504,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
 // D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C [+ bias (m) broadcast over n]; C is not read when beta = 0
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* A, cublasLtMatrixLayout_t la,
                               const void* B, cublasLtMatrixLayout_t lb, const void* beta, const void* C, cublasLtMatrixLayout_t lc, void* D,
-                              cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+                              cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t stream) {
     const emu::LtDesc* d = (const emu::LtDesc*)desc;
     const emu::LtLayout *a = (const emu::LtLayout*)la, *b = (const emu::LtLayout*)lb, *c = (const emu::LtLayout*)lc, *o = (const emu::LtLayout*)ld;
     bool ta = d->trans_a != CUBLAS_OP_N, tb = d->trans_b != CUBLAS_OP_N;
@@ -439,23 +520,44 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     // multiple of 8 and covers D's rows
     if (e != CUBLASLT_EPILOGUE_DEFAULT && d->bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     if (gelu && (d->aux == NULL || d->aux_ld % 8 != 0 || d->aux_ld < (int64_t)m)) return CUBLAS_STATUS_INVALID_VALUE;
-    emu::gemm(ta, tb, m, n, k, *(const float*)alpha, {A, a->type, a->ld}, {B, b->type, b->ld}, *(const float*)beta, {C, c->type, c->ld}, D,
-              o->type, o->ld, {e, d->bias, (cudaDataType)d->bias_type, d->aux, d->aux_ld});
+    // (the descriptors and host scalars are read at the call; the product runs in its stream's order)
+    float al = *(const float*)alpha, be = *(const float*)beta;
+    emu::Operand opa = {A, a->type, a->ld}, opb = {B, b->type, b->ld}, opc = {C, c->type, c->ld};
+    emu::Epilogue epi = {e, d->bias, (cudaDataType)d->bias_type, d->aux, d->aux_ld};
+    cudaDataType d_type = o->type;
+    int64_t ldd = o->ld;
+    emu::in_order(stream, [=] { emu::gemm(ta, tb, m, n, k, al, opa, opb, be, opc, D, d_type, ldd, epi); }, "a cuBLASLt product");
     return CUBLAS_STATUS_SUCCESS;
 }
 
 // the rest of the runtime the trainer's code names: pinned memory, the device, 2D copies
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return (*p = malloc(bytes > 0 ? bytes : 1)) ? cudaSuccess : cudaErrorMemoryAllocation; }
-cudaError_t cudaFreeHost(void* p) { return free(p), cudaSuccess; }
+// pinned host memory: host memory, not counted against the device; copies from it are queued (above)
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    if ((*p = malloc(bytes > 0 ? bytes : 1)) == NULL) return cudaErrorMemoryAllocation;
+    emu::pinned_blocks[(const char*)*p] = {bytes > 0 ? bytes : 1, 0};
+    return cudaSuccess;
+}
+// Freeing pinned memory that a queued copy has yet to read is a use after free on a GPU: stopped here.
+cudaError_t cudaFreeHost(void* p) {
+    if (p == NULL) return cudaSuccess;
+    auto block = emu::pinned_blocks.find((const char*)p);
+    if (block == emu::pinned_blocks.end()) return cudaErrorInvalidValue;  // not from cudaMallocHost, or freed twice
+    if (block->second.reads_queued > 0) {
+        fprintf(stderr, "emulated CUDA: cudaFreeHost of pinned host memory that a queued copy still reads (wait for the copy first)\n");
+        exit(1);
+    }
+    emu::pinned_blocks.erase(block);
+    return free(p), cudaSuccess;
+}
 cudaError_t cudaSetDevice(int device) {
     if (device < 0 || device >= emu::device_count()) return cudaErrorInvalidDevice;
     return emu::current_device = device, cudaSuccess;
 }
 // rows of `width` bytes from src (rows `spitch` apart) to dst (rows `dpitch` apart)
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind, cudaStream_t s) {
-    emu::drain(s, "cudaMemcpy2DAsync");
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaMemcpyKind kind,
+                              cudaStream_t s) {
     if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
-    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dpitch, (const char*)src + r * spitch, width);
+    emu::copy_on_stream(dst, dpitch, src, spitch, width, rows, kind, s, "cudaMemcpy2DAsync");
     return cudaSuccess;
 }
 }

@@ -19,11 +19,18 @@
  *               visible (the second block of two must not see what the first wrote in a static array);
  *   order       a missing barrier is seen whichever thread reads first: each thread reads the value of
  *               the thread before it without a barrier, which in lowest-first order always finds it
- *               written; the odd one of two blocks (highest first) must read the NaN instead.
- * Three programs the emulation must stop, each with an error that names the fault (the Makefile checks the
+ *               written; the odd one of two blocks (highest first) must read the NaN instead;
+ *   pinned      a cudaMemcpyAsync to the device from pinned host memory reads the host buffer when the
+ *               stream gets to it, not at the call: a value written after the call and before the host
+ *               waits for the stream is the one copied; a stream or event synchronize between the call
+ *               and the write gets the earlier value; a kernel launched behind the copy runs after it, on
+ *               what it copied; a copy from pageable memory reads its source at the call, also when it
+ *               is queued behind a pinned one, and lands in the stream's order; a wait for an event runs
+ *               the stream only up to the event (a pinned copy queued after it still reads late).
+ * Four programs the emulation must stop, each with an error that names the fault (the Makefile checks the
  * exit status and the message): `emulate_selftest deadlock`, a warp whose lanes wait at two barriers that
  * can never open; `divergent`, half a warp at __syncwarp and half at a shuffle; `mask`, a shuffle with a
- * partial mask.
+ * partial mask; `freed`, pinned memory freed while a copy from it is still queued.
  */
 #include "../cuda/common.cuh"
 
@@ -131,12 +138,80 @@ static void check_ints(const char* what, const int* got, const int* want, int n)
     free(g), free(w);
 }
 
+__global__ void times_ten_kernel(int* p) { p[threadIdx.x] *= 10; }
+
+// the first int of d after the host has waited for the main stream
+static int first_after_wait(const int* d) {
+    int v;
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    dev_download(&v, d, 1);
+    return v;
+}
+
+// the pinned case (see the top of the file)
+static void check_pinned_copies(int* d) {
+    int *pinned = NULL, *pageable = (int*)malloc_check(sizeof(int));
+    cudaCheck(cudaMallocHost((void**)&pinned, 2 * sizeof(int)));
+    cudaEvent_t copied;
+    cudaCheck(cudaEventCreate(&copied));
+    int got[7], want[7] = {2, 3, 5, 80, 9, 12, 16};
+    const cudaMemcpyKind h2d = cudaMemcpyHostToDevice;
+    *pinned = 1;  // written again before the wait: the copy reads it late
+    cudaCheck(cudaMemcpyAsync(d, pinned, sizeof(int), h2d, main_stream));
+    *pinned = 2;
+    got[0] = first_after_wait(d);
+    *pinned = 3;  // a synchronize between: read by then
+    cudaCheck(cudaMemcpyAsync(d, pinned, sizeof(int), h2d, main_stream));
+    cudaCheck(cudaStreamSynchronize(main_stream));
+    *pinned = 4;
+    got[1] = first_after_wait(d);
+    *pinned = 5;  // an event recorded after the copy and waited for
+    cudaCheck(cudaMemcpyAsync(d, pinned, sizeof(int), h2d, main_stream));
+    cudaCheck(cudaEventRecord(copied, main_stream));
+    cudaCheck(cudaEventSynchronize(copied));
+    *pinned = 6;
+    got[2] = first_after_wait(d);
+    *pinned = 7;  // a kernel behind the copy: runs after it, on the value read late
+    cudaCheck(cudaMemcpyAsync(d, pinned, sizeof(int), h2d, main_stream));
+    times_ten_kernel<<<1, 1, 0, main_stream>>>(d);
+    *pinned = 8;
+    got[3] = first_after_wait(d);
+    *pageable = 9;  // pageable: read at the call
+    cudaCheck(cudaMemcpyAsync(d, pageable, sizeof(int), h2d, main_stream));
+    *pageable = 10;
+    got[4] = first_after_wait(d);
+    *pinned = 11;  // pageable behind a queued pinned copy: read at the call, written after the pinned copy
+    cudaCheck(cudaMemcpyAsync(d, pinned, sizeof(int), h2d, main_stream));
+    *pageable = 12;
+    cudaCheck(cudaMemcpyAsync(d, pageable, sizeof(int), h2d, main_stream));
+    *pageable = 13, *pinned = 14;
+    got[5] = first_after_wait(d);
+    pinned[1] = 15;  // a copy queued after the event waited for still reads late
+    cudaCheck(cudaMemcpyAsync(d, pinned, sizeof(int), h2d, main_stream));
+    cudaCheck(cudaEventRecord(copied, main_stream));
+    cudaCheck(cudaMemcpyAsync(d, pinned + 1, sizeof(int), h2d, main_stream));
+    cudaCheck(cudaEventSynchronize(copied));
+    pinned[1] = 16;
+    got[6] = first_after_wait(d);
+    check_ints("pinned: late read, stream and event synchronize, kernel after, pageable at the call, order, after an event",
+               got, want, 7);
+    cudaCheck(cudaEventDestroy(copied));
+    cudaCheck(cudaFreeHost(pinned));
+    free(pageable);
+}
+
 int main(int argc, char** argv) {
     int* d_int = dev_alloc<int>(4096);
     if (argc > 1) {  // a fault the emulation must stop on: returning from here is a failure
         if (strcmp(argv[1], "deadlock") == 0) deadlock_kernel<<<1, 32, 0, main_stream>>>(d_int);
         else if (strcmp(argv[1], "divergent") == 0) divergent_kernel<<<1, 32, 0, main_stream>>>(d_int);
         else if (strcmp(argv[1], "mask") == 0) mask_kernel<<<1, 32, 0, main_stream>>>(d_int);
+        else if (strcmp(argv[1], "freed") == 0) {  // freed before the stream has run the copy from it
+            int* pinned = NULL;
+            cudaCheck(cudaMallocHost((void**)&pinned, sizeof(int)));
+            cudaCheck(cudaMemcpyAsync(d_int, pinned, sizeof(int), cudaMemcpyHostToDevice, main_stream));
+            cudaCheck(cudaFreeHost(pinned));
+        }
         printf("%s: not detected\n", argv[1]);
         return 0;
     }
@@ -234,5 +309,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 128; i++) stale[i / 64] += read[i] != (float)(i % 64 > 0 ? i % 64 - 1 : 0);
     check_scalar("order: block 0 (lowest first) reads every value written", stale[0], 0.0, 0.0);
     check_scalar("order: block 1 (highest first) reads all 63 too early", stale[1], 63.0, 0.0);
+
+    check_pinned_copies(d_int);
     return finish();
 }
