@@ -611,22 +611,6 @@ static void recompute_segment(GPT2* model, const Activations* a, int li, int B, 
     }
 }
 
-// The host may write a set's host_inputs and host_targets once the copies from them have run.
-static void activation_ids_writable(Activations* a) {
-    device_event_wait(&a->ids_copied);
-}
-
-// (B, T) ids from a set's pinned host buffer to the device: with --fused-kernels without waiting, the
-// set's event recorded after the copy (llmc/device.h: copy_to_device_nowait); else copied and waited for
-static void upload_ids(Activations* a, int* dev, const int* host, size_t BT, int fused) {
-    if (fused) {
-        copy_to_device_nowait(dev, host, BT * sizeof(int));
-        device_event_record(&a->ids_copied);
-    } else {
-        copy_to_device(dev, host, BT * sizeof(int));
-    }
-}
-
 // Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set a (a
 // micro-batch slot, or the work set: see micro_batch_activations). The first stage starts from the token
 // ids `inputs` (host); the others from a->encoded, which the pipeline has filled with the previous
@@ -647,11 +631,11 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     // from them of the set's previous forward have run
     int stage_inputs = model->first && inputs != a->host_inputs;
     int stage_targets = model->last && targets != NULL && targets != a->host_targets;
-    if (stage_inputs || stage_targets) activation_ids_writable(a);
+    if (stage_inputs || stage_targets) device_event_wait(&a->ids_copied);
     if (stage_inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));
     if (stage_targets) memcpy(a->host_targets, targets, BT * sizeof(int));
     if (model->first) {
-        upload_ids(a, a->inputs, a->host_inputs, BT, fused);
+        copy_pinned_to_device(a->inputs, a->host_inputs, BT * sizeof(int), &a->ids_copied, fused);
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
         vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
     }
@@ -665,7 +649,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
-    upload_ids(a, a->targets, a->host_targets, BT, fused);
+    copy_pinned_to_device(a->targets, a->host_targets, BT * sizeof(int), &a->ids_copied, fused);
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, fused);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
     if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
@@ -922,7 +906,7 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
     int B = loader->B, T = loader->T, s = model->place.pp_rank;
     Activations* slot = &model->slots[m % model->n_slots];
     dataloader_load(loader, batch);  // every stage reads the ids it needs
-    activation_ids_writable(slot);   // (the copies from the slot's ids for micro-batch m - n_slots have run)
+    device_event_wait(&slot->ids_copied);  // (the copies from the slot's ids for micro-batch m - n_slots have run)
     memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
     memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
     char what[16];

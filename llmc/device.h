@@ -416,6 +416,17 @@ static inline void copy_to_device_nowait(void* dst, const void* src, size_t byte
 #endif
 }
 
+// pinned host `src` -> device `dst`: with `nowait` (--fused-kernels) queued on the main stream and `done`
+// recorded after it (wait for `done` before writing `src` again); else copied and waited for
+static inline void copy_pinned_to_device(void* dst, const void* src, size_t bytes, DeviceEvent* done, int nowait) {
+    if (nowait) {
+        copy_to_device_nowait(dst, src, bytes);
+        device_event_record(done);
+    } else {
+        copy_to_device(dst, src, bytes);
+    }
+}
+
 // A pinned host buffer grown on demand, for data that goes to the device with copy_to_device_nowait, and
 // the event of the last copy from it. host_staging_get hands it out only once that copy has run.
 // Zero-initialized it is empty; host_staging_free frees it.
@@ -438,15 +449,9 @@ static inline void* host_staging_get(HostStaging* s, size_t bytes) {
     }
     return s->ptr;
 }
-// its first `bytes` -> device `dst`: with `nowait` (--fused-kernels) queued on the main stream, the event
-// recorded after it; else copied and waited for
+// its first `bytes` -> device `dst` (copy_pinned_to_device)
 static inline void host_staging_upload(HostStaging* s, void* dst, size_t bytes, int nowait) {
-    if (nowait) {
-        copy_to_device_nowait(dst, s->ptr, bytes);
-        device_event_record(&s->copied);
-    } else {
-        copy_to_device(dst, s->ptr, bytes);
-    }
+    copy_pinned_to_device(dst, s->ptr, bytes, &s->copied, nowait);
 }
 static inline void host_staging_free(HostStaging* s) {
     host_pinned_free(s->ptr);
