@@ -19,7 +19,7 @@
 
 typedef struct {
     size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
-    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes
+    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes, attention's datt rows
     size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
 } MemoryPlan;
 
