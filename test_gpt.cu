@@ -788,6 +788,58 @@ static void test_cpu_matmul(const char* dir) {
     for (int k = 0; k < 2; k++) free(grads[k]), free(params[k]);
     free(r.inputs), free(r.targets), free(r.logits), free(r.grads), free(r.losses), free(r.params_after);
 }
+
+// Attention with --cpu-matmul blas (cblas_sgemm on each head's slices, by blocks of ATTENTION_CPU_ROWS
+// query rows, llmc/attention.h) against the reference loops, forward (att, out) and backward (dqkv). The
+// products sum at most max(hs, T) = 150 terms here in other orders, and the softmax uses expf_cpu (within
+// an ulp of expf): they agree to fp32 rounding, measured at 5e-7 and less; the bound, 1e-5, leaves a margin
+// of twenty, while a wrong stride, block edge or mask is off by 1e-2 or more. The shapes: a ragged block
+// below one block (T = 37), exactly one (T = 64), and three with a ragged last (T = 150, head size 64).
+// Then the thread count: the OpenBLAS path at 1 thread and at this run's must give the same bits (each
+// head is one thread's, OpenBLAS runs single-threaded inside it).
+static void test_cpu_attention(void) {
+    if (!cpu_blas_linked) {
+        printf("attention: this build has no BLAS, the reference loops only (nothing to compare)\n");
+        return;
+    }
+    printf("attention with OpenBLAS against the reference loops\n");
+    const double tol = 1e-5;
+    const int shapes[][4] = {{2, 37, 48, 3}, {2, 64, 64, 4}, {1, 150, 128, 2}};  // B, T, C, NH
+    KernelChoice ref = {.cpu_blas = 0}, blas = {.cpu_blas = 1};
+    Rng rng = {20240917};
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
+        size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+        float *qkv = (float*)malloc_check(nqkv * 4), *dout = (float*)malloc_check(nout * 4);
+        fill_uniform(qkv, nqkv, &rng), fill_uniform(dout, nout, &rng);
+        for (size_t i = 0; i < nqkv; i++) qkv[i] *= 3.0f;  // scores of a few units: softmax rows far from uniform
+        float *out[3], *att[3], *dqkv[3];
+        Scratch scratch = {NULL, 0};
+        int threads = omp_get_max_threads();
+        for (int k = 0; k < 3; k++) {  // reference, OpenBLAS, OpenBLAS at 1 thread
+            out[k] = (float*)malloc_check(nout * 4), att[k] = (float*)malloc_check(natt * 4), dqkv[k] = (float*)malloc_check(nqkv * 4);
+            for (size_t i = 0; i < natt; i++) att[k][i] = NAN;  // every element must be written
+            for (size_t i = 0; i < nqkv; i++) dqkv[k][i] = NAN;
+            if (k == 2) omp_set_num_threads(1);
+            attention_forward(out[k], att[k], qkv, B, T, C, NH, &scratch, k ? &blas : &ref);
+            attention_backward(dqkv[k], dout, qkv, att[k], B, T, C, NH, &scratch, k ? &blas : &ref);
+            if (k == 2) omp_set_num_threads(threads);
+        }
+        char what[3][64];
+        snprintf(what[0], 64, "B=%d T=%d C=%d NH=%d: att", B, T, C, NH);
+        snprintf(what[1], 64, "B=%d T=%d C=%d NH=%d: out", B, T, C, NH);
+        snprintf(what[2], 64, "B=%d T=%d C=%d NH=%d: dqkv", B, T, C, NH);
+        check(what[0], rel_norm_diff(att[1], att[0], natt), tol);
+        check(what[1], rel_norm_diff(out[1], out[0], nout), tol);
+        check(what[2], rel_norm_diff(dqkv[1], dqkv[0], nqkv), tol);
+        int same = !memcmp(out[1], out[2], nout * 4) && !memcmp(att[1], att[2], natt * 4) && !memcmp(dqkv[1], dqkv[2], nqkv * 4);
+        printf("  B=%d T=%d C=%d NH=%d: %d threads and 1 bit-identical  %s\n", B, T, C, NH, threads, same ? "ok" : "FAIL");
+        if (!same) failures++;
+        for (int k = 0; k < 3; k++) free(out[k]), free(att[k]), free(dqkv[k]);
+        free(qkv), free(dout);
+        scratch_free(&scratch);
+    }
+}
 #endif
 
 int main(int argc, char** argv) {
@@ -837,6 +889,7 @@ int main(int argc, char** argv) {
         test_memory_plan_flash(&kernels);
 #ifdef LLMC_CPU
         test_cpu_matmul(dir);
+        test_cpu_attention();
 #endif
     }
     test_token_grouping();

@@ -565,7 +565,7 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C, fused);
     matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // TP: column-parallel, our heads
     if (flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
-    else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention);
+    else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention, &model->kernels);
     if (fused && model->place.tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
         matmul_forward(la->scratch, la->atty, w->attprojw, w->attprojb, BT, Cl, C, &ks->matmul, &model->kernels);
         residual_layernorm_forward(la->residual2, la->ln2, la->ln2_mean, la->ln2_rstd, la->input, la->scratch, w->ln2w,
@@ -736,7 +736,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         // attention block
         matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul, &model->kernels);  // datty =
         if (flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
-        else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention);                // dqkv =
+        else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention, &model->kernels);  // dqkv =
         matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // dln1 =
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,

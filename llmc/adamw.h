@@ -65,12 +65,22 @@ ADAMW_FN float adamw_element(float* master, float* m, float* v, float grad, Adam
     return p;
 }
 
-static void adamw_cpu(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n, AdamWArgs a) {
+// Parallel over fixed blocks of elements (static schedule), the loop inside vectorized: the four arrays
+// are distinct buffers (__restrict), and each element is adamw_element of its own values, so the result
+// does not depend on the thread count or the vector width. (On the CPU floatX is float and the master is
+// the parameter: param_copy is NULL.)
+static void adamw_cpu(float* __restrict master, floatX* __restrict param_copy, const floatX* __restrict grad, float* __restrict m,
+                      float* __restrict v, size_t n, AdamWArgs a) {
     float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
-#pragma omp parallel for
+    if (param_copy == NULL) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float p = adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
-        if (param_copy != NULL) param_copy[i] = float_to_floatX(p);
+        param_copy[i] = float_to_floatX(p);
     }
 }
 

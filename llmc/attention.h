@@ -12,10 +12,15 @@
  *   dq[t]    += sum_u dpre[t,u] k[u]            dk[u] += dpre[t,u] q[t]
  *   dqkv is overwritten (=).
  *
- * CPU: loops parallel over (batch, head), each thread owning its head's slices, so sums have a fixed
- * order. GPU: heads are split out to (B,NH,T,hs), the two products per direction are strided-batched
- * cuBLAS calls over B*NH matrices, with the causal softmax (and its backward) as a warp-per-row kernel.
- * The full (T,T) matrix is materialized.
+ * CPU: parallel over (batch, head), each thread owning its head's slices, so sums have a fixed order
+ * (and do not depend on the thread count). With OpenBLAS (--cpu-matmul blas, the default where linked)
+ * the products are cblas_sgemm calls on each head's slices in place (q, k, v are rows of 3C, their
+ * gradients too), one thread each, by blocks of ATTENTION_CPU_ROWS query rows: a block's queries see
+ * only the keys up to its last row, so the products skip most of the masked upper triangle. The causal
+ * softmax and its backward are vectorized loops between them. Otherwise, the reference: plain loops, a
+ * dot product at a time. GPU: heads are split out to (B,NH,T,hs), the two products per direction are
+ * strided-batched cuBLAS calls over B*NH matrices, with the causal softmax (and its backward) as a
+ * warp-per-row kernel. The full (T,T) matrix is materialized.
  *
  * `--attention flash` selects instead the tensor-core flash attention of attention_flash.h (GPU, BF16 and
  * FP16 builds, head size 64): it reads q, k, v in place from qkv, writes out (B,T,C) and keeps only the
@@ -26,8 +31,11 @@
 #pragma once
 
 #include "device.h"  // floatX, Scratch, launches
-#include "matmul.h"  // matmul_init, cublas_handle (the batched products of classic attention)
+#include "matmul.h"  // matmul_init, cublas_handle (the batched products of classic attention); cblas_sgemm on the CPU
 #include "attention_flash.h"  // attention_forward_flash, attention_backward_flash
+#ifdef LLMC_CPU
+#include <omp.h>  // omp_get_thread_num: each thread's block of the OpenBLAS backward's scratch
+#endif
 
 // the errors for configurations the flash path cannot run: not a 16-bit GPU build (bytes = element size
 // the run or plan uses; for_plan: only planning, so the CPU target may plan a GPU run), or head size != 64
@@ -123,6 +131,126 @@ static void attention_backward_cpu(float* dqkv, const float* dout, const float* 
     }
 }
 
+// The same two functions through OpenBLAS (see the top of the file). Per (batch, head), for each block
+// of query rows [t0, t0 + rows) and its keys [0, cols), cols = t0 + rows:
+//   forward   att[t0.., :cols] = scale q k^T;  causal softmax in place (zeros above the diagonal);
+//             out[t0..] = att[t0.., :cols] v
+//   backward  datt = dout[t0..] v^T;  dv += att[t0.., :cols]^T dout[t0..];  dpre = softmax backward of datt
+//             (in place);  dq[t0..] = dpre k;  dk += dpre^T q[t0..]
+// OpenBLAS runs each call on the calling thread (it does not start threads of its own inside an OpenMP
+// parallel region), so each head's sums have one order whatever the thread count.
+#if defined(LLMC_CPU) && defined(LLMC_BLAS)
+#define ATTENTION_CPU_ROWS 64
+
+static void attention_forward_blas(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float* q = qkv + (size_t)b * T * 3 * C + h * hs;  // this head's rows of q, k, v: stride 3C
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* a = att + ((size_t)b * NH + h) * T * T;
+            float* o = out + (size_t)b * T * C + h * hs;  // stride C
+            for (int t0 = 0; t0 < T; t0 += ATTENTION_CPU_ROWS) {
+                int rows = T - t0 < ATTENTION_CPU_ROWS ? T - t0 : ATTENTION_CPU_ROWS, cols = t0 + rows;
+                float* ab = a + (size_t)t0 * T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale, q + (size_t)t0 * 3 * C, 3 * C, k, 3 * C,
+                            0.0f, ab, T);
+                for (int r = 0; r < rows; r++) {  // row t: softmax over keys 0..t
+                    int t = t0 + r;
+                    float* __restrict p = ab + (size_t)r * T;
+                    float maxv = -INFINITY;
+#pragma omp simd reduction(max : maxv)
+                    for (int u = 0; u <= t; u++) maxv = p[u] > maxv ? p[u] : maxv;
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int u = 0; u <= t; u++) {
+                        p[u] = expf_cpu(p[u] - maxv);
+                        sum += p[u];
+                    }
+                    float inv = 1.0f / sum;
+#pragma omp simd
+                    for (int u = 0; u <= t; u++) p[u] *= inv;
+                    for (int u = t + 1; u < T; u++) p[u] = 0.0f;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f, ab, T, v, 3 * C, 0.0f,
+                            o + (size_t)t0 * C, C);
+            }
+        }
+    }
+}
+
+// scratch: attention_cpu_scratch_bytes (a block of datt rows per thread)
+static void attention_backward_blas(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
+                                    float* scratch) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            float* datt = scratch + (size_t)omp_get_thread_num() * ATTENTION_CPU_ROWS * T;  // (rows, cols), stride T
+            const float* q = qkv + (size_t)b * T * 3 * C + h * hs;  // stride 3C
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* dq = dqkv + (size_t)b * T * 3 * C + h * hs;  // stride 3C
+            float* dk = dq + C;
+            float* dv = dq + 2 * C;
+            const float* d = dout + (size_t)b * T * C + h * hs;  // stride C
+            const float* a = att + ((size_t)b * NH + h) * T * T;
+            for (int t = 0; t < T; t++) {  // dk and dv add up over the blocks: this thread's head, cleared first
+                memset(dk + (size_t)t * 3 * C, 0, hs * sizeof(float));
+                memset(dv + (size_t)t * 3 * C, 0, hs * sizeof(float));
+            }
+            for (int t0 = 0; t0 < T; t0 += ATTENTION_CPU_ROWS) {
+                int rows = T - t0 < ATTENTION_CPU_ROWS ? T - t0 : ATTENTION_CPU_ROWS, cols = t0 + rows;
+                const float* ab = a + (size_t)t0 * T;
+                const float* db = d + (size_t)t0 * C;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0f, db, C, v, 3 * C, 0.0f, datt, T);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, ab, T, db, C, 1.0f, dv, 3 * C);
+                for (int r = 0; r < rows; r++) {  // row t: dpre = scale * a * (datt - sum_u a datt), zero past t
+                    int t = t0 + r;
+                    const float* __restrict p = ab + (size_t)r * T;
+                    float* __restrict g = datt + (size_t)r * T;
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (int u = 0; u <= t; u++) dot += p[u] * g[u];
+#pragma omp simd
+                    for (int u = 0; u <= t; u++) g[u] = scale * p[u] * (g[u] - dot);
+                    for (int u = t + 1; u < cols; u++) g[u] = 0.0f;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f, datt, T, k, 3 * C, 0.0f,
+                            dq + (size_t)t0 * 3 * C, 3 * C);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, datt, T, q + (size_t)t0 * 3 * C, 3 * C, 1.0f,
+                            dk, 3 * C);
+            }
+        }
+    }
+}
+#else
+static void attention_forward_blas(float*, float*, const float*, int, int, int, int) {
+    fatal("internal: the CPU BLAS path in a build without a BLAS");
+}
+static void attention_backward_blas(float*, const float*, const float*, const float*, int, int, int, int, float*) {
+    fatal("internal: the CPU BLAS path in a build without a BLAS");
+}
+#endif
+
+// Whether the CPU target computes attention through OpenBLAS: `kernels` is the run's choice
+// (--cpu-matmul); NULL, from a caller that passes none, takes the default (OpenBLAS where linked).
+static int attention_cpu_blas(const KernelChoice* kernels) { return cpu_blas_linked && (kernels == NULL || kernels->cpu_blas); }
+
+// The CPU target's attention scratch: a block of ATTENTION_CPU_ROWS rows of datt (T floats each) per
+// OpenMP thread for the OpenBLAS backward; the reference loops need none. (The memory plan counts it.)
+static size_t attention_cpu_scratch_bytes(int T, const KernelChoice* kernels) {
+#if defined(LLMC_CPU) && defined(LLMC_BLAS)
+    if (attention_cpu_blas(kernels)) return (size_t)omp_get_max_threads() * ATTENTION_CPU_ROWS * T * sizeof(float);
+#endif
+    (void)T, (void)kernels;
+    return 0;
+}
+
 // ----------------------------------------------------------------------------------------------------
 // CUDA kernels
 
@@ -207,12 +335,16 @@ static void batched_matmul(floatX* c, const floatX* a, const floatX* b, int m, i
 // launchers
 
 // `scratch`, GPU: q, k, v, y (and in backward their gradients) as (B,NH,T,hs), plus one (B,NH,T,T)
-// matrix (the CPU loops need none)
-static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH, Scratch* scratch) {
+// matrix; CPU: attention_cpu_scratch_bytes. `kernels` (CPU): OpenBLAS or the reference loops, see
+// attention_cpu_blas (the GPU ignores it).
+static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH, Scratch* scratch,
+                              const KernelChoice* kernels = NULL) {
 #ifdef LLMC_CPU
     (void)scratch;
-    attention_forward_cpu(out, att, qkv, B, T, C, NH);
+    if (attention_cpu_blas(kernels)) attention_forward_blas(out, att, qkv, B, T, C, NH);
+    else attention_forward_cpu(out, att, qkv, B, T, C, NH);
 #else
+    (void)kernels;
     int hs = C / NH;
     size_t btc = (size_t)B * T * C;
     floatX* q = (floatX*)scratch_get(scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));
@@ -235,11 +367,13 @@ static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B
 }
 
 static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* att, int B, int T,
-                               int C, int NH, Scratch* scratch) {
+                               int C, int NH, Scratch* scratch, const KernelChoice* kernels = NULL) {
 #ifdef LLMC_CPU
-    (void)scratch;
-    attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH);
+    if (attention_cpu_blas(kernels))
+        attention_backward_blas(dqkv, dout, qkv, att, B, T, C, NH, (float*)scratch_get(scratch, attention_cpu_scratch_bytes(T, kernels)));
+    else attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH);
 #else
+    (void)kernels;
     int hs = C / NH;
     size_t btc = (size_t)B * T * C;
     floatX* q = (floatX*)scratch_get(scratch, (8 * btc + (size_t)B * NH * T * T) * sizeof(floatX));

@@ -283,5 +283,34 @@ static inline uint64_t fnv1a_update(uint64_t hash, const void* data, size_t byte
     return hash;
 }
 
+// ----------------------------------------------------------------------------------------------------
+// exp for the CPU loops: glibc's expf is a call, which keeps a loop around it scalar (the compiler has a
+// vector expf only under -ffast-math). This one is plain arithmetic without branches, so the loops of the
+// softmax and GELU that call it vectorize. x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts, so that
+// n * LN2_HI is exact), exp(r) by its Taylor series up to r^7 (the first term left out, r^8/8!, is below
+// 6e-9, under float's rounding of 6e-8), times 2^n built in the exponent bits. Within one ulp of the
+// exact exp (measured over every float in [-87, 88]; glibc's expf: half an ulp); below -87 (where
+// results leave the normal floats) it returns 0, above 88 exp(88); NaN stays NaN.
+static inline float expf_cpu(float x) {
+    const float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+    const float ROUND = 12582912.0f;  // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer, to nearest
+    float xc = x > 88.0f ? 88.0f : x;
+    xc = xc < -87.0f ? -87.0f : xc;
+    float n = (xc * LOG2E + ROUND) - ROUND;  // round(x / ln2), in [-126, 127]
+    float r = (xc - n * LN2_HI) - n * LN2_LO;
+    float p = 1.0f / 5040;
+    p = p * r + 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;  // 2^n
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
 static inline size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -113,15 +113,19 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* weight
 }
 
 // dbias (OC) += column sums of dout (N, OC), each summed in row order (so not dependent on the thread
-// count). Blocks of 64 columns run in parallel, each streaming through dout row by row.
+// count). Blocks of 64 columns run in parallel, each streaming through dout row by row; the inner loop
+// vectorizes (`omp simd`: its 64 sums are independent, no reordering).
 #define BIAS_CPU_COLUMNS 64
-static void bias_backward_cpu(float* dbias, const float* dout, int N, int OC) {
+static void bias_backward_cpu(float* __restrict dbias, const float* __restrict dout, int N, int OC) {
 #pragma omp parallel for schedule(static)
     for (int o0 = 0; o0 < OC; o0 += BIAS_CPU_COLUMNS) {
         int w = OC - o0 < BIAS_CPU_COLUMNS ? OC - o0 : BIAS_CPU_COLUMNS;
         float sum[BIAS_CPU_COLUMNS] = {};
-        for (int n = 0; n < N; n++)
-            for (int j = 0; j < w; j++) sum[j] += dout[(size_t)n * OC + o0 + j];
+        for (int n = 0; n < N; n++) {
+            const float* d = dout + (size_t)n * OC + o0;
+#pragma omp simd
+            for (int j = 0; j < w; j++) sum[j] += d[j];
+        }
         for (int j = 0; j < w; j++) dbias[o0 + j] += sum[j];
     }
 }

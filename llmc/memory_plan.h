@@ -9,7 +9,7 @@
  */
 #pragma once
 
-#include "attention.h"        // attention_flash_validate
+#include "attention.h"        // attention_flash_validate, attention_cpu_scratch_bytes
 #include "comm.h"             // Comm
 #include "device.h"           // KernelChoice
 #include "model_file.h"       // GPT2Config, model_file_read, validate_config
@@ -20,7 +20,7 @@
 
 typedef struct {
     size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
-    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes
+    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes, attention's datt rows
     size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
 } MemoryPlan;
 
@@ -39,13 +39,13 @@ static int plan_is_cpu(size_t elem_bytes) {
 }
 
 // CPU target: the transposed operand the reference matmuls keep (llmc/matmul.h, the largest weight in
-// forward, the largest output gradient in backward; OpenBLAS reads operands in place), and the
-// vocab-parallel loss's scratch
+// forward, the largest output gradient in backward; OpenBLAS reads operands in place), the
+// vocab-parallel loss's scratch, and the OpenBLAS attention backward's rows of datt (llmc/attention.h)
 static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T, const KernelChoice* kernels) {
     size_t BT = (size_t)B * T, C = c->C, Cl = C / pl->tp, widest = 4 * Cl > C ? 4 * Cl : C;
     if (last && (size_t)c->Vp / pl->tp > widest) widest = c->Vp / pl->tp;
     size_t transposed = kernels->cpu_blas ? 0 : C * widest > BT * widest ? C * widest : BT * widest;
-    return (transposed + (pl->tp > 1 ? 3 * BT : 0)) * sizeof(float);
+    return (transposed + (pl->tp > 1 ? 3 * BT : 0)) * sizeof(float) + attention_cpu_scratch_bytes(T, kernels);
 }
 
 // what a run does besides training, for the CPU target's host copies (see plan_host_copies)
