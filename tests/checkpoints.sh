@@ -20,18 +20,8 @@
 #        scripts/gpt2_reference.py)
 set -u
 BIN=${1:-build/cpu/train_gpt}
-PY=${PYTHON:-/usr/bin/python3}
-REF=build/ref/ref_small_model.bin
-[ -x "$BIN" ] || { echo "no trainer at $BIN"; exit 1; }
-[ -f "$REF" ] || { echo "no reference model at $REF (run scripts/gpt2_reference.py first)"; exit 1; }
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-
-# a small model and data that are fine, so each case changes exactly one thing
-TINY=(--layers 1 --channels 16 --heads 2 --vocab 512 --max-seq-len 16 --batch-size 2 --seq-len 8 --steps 2
-      --val-every 0 --sample-every 0)
+# shellcheck source=tests/one_rank_lib.sh
+source "$(dirname "$0")/one_rank_lib.sh"  # TINY, GOOD, expect_error, check; $TMP, $fails
 
 # token files: good (1000 ids < 512), another of the same size (ids < 500), exactly one batch (17 ids)
 "$PY" - "$TMP" <<'PYEOF'
@@ -46,29 +36,7 @@ tokens(f"{d}/good.bin", [i * 7 % 512 for i in range(1000)])
 tokens(f"{d}/v500.bin", [i * 7 % 500 for i in range(1000)])  # for a vocabulary of 500 (Vp 512: padded rows)
 tokens(f"{d}/t17.bin", list(range(17)))  # exactly one batch of B=2 x T=8 (+1)
 PYEOF
-GOOD=(--train-data "$TMP/good.bin" --val-data "$TMP/good.bin" --tokenizer "")
 
-# expect_error NAME PATTERN ARGS...: runs the trainer, checks exit code 1, one stderr line with PATTERN
-expect_error() {
-    local name=$1 pattern=$2
-    shift 2
-    timeout 60 "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"
-    local rc=$?
-    local lines
-    lines=$(grep -c . "$TMP/err")
-    if [ $rc -eq 1 ] && [ "$lines" -eq 1 ] && grep -q "^error: .*$pattern" "$TMP/err"; then
-        printf '  ok    %-28s %s\n' "$name" "$(cat "$TMP/err")"
-    else
-        printf '  FAIL  %-28s exit %d (want 1), %d stderr lines (want 1), pattern "%s"\n' "$name" $rc "$lines" "$pattern"
-        sed 's/^/        /' "$TMP/err" | head -5
-        fails=$((fails + 1))
-    fi
-}
-check() {  # check NAME CONDITION...: a shell condition that must hold
-    local name=$1
-    shift
-    if "$@"; then printf '  ok    %s\n' "$name"; else printf '  FAIL  %s\n' "$name"; fails=$((fails + 1)); fi
-}
 
 echo "checkpoints"
 "$BIN" "${TINY[@]}" "${GOOD[@]}" --save-every 1 --checkpoint-dir "$TMP/ck" >/dev/null 2>&1 || { echo "  FAIL  could not write a checkpoint"; fails=$((fails + 1)); }

@@ -18,18 +18,7 @@ use_small_run  # $TMP/tokens.bin and COMMON (tests/lib.sh)
 B=2
 
 echo "1. equivalence with the single-rank run of the same global batch"
-for D in 2 3 4; do
-    for A in 1 2; do
-        "$BIN" "${COMMON[@]}" --batch-size $((D * B)) --grad-accum $A --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null \
-            || { echo "  FAIL  single-rank reference D=$D A=$A"; fails=$((fails + 1)); continue; }
-        if timeout 120 "${MPIRUN[@]}" -np $D "$BIN" "${COMMON[@]}" --batch-size $B --grad-accum $A --zero 0 \
-            --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin" >"$TMP/dp.out" 2>&1; then
-            compare "dp=$D zero=0 grad_accum=$A" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
-        else
-            echo "  FAIL  dp=$D zero=0 grad_accum=$A did not run:"; tail -5 "$TMP/dp.out"; fails=$((fails + 1))
-        fi
-    done
-done
+dp_equivalence "$B" 0
 
 echo "2. bad input"
 expect_mpi_error "world size 3 with --dp 2" "world size 3 does not equal dp x tp x pp = 2 x 1 x 1" 3 "$BIN" "${COMMON[@]}" --batch-size 2 --dp 2

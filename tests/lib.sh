@@ -5,6 +5,7 @@
 # exit) and counts failures in $fails.
 #   make_tokens FILE [SEED]  a token file of 40000 random ids below 512 (seed 3 unless given)
 #   use_small_run          the small 2-layer run most suites use: $TMP/tokens.bin and COMMON
+#   dp_equivalence B ZERO...  dp 2-4 x grad accumulation 1-2 at each ZeRO stage against one rank
 #   run NP ARGS...         the trainer on NP ranks with ${COMMON[@]} ARGS (output in $TMP/run.out)
 #   compare NAME LOG_A MODEL_A LOG_B MODEL_B [FIRST_STEP]
 #                          every loss (from FIRST_STEP) to 1e-5 relative and the final parameters to
@@ -48,6 +49,27 @@ use_small_run() {
     make_tokens "$TMP/tokens.bin"
     COMMON=(--layers 2 --channels 32 --heads 4 --vocab 1000 --max-seq-len 16 --seq-len 16 --steps 10 --lr 1e-3
             --warmup 2 --val-every 0 --sample-every 0 --train-data "$TMP/tokens.bin" --tokenizer "" --shuffle 1)
+}
+
+# dp_equivalence B ZERO...: dp 2, 3, 4 ranks of B sequences x grad accumulation 1, 2 at each ZeRO stage
+# given, against the single-rank run of the same global batch (compare's tolerances)
+dp_equivalence() {
+    local B=$1 D A Z
+    shift
+    for D in 2 3 4; do
+        for A in 1 2; do
+            "$BIN" "${COMMON[@]}" --batch-size $((D * B)) --grad-accum $A --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null \
+                || { echo "  FAIL  single-rank reference D=$D A=$A"; fails=$((fails + 1)); continue; }
+            for Z in "$@"; do
+                if timeout 120 "${MPIRUN[@]}" -np $D "$BIN" "${COMMON[@]}" --batch-size "$B" --grad-accum $A --zero "$Z" \
+                    --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin" >"$TMP/dp.out" 2>&1; then
+                    compare "dp=$D zero=$Z grad_accum=$A" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+                else
+                    echo "  FAIL  dp=$D zero=$Z grad_accum=$A did not run:"; tail -5 "$TMP/dp.out"; fails=$((fails + 1))
+                fi
+            done
+        done
+    done
 }
 
 # whether $BIN is the GPU target (its --help names the target): some checks hold on the CPU target only

@@ -22,20 +22,7 @@ use_small_run  # $TMP/tokens.bin and COMMON (tests/lib.sh)
 B=2
 
 echo "1. equivalence with the single-rank run of the same global batch"
-for D in 2 3 4; do
-    for A in 1 2; do
-        "$BIN" "${COMMON[@]}" --batch-size $((D * B)) --grad-accum $A --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null \
-            || { echo "  FAIL  single-rank reference D=$D A=$A"; fails=$((fails + 1)); continue; }
-        for Z in 1 2; do
-            if timeout 120 "${MPIRUN[@]}" -np $D "$BIN" "${COMMON[@]}" --batch-size $B --grad-accum $A --zero $Z \
-                --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin" >"$TMP/dp.out" 2>&1; then
-                compare "dp=$D zero=$Z grad_accum=$A" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
-            else
-                echo "  FAIL  dp=$D zero=$Z grad_accum=$A did not run:"; tail -5 "$TMP/dp.out"; fails=$((fails + 1))
-            fi
-        done
-    done
-done
+dp_equivalence "$B" 1 2
 
 # ZeRO-2 reuses its two gradient slots from the third layer on: in strict mode (lib.sh) a
 # slot rewritten before the reduce-scatter that reads it was waited for gives wrong losses
