@@ -138,7 +138,7 @@ typedef struct {
     int *inputs, *targets;                  // (B, T) token ids on the device
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
-                                            // (both pinned: copied to inputs, targets without waiting)
+                                            // (both pinned with --fused-kernels: copied without waiting)
     DeviceEvent ids_copied;                 // recorded after the last copy from host_inputs or host_targets
     floatX* checkpoints;                    // (ceil(L/K) - 1, B, T, C) --recompute-segment K: segment inputs
 } Activations;
@@ -311,11 +311,12 @@ static void gpt2_free(GPT2* model) {
     device_free(model->v);
     device_free(model->acts_memory);
     kernel_scratch_free(&model->kernel_scratch);
-    // (host_pinned_free waits for the device to be idle: no copy from the ids is left to run)
+    // (pinned buffers are freed once the device is idle: no copy from the ids is left to run)
     Activations* sets[] = {model->slots, &model->work};
+    int pinned = model->kernels.fused;
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < (k == 0 ? model->n_slots : 1); i++) {
-            host_pinned_free(sets[k][i].host_inputs), host_pinned_free(sets[k][i].host_targets);
+            host_buffer_free(sets[k][i].host_inputs, pinned), host_buffer_free(sets[k][i].host_targets, pinned);
             device_event_destroy(&sets[k][i].ids_copied);
         }
     free(model->slots);
@@ -481,8 +482,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
         sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
-        sets[i].host_inputs = (int*)host_pinned_malloc(BT * sizeof(int));
-        sets[i].host_targets = (int*)host_pinned_malloc(BT * sizeof(int));
+        sets[i].host_inputs = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
+        sets[i].host_targets = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
         device_event_create(&sets[i].ids_copied);
     }
     if (rematerialize) {
@@ -627,7 +628,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     int fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     Comm* comm = model->comm;
-    // the ids into this set's pinned buffers (the pipeline passes them there already), once the copies
+    // the ids into this set's host buffers (the pipeline passes them there already), once the copies
     // from them of the set's previous forward have run
     int stage_inputs = model->first && inputs != a->host_inputs;
     int stage_targets = model->last && targets != NULL && targets != a->host_targets;
@@ -635,7 +636,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     if (stage_inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));
     if (stage_targets) memcpy(a->host_targets, targets, BT * sizeof(int));
     if (model->first) {
-        copy_pinned_to_device(a->inputs, a->host_inputs, BT * sizeof(int), &a->ids_copied, fused);
+        copy_host_buffer_to_device(a->inputs, a->host_inputs, BT * sizeof(int), &a->ids_copied, fused);
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
         vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
     }
@@ -649,7 +650,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
     if (targets == NULL) return 0.0f;
 
-    copy_pinned_to_device(a->targets, a->host_targets, BT * sizeof(int), &a->ids_copied, fused);
+    copy_host_buffer_to_device(a->targets, a->host_targets, BT * sizeof(int), &a->ids_copied, fused);
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, fused);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
     if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device

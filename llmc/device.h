@@ -338,28 +338,36 @@ static inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 // backward's grouping: a HostStaging below). The CPU target has no copies: plain memory, events that are
 // always complete.
 
-// Host memory for copy_to_device_nowait: pinned on the GPU target, plain on the CPU target.
-static inline void* host_pinned_malloc(size_t bytes) {
-#ifdef LLMC_CPU
-    return malloc_check(bytes > 0 ? bytes : 1);
-#else
-    void* p = NULL;
-    cudaError_t err = cudaMallocHost(&p, bytes > 0 ? bytes : 1);
-    if (err != cudaSuccess) fatal("allocating %zu bytes of pinned host memory failed: %s", bytes, cudaGetErrorString(err));
-    return p;
+// Host memory for the copies above. `pinned` (the GPU target's --fused-kernels, whose copies do not wait):
+// page-locked; otherwise plain malloc'ed memory, copied with waiting, as the path verified on GPUs always
+// was. The CPU target has no copies: plain memory.
+static inline void* host_buffer_malloc(size_t bytes, int pinned) {
+#ifndef LLMC_CPU
+    if (pinned) {
+        void* p = NULL;
+        cudaError_t err = cudaMallocHost(&p, bytes > 0 ? bytes : 1);
+        if (err != cudaSuccess) fatal("allocating %zu bytes of pinned host memory failed: %s", bytes, cudaGetErrorString(err));
+        return p;
+    }
 #endif
+    (void)pinned;
+    return malloc_check(bytes > 0 ? bytes : 1);
 }
 
-// Frees host_pinned_malloc's memory (NULL: nothing). On the GPU target it first waits until the device is
-// idle, so that no copy still queued reads it afterwards (teardown and rare growth only: it costs a wait).
-static inline void host_pinned_free(void* p) {
+// Frees host_buffer_malloc's memory (NULL: nothing), with the same `pinned`. Pinned memory on the GPU target
+// is freed only once the device is idle, so that no copy still queued reads it afterwards (teardown and
+// rare growth only: it costs a wait).
+static inline void host_buffer_free(void* p, int pinned) {
     if (p == NULL) return;
-#ifdef LLMC_CPU
-    free(p);
-#else
-    cudaCheckBlocking("waiting for the GPU before freeing pinned memory", cudaDeviceSynchronize());
-    cudaCheck(cudaFreeHost(p));
+#ifndef LLMC_CPU
+    if (pinned) {
+        cudaCheckBlocking("waiting for the GPU before freeing pinned memory", cudaDeviceSynchronize());
+        cudaCheck(cudaFreeHost(p));
+        return;
+    }
 #endif
+    (void)pinned;
+    free(p);
 }
 
 // An event on the main stream: recorded after a copy from pinned memory, waited for before the memory is
@@ -404,7 +412,7 @@ static inline void device_event_wait(DeviceEvent* e) {
 #endif
 }
 
-// host `src` -> device `dst` on the main stream, without waiting. `src` must be host_pinned_malloc's
+// host `src` -> device `dst` on the main stream, without waiting. `src` must be pinned host_buffer_malloc
 // memory, left unwritten and not freed until the copy has run: record a DeviceEvent after this call and
 // wait for it before writing `src` again. The copy is ordered after the main stream's earlier work (which
 // may still read `dst`).
@@ -416,9 +424,10 @@ static inline void copy_to_device_nowait(void* dst, const void* src, size_t byte
 #endif
 }
 
-// pinned host `src` -> device `dst`: with `nowait` (--fused-kernels) queued on the main stream and `done`
-// recorded after it (wait for `done` before writing `src` again); else copied and waited for
-static inline void copy_pinned_to_device(void* dst, const void* src, size_t bytes, DeviceEvent* done, int nowait) {
+// host_buffer_malloc's `src` -> device `dst`: with `nowait` (--fused-kernels; `src` pinned) queued on the
+// main stream and `done` recorded after it (wait for `done` before writing `src` again); else copied and
+// waited for
+static inline void copy_host_buffer_to_device(void* dst, const void* src, size_t bytes, DeviceEvent* done, int nowait) {
     if (nowait) {
         copy_to_device_nowait(dst, src, bytes);
         device_event_record(done);
@@ -427,34 +436,36 @@ static inline void copy_pinned_to_device(void* dst, const void* src, size_t byte
     }
 }
 
-// A pinned host buffer grown on demand, for data that goes to the device with copy_to_device_nowait, and
-// the event of the last copy from it. host_staging_get hands it out only once that copy has run.
-// Zero-initialized it is empty; host_staging_free frees it.
+// A host buffer grown on demand, for data that goes to the device (pinned with --fused-kernels, whose
+// copies do not wait: host_buffer_malloc), and the event of the last copy from it. host_staging_get hands
+// it out only once that copy has run. Zero-initialized it is empty; host_staging_free frees it.
 typedef struct {
     void* ptr;
     size_t bytes;
+    int pinned;          // how ptr was allocated
     DeviceEvent copied;  // recorded by host_staging_upload (created with the first buffer)
 } HostStaging;
 
 // the buffer, at least `bytes`, safe to write: the previous copy from it has run
-static inline void* host_staging_get(HostStaging* s, size_t bytes) {
+static inline void* host_staging_get(HostStaging* s, size_t bytes, int pinned) {
     device_event_wait(&s->copied);
-    if (bytes > s->bytes || s->ptr == NULL) {
-        host_pinned_free(s->ptr);
-        s->ptr = host_pinned_malloc(bytes);
+    if (bytes > s->bytes || s->ptr == NULL || pinned != s->pinned) {
+        host_buffer_free(s->ptr, s->pinned);
+        s->ptr = host_buffer_malloc(bytes, pinned);
         s->bytes = bytes;
+        s->pinned = pinned;
 #ifndef LLMC_CPU
         if (s->copied.event == NULL) device_event_create(&s->copied);
 #endif
     }
     return s->ptr;
 }
-// its first `bytes` -> device `dst` (copy_pinned_to_device)
+// its first `bytes` -> device `dst` (copy_host_buffer_to_device)
 static inline void host_staging_upload(HostStaging* s, void* dst, size_t bytes, int nowait) {
-    copy_pinned_to_device(dst, s->ptr, bytes, &s->copied, nowait);
+    copy_host_buffer_to_device(dst, s->ptr, bytes, &s->copied, nowait);
 }
 static inline void host_staging_free(HostStaging* s) {
-    host_pinned_free(s->ptr);
+    host_buffer_free(s->ptr, s->pinned);
     device_event_destroy(&s->copied);
     s->ptr = NULL;
     s->bytes = 0;
@@ -512,7 +523,7 @@ typedef struct {
     Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
     Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
     Scratch encoder;    // GPU: encoder_backward's positions grouped by token
-    HostStaging encoder_host;  // GPU: the same grouping on the host, pinned, on its way to `encoder`
+    HostStaging encoder_host;  // GPU: the same grouping on the host (pinned with --fused-kernels), on its way to `encoder`
     Scratch norm;       // GPU: the gradient norm's per-block partial sums
     Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
 } KernelScratch;

@@ -150,7 +150,7 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 }
 
 // inp: token ids on the device; inp_host: the same ids on the host (the GPU groups positions there, in
-// `staging`'s pinned buffer, and `scratch` takes the grouping to the device; the CPU loop needs neither);
+// `staging`'s buffer, pinned with `fused`, and `scratch` takes the grouping to the device; the CPU loop needs neither);
 // `fused`: the run's --fused-kernels (KernelChoice.fused), which copies the grouping without waiting
 static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
                              int T, int C, int vocab_start, int vocab_rows, Scratch* scratch, HostStaging* staging, int fused) {
@@ -161,7 +161,7 @@ static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, con
     const int block = ENCODER_THREADS;
     int BT = B * T, n_kept = 0;
     // (waits for the previous call's copy from the buffer, if it has not run yet)
-    int* host = (int*)host_staging_get(staging, (3 * (size_t)BT + 1) * sizeof(int));
+    int* host = (int*)host_staging_get(staging, (3 * (size_t)BT + 1) * sizeof(int), fused);
     int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);
     int* dev = (int*)scratch_get(scratch, (3 * (size_t)BT + 1) * sizeof(int));
     size_t bytes = (2 * (size_t)n_unique + 1 + n_kept) * sizeof(int);

@@ -44,6 +44,14 @@ run test_bf16 ./build/gpu-bf16/test_gpt build/ref
 run test_fp16 ./build/gpu-fp16/test_gpt build/ref
 run test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
 run test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
+# --fused-kernels 1 (cuBLASLt epilogues, fused LayerNorm, the classifier's vector kernel, pinned id copies)
+run test_bf16_fused_flash env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref --attention flash
+run test_fp16_fused_flash env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref --attention flash
+run test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
+# training with --fused-kernels 1 equals --fused-kernels 0 (ids copied without waiting, with accumulation and a pipeline)
+run fused_equals_unfused_fp32 bash tests/fused_emulated.sh build/gpu-fp32/train_gpt
+# sublinear checkpointing bit-identical to no recomputation on the GPU (one rank, pp 2, tp 2)
+run recompute_fp32 bash tests/recompute.sh build/gpu-fp32/train_gpt
 run dev_cuda_build make -k -C dev/cuda -j8  # -k: one kernel file that fails to build leaves the others checked
 # the tensor-core flash attention (--attention flash) on its own first, each step with its PASS/FAIL and
 # time: the host emulation of its index maps and algorithm, then every GPU version against the CPU

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # fused_emulated.sh: the GPU target's --fused-kernels path on the CPU emulation of CUDA (make emulated):
 # its token ids go to the device from pinned host buffers without waiting (llmc/device.h,
-# copy_pinned_to_device), and the emulation reads such a buffer only when the stream gets to the copy
+# copy_host_buffer_to_device), and the emulation reads such a buffer only when the stream gets to the copy
 # (dev/emulate/README.md). A host that rewrote the ids of a micro-batch before their copy had run would
 # train on the wrong tokens: so a run with gradient accumulation (several micro-batches through one
 # activation set) and with a pipeline (slots) must equal the unfused run, every loss to 1e-5 relative and
 # the final parameters to 1e-5 relative norm (the fused kernels sum in other orders: ~1e-7 in FP32).
+# On a GPU, scripts/check_gpu.sh runs it on build/gpu-fp32/train_gpt.
 # usage: tests/fused_emulated.sh [build/emu-fp32/train_gpt]
 set -u
 BIN=${1:-build/emu-fp32/train_gpt}

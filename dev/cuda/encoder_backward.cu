@@ -79,7 +79,7 @@ struct Grouping {  // positions grouped by token, on the device (version 3)
 };
 
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's grouping (its model owns one)
-static HostStaging trainer_staging = {};      // and the same on the host, pinned
+static HostStaging trainer_staging = {};      // and the same on the host
 
 static const int NV = 3;
 static const char* version_names[NV + 1] = {"", "grouped by token on the host, deterministic (llmc)",
