@@ -38,6 +38,7 @@
 #include "llmc/pipeline.h"         // Schedule, pipeline_schedule: GPipe and 1F1B
 #include "llmc/tensor_parallel.h"  // f and g, the vocabulary-parallel embedding and loss
 #include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
+#include "llmc/zero3.h"            // Zero3Params: ZeRO-3, the parameters sharded and gathered per layer
 // the run around the model
 #include "llmc/checkpoint.h"       // the checkpoint folder, load_checkpoint
 #include "llmc/cli.h"              // parse_args, --help
@@ -224,7 +225,8 @@ typedef struct {
     Placement place;        // this rank's grid position, its layers and its slices
     int first, last;        // this is the first / last pipeline stage (both without pipelining)
     ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
-    floatX* params_memory;  // (layout.total) what forward and backward read, always whole
+    floatX* params_memory;  // (layout.total) what forward and backward read, whole; NULL at stage 3
+    Zero3Params zero3;      // stage 3: the parameter shard and the buffer layers are gathered into (llmc/zero3.h)
     floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stage 2
     Zero2Grads zero2;       // stage 2: the gradient shard and the workspace backward writes (llmc/zero.h)
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
@@ -278,19 +280,25 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
     size_t n = lay->total, shard = model->zero.shard_total, fx = mode->elem_bytes;
 
-    model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
-    model->params = point_weights_flat(c, lay, model->params_memory);
+    floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
+    zero3_init(&model->zero3, &model->zero, mode, &model->bytes_params, &model->bytes_workspace);
+    if (zero_stage < 3) {
+        model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
+        model->params = point_weights_flat(c, lay, model->params_memory);
+    } else {  // ZeRO-3: the parameter tensors point into the buffer their buckets are gathered into
+        zero3_bucket_bases(&model->zero3, &model->zero, bases);
+        model->params = point_weights(c, lay, bases);
+    }
     if (zero_stage < 2) {
         model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
         model->grads = point_weights_flat(c, lay, model->grads_memory);
-    } else {  // ZeRO-2: backward writes into the workspace, whose buckets point the gradient tensors
+    } else {  // ZeRO-2 and 3: backward writes into the workspace, whose buckets point the gradient tensors
         check_internal(place->pp == 1, "ZeRO-2 with pipeline parallelism");
         zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
-        floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
-        zero2_bucket_bases(&model->zero2, &model->zero, bases);
+        layer_slots_bases(&model->zero2.workspace, &model->zero, bases);
         model->grads = point_weights(c, lay, bases);
-        free(bases);
     }
+    free(bases);
     if (!master_is_params(model)) model->master = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
@@ -306,6 +314,7 @@ static void gpt2_free(GPT2* model) {
     device_free(model->params_memory);
     device_free(model->grads_memory);
     zero2_free(&model->zero2);
+    zero3_free(&model->zero3);
     device_free(model->master);
     device_free(model->m);
     device_free(model->v);
@@ -320,7 +329,7 @@ static void gpt2_free(GPT2* model) {
             device_event_destroy(&sets[k][i].ids_copied);
         }
     free(model->slots);
-    free(model->grads.layers);
+    free(model->params.layers), free(model->grads.layers);
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
     norm_parts_free(&model->norm_parts);
@@ -328,31 +337,37 @@ static void gpt2_free(GPT2* model) {
     device_free(model->step_losses.means);
 }
 
+// Bucket b's owned range of the parameters: in the whole buffer, or at ZeRO-3 in the shard.
+static floatX* owned_params(GPT2* model, int b) {
+    if (model->zero.stage == 3) return model->zero3.shard + model->zero.owned_offset[b];
+    return model->params_memory + owned_start(&model->zero, b);
+}
+
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
 // themselves in FP32 builds.
 static float* owned_master(GPT2* model, int b) {
-    if (master_is_params(model)) return (float*)model->params_memory + owned_start(&model->zero, b);
+    if (master_is_params(model)) return (float*)owned_params(model, b);
     return model->master + model->zero.owned_offset[b];
 }
 
 // The reduced gradients of bucket b's owned range.
 static floatX* owned_grads(GPT2* model, int b) {
-    if (model->zero.stage == 2) return model->zero2.shard + model->zero.owned_offset[b];
+    if (model->zero.stage >= 2) return model->zero2.shard + model->zero.owned_offset[b];
     return model->grads_memory + owned_start(&model->zero, b);
 }
 
-// parameters from a host float array in file order: the whole floatX copy, and our master shard
+// parameters from a host float array in file order: the whole floatX copy (at ZeRO-3 our chunks of
+// it), and our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
+    float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
     file_order_to_layout(&model->layout, model->place.tp_rank, file_order, mem);
-    upload_floats(model->params_memory, mem, model->layout.total);
-    if (!master_is_params(model)) {
-        float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
-        shard_from_layout(&model->zero, mem, shard);
-        copy_to_device(model->master, shard, model->zero.shard_total * sizeof(float));
-        free(shard);
-    }
-    free(mem);
+    shard_from_layout(&model->zero, mem, shard);
+    if (model->zero.stage == 3) upload_floats(model->zero3.shard, shard, model->zero.shard_total);
+    else upload_floats(model->params_memory, mem, model->layout.total);
+    if (!master_is_params(model)) copy_to_device(model->master, shard, model->zero.shard_total * sizeof(float));
+    zero3_params_changed(&model->zero3);
+    free(mem), free(shard);
 }
 
 // AdamW moments from host float arrays in file order (resume), into our shard
@@ -608,6 +623,7 @@ static void recompute_segment(GPT2* model, const Activations* a, int li, int B, 
     if (!K || li % K != K - 1 || li / K == (L - 1) / K) return;  // (the last segment is kept from the forward)
     for (int j = li - K + 1; j <= li; j++) {
         LayerActs lj = layer_acts(model, a, j, B, T);
+        zero3_need_layer(model->comm, &model->zero3, &model->zero, l0 + j, j < li ? l0 + j + 1 : -1);  // ZeRO-3: gathered again
         layer_forward(model, &lj, &model->params.layers[l0 + j], B, T);
     }
 }
@@ -635,6 +651,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     if (stage_inputs || stage_targets) device_event_wait(&a->ids_copied);
     if (stage_inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));
     if (stage_targets) memcpy(a->host_targets, targets, BT * sizeof(int));
+    zero3_need_ends(comm, &model->zero3, &model->zero);  // ZeRO-3: the embeddings and final LayerNorm, gathered
     if (model->first) {
         copy_host_buffer_to_device(a->inputs, a->host_inputs, BT * sizeof(int), &a->ids_copied, fused);
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
@@ -642,6 +659,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     }
     for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
         LayerActs la = layer_acts(model, a, li, B, T);
+        zero3_need_layer(comm, &model->zero3, &model->zero, l0 + li, li + 1 < Ls ? l0 + li + 1 : -1);  // ZeRO-3: gathered
         layer_forward(model, &la, &model->params.layers[l0 + li], B, T);
     }
     if (!model->last) return 0.0f;
@@ -722,6 +740,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         const LayerWeights* w = &p->layers[l];
         LayerWeights* dw = &g->layers[l];
         recompute_segment(model, a, li, B, T);
+        zero3_need_layer(model->comm, &model->zero3, &model->zero, l, li > 0 ? l - 1 : -1);  // ZeRO-3: gathered (again)
         LayerActs la = layer_acts(model, a, li, B, T);
         recompute_layer(model, &la, w, B, T);
         zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
@@ -803,12 +822,13 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
         ranges[n++] = (AdamWRange){.master = owned_master(model, s->bucket) + in_bucket,
-                                   .param_copy = master_is_params(model) ? NULL : model->params_memory + lo,
+                                   .param_copy = master_is_params(model) ? NULL : owned_params(model, s->bucket) + in_bucket,
                                    .grad = owned_grads(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
                                    .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
         if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args, model->kernels.fused), n = 0;
     }
     if (n > 0) adamw_update_ranges(ranges, n, args, model->kernels.fused);
+    zero3_params_changed(&model->zero3);
 }
 
 // The optimizer step: clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0
@@ -845,8 +865,10 @@ static void gpt2_round_params(GPT2* model, int t) {
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
-        round_params(model->params_memory + lo, model->master + k, hi - lo, lo, t, model->stochastic_rounding);
+        round_params(owned_params(model, s->bucket) + (lo - owned_start(&model->zero, s->bucket)), model->master + k, hi - lo, lo, t,
+                     model->stochastic_rounding);
     }
+    zero3_params_changed(&model->zero3);
     zero_gather_params(model->comm, &model->zero, model->params_memory);
     comm_join(model->comm);
 }
@@ -1088,8 +1110,10 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     int* bin = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
     int* btg = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
     Activations* a = forward_only_activations(model);
-    for (int r0 = 0; r0 < rows.n_rows; r0 += per_forward) {
-        eval_pack(&rows, r0, per_forward, bin, btg);
+    double forwards = (rows.n_rows + per_forward - 1) / per_forward;  // every DP rank runs as many (ZeRO-3 gathers in each)
+    comm_all_reduce_host(comm, &comm->dp_group, &forwards, 1, REDUCE_MAX);
+    for (int r0 = 0; r0 < (int)forwards * per_forward; r0 += per_forward) {
+        eval_pack(&rows, r0, per_forward, bin, btg);  // (rows past this rank's: zeros, not counted)
         forward_through_stages(model, a, bin, btg, per_forward, rows.Te);
         if (model->last) eval_row_means(&rows, r0, per_forward, model->host_losses);
     }

@@ -56,7 +56,7 @@ static void print_usage(void) {
         "                        (timeline, actions, which sends pair with which receives), and exit\n"
         "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
         "  --trace-steps N       steps to trace, after the first      [2]\n"
-        "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also shard gradients [0]\n"
+        "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also gradients, 3 also parameters [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
         "  --nccl-id-dir DIR     without mpirun: a shared folder for the NCCL id [none: TCP at MASTER_ADDR:MASTER_PORT]\n"
         "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
@@ -194,7 +194,7 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--trace")) tc->trace = v;
     else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
-    else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 2);
+    else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 3);
     else if (!strcmp(f, "--comm")) {
         if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
         tc->engine = v;
@@ -324,6 +324,9 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
         fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its micro-batches "
               "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
               "per micro-batch; use --zero 1, which shards the optimizer state");
+    if (tc->pp > 1 && tc->zero == 3)
+        fatal("--zero 3 with --pp is not supported: every micro-batch in flight would gather each of the stage's layers again "
+              "for its forward and its backward; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
     if (tc->recompute_segment > 1 && tc->recompute != 3)
         fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their checkpoints)",

@@ -198,7 +198,7 @@ static const char* run_state_error(const RunState* s, char* msg, size_t len) {
     else if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 || s->grad_accum > (1 << 20))
         snprintf(msg, len, "batch shape B=%d T=%d grad_accum=%d is out of range", s->B, s->T, s->grad_accum);
     else if (s->shuffle != 0 && s->shuffle != 1) snprintf(msg, len, "shuffle flag %d is neither 0 nor 1", s->shuffle);
-    else if (s->zero_stage < 0 || s->zero_stage > 2 || s->dp < 1 || s->dp > (1 << 20))
+    else if (s->zero_stage < 0 || s->zero_stage > 3 || s->dp < 1 || s->dp > (1 << 20))
         snprintf(msg, len, "ZeRO stage %d or dp %d is out of range", s->zero_stage, s->dp);
     else if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 || s->scale_hysteresis_left < 0)
         snprintf(msg, len, "loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range", s->loss_scale,

@@ -1,6 +1,7 @@
 /*
  * zero.h: data parallelism and ZeRO sharding of the optimizer state (ZeRO-1) and of the gradients
- * (ZeRO-2): who owns what, when gradients are reduced, and ZeRO-2's gradient buffers.
+ * (ZeRO-2, and ZeRO-3, which shards the parameters too: llmc/zero3.h): who owns what, when gradients are
+ * reduced, and ZeRO-2's gradient buffers.
  *
  * Data parallelism: D ranks hold the same model and run backward on different micro-batches; before the
  * update the gradients are summed over the D ranks. Summed, not averaged: the loss of each position is
@@ -33,10 +34,12 @@
  *            workspace holds one micro-step, the reduce-scatter runs in every micro-step, and after
  *            each the chunks are added into `shard`, which accumulates over the optimizer step:
  *              shard (Psi/D) += incoming (Psi/D)     (zero2_end_micro_step)
+ *   ZeRO-3   params Psi/D (+ gather buffers), grads and optimizer state as ZeRO-2: the parameters are
+ *            sharded too, and each layer's are all-gathered just before they are used (llmc/zero3.h).
  * At ZeRO-1 and ZeRO-2, after the update every rank holds new values for its chunks only, and an
  * all-gather per bucket gives everyone the full parameters again (zero_gather_params).
  *
- * ZeRO-2's workspace: [embeddings bucket | final LayerNorm bucket | layer slot 0 | layer slot 1].
+ * ZeRO-2's workspace (LayerSlots): [embeddings bucket | final LayerNorm bucket | layer slot 0 | layer slot 1].
  * The embeddings and final LayerNorm get their own space (the first and the last bucket backward
  * finishes); the L layers share two slots, layer l writing slot l % 2. Why two: the reduce-scatter of
  * layer l still reads its slot while backward computes layer l-1, which therefore writes the other slot;
@@ -44,7 +47,8 @@
  * one slot, every layer would wait for its predecessor's communication (no overlap); with L slots, the
  * workspace would be as large as the full gradients ZeRO-2 set out not to keep.
  *
- * What the trainer calls, in order (the zero2_ calls do nothing below stage 2):
+ * What the trainer calls, in order (the zero2_ calls do nothing below stage 2; stage 3's gradients are
+ * stage 2's):
  *   zero2_init / zero2_free         allocate / free the shard, incoming and the workspace (gpt2_build_as, gpt2_free)
  *   zero2_begin_step                clear the accumulated shard (start of an optimizer step)
  *   zero_reduces_now                whether this micro-step's backward reduces: the last one; all at ZeRO-2
@@ -66,7 +70,7 @@ typedef struct {
 } Bucket;
 
 typedef struct {
-    int stage;  // 0, 1, 2
+    int stage;  // 0, 1, 2, 3
     int D, d;   // DP size and this rank's DP index
     int num_buckets;
     Bucket* buckets;
@@ -108,57 +112,69 @@ static void zero_plan_free(ZeroPlan* z) {
 // Whether backward reduces this micro-step's gradients: in the last micro-step of an optimizer step (the
 // others accumulate locally); at ZeRO-2 in every micro-step, since the workspace holds one micro-step only.
 static int zero_reduces_now(const ZeroPlan* z, int last_micro_step) {
-    return last_micro_step || z->stage == 2;
+    return last_micro_step || z->stage >= 2;
 }
 
 // ----------------------------------------------------------------------------------------------------
-// ZeRO-2's gradient buffers
+// ZeRO-2's gradient buffers (ZeRO-3's too)
+
+// [embeddings bucket | final LayerNorm bucket | layer slot 0 | layer slot 1]: where ZeRO-2 writes a
+// micro-step's gradients and ZeRO-3 gathers the parameters (llmc/zero3.h). Layer l uses slot l % 2.
+typedef struct {
+    floatX* base;           // (ends + 2 * slot_size)
+    floatX* layer_slot[2];  // (slot_size) each, inside base
+    size_t ends, slot_size;  // elements; ends: the embeddings and final-LayerNorm buckets
+} LayerSlots;
+
+// elem: bytes of a floatX element (the planner builds for other precisions); the bytes go to *account
+static void layer_slots_init(LayerSlots* w, const ZeroPlan* z, const BuildMode* mode, size_t* account) {
+    int last = z->num_buckets - 1;
+    w->slot_size = 0;
+    for (int b = 1; b < last; b++) w->slot_size = z->buckets[b].size > w->slot_size ? z->buckets[b].size : w->slot_size;
+    w->ends = z->buckets[0].size + z->buckets[last].size;
+    w->base = (floatX*)zeroed_device_buffer(mode, (w->ends + 2 * w->slot_size) * mode->elem_bytes, account);
+    w->layer_slot[0] = w->base + w->ends;
+    w->layer_slot[1] = w->layer_slot[0] + w->slot_size;
+}
+
+// Where bucket b sits in the slots: bases[b] for every bucket (gpt2_build points the tensors there).
+static void layer_slots_bases(const LayerSlots* w, const ZeroPlan* z, floatX** bases) {
+    int last = z->num_buckets - 1;
+    bases[0] = w->base;
+    bases[last] = w->base + z->buckets[0].size;
+    for (int b = 1; b < last; b++) bases[b] = w->layer_slot[(b - 1) % 2];
+}
 
 typedef struct {
     floatX* shard;          // (shard_total) this rank's reduced gradient chunks, accumulated over micro-steps;
                             // NULL below stage 2, where the zero2_ calls do nothing
     floatX* incoming;       // (shard_total) the chunks reduce-scattered in this micro-step
-    floatX* workspace;      // (ends + 2 * slot_size) [embeddings | final LayerNorm | layer slot 0 | slot 1]
-    floatX* layer_slot[2];  // (slot_size) each, inside the workspace
-    size_t shard_total, ends, slot_size;  // elements; ends: the embeddings and final-LayerNorm buckets
+    LayerSlots workspace;   // what backward writes
+    size_t shard_total;
     int slot_pending[2];    // a reduce-scatter that reads the slot was posted and not yet waited for
 #ifdef HAVE_NCCL
     cudaEvent_t slot_free[2];  // recorded on the communication stream after that reduce-scatter
 #endif
 } Zero2Grads;
 
-// Allocates the buffers at stage 2 (below it nothing: the full gradient buffer serves). elem: bytes of a
-// floatX element (the planner builds for other precisions); the bytes are counted into the three
-// accounts: the gradient shard, the communication buffer (incoming), the workspace.
+// Allocates the buffers at stages 2 and 3 (below, nothing: the full gradient buffer serves); the bytes
+// are counted into the three accounts: the gradient shard, the communication buffer (incoming), the
+// workspace.
 static void zero2_init(Zero2Grads* w, const ZeroPlan* z, const BuildMode* mode, size_t* bytes_grads, size_t* bytes_comm,
                        size_t* bytes_workspace) {
     memset(w, 0, sizeof(*w));
-    if (z->stage != 2) return;
-    int last = z->num_buckets - 1;
+    if (z->stage < 2) return;
     w->shard_total = z->shard_total;
     w->shard = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_grads);
     w->incoming = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_comm);
-    for (int b = 1; b < last; b++) w->slot_size = z->buckets[b].size > w->slot_size ? z->buckets[b].size : w->slot_size;
-    w->ends = z->buckets[0].size + z->buckets[last].size;
-    w->workspace = (floatX*)zeroed_device_buffer(mode, (w->ends + 2 * w->slot_size) * mode->elem_bytes, bytes_workspace);
-    w->layer_slot[0] = w->workspace + w->ends;
-    w->layer_slot[1] = w->layer_slot[0] + w->slot_size;
-}
-
-// Where backward writes bucket b's gradients at stage 2: bases[b] for every bucket (gpt2_build points
-// the gradient tensors there).
-static void zero2_bucket_bases(const Zero2Grads* w, const ZeroPlan* z, floatX** bases) {
-    int last = z->num_buckets - 1;
-    bases[0] = w->workspace;
-    bases[last] = w->workspace + z->buckets[0].size;
-    for (int b = 1; b < last; b++) bases[b] = w->layer_slot[(b - 1) % 2];
+    layer_slots_init(&w->workspace, z, mode, bytes_workspace);
 }
 
 static void zero2_free(Zero2Grads* w) {
     if (w->shard == NULL) return;
     device_free(w->shard);
     device_free(w->incoming);
-    device_free(w->workspace);
+    device_free(w->workspace.base);
 #ifdef HAVE_NCCL
     for (int s = 0; s < 2; s++)
         if (w->slot_free[s] != NULL) cudaCheck(cudaEventDestroy(w->slot_free[s]));
@@ -174,7 +190,7 @@ static void zero2_begin_step(Zero2Grads* w) {
 // start of a micro-step's backward: the embeddings' and final LayerNorm's gradients start from zero
 // (backward adds into them; the layer slots are cleared as each layer begins)
 static void zero2_begin_micro_step(Zero2Grads* w) {
-    if (w->shard) device_memset_zero(w->workspace, w->ends * sizeof(floatX));
+    if (w->shard) device_memset_zero(w->workspace.base, w->workspace.ends * sizeof(floatX));
 }
 
 // Before backward writes layer l's gradients: its slot must no longer be read by the reduce-scatter of
@@ -193,7 +209,7 @@ static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
         if (c->engine != ENGINE_NCCL) comm_join_group(c, &c->dp_group);
         w->slot_pending[slot] = 0;
     }
-    device_memset_zero(w->layer_slot[slot], w->slot_size * sizeof(floatX));
+    device_memset_zero(w->workspace.layer_slot[slot], w->workspace.slot_size * sizeof(floatX));
 }
 
 // After the reduce-scatter of layer l was posted (zero_reduce_bucket): its slot belongs to it until done.
@@ -230,15 +246,17 @@ static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, 
         case 1:  // ZeRO-1: the sum of my chunk lands in place, in my chunk of the full gradient buffer
             comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->d * chunk, chunk, DT_FLOATX);
             break;
-        case 2:  // ZeRO-2: the sum of my chunk lands in the micro-step's incoming shard
+        case 2:  // ZeRO-2 (and 3): the sum of my chunk lands in the micro-step's incoming shard
+        case 3:
             comm_reduce_scatter(c, &c->dp_group, grads, w->incoming + z->owned_offset[b], chunk, DT_FLOATX);
             break;
     }
 }
 
 // stage 1 and 2, after the update of the owned chunks: everyone gets every chunk of the parameters
+// (stage 3 keeps its chunks only: llmc/zero3.h gathers each layer when it runs)
 static void zero_gather_params(Comm* c, const ZeroPlan* z, floatX* params) {
-    if (z->stage == 0) return;
+    if (z->stage == 0 || z->stage == 3) return;
     for (int b = 0; b < z->num_buckets; b++)
         comm_all_gather(c, &c->dp_group, params + z->buckets[b].offset, z->buckets[b].size / z->D, DT_FLOATX);
 }
