@@ -158,6 +158,14 @@ static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const 
     free(ours_qv), free(ref_qv);
 }
 
+// a buffer laid out like the parameters (floatX, whole) -> host float array in file order
+static void gpt2_export(const GPT2* model, const floatX* buffer, float* file_order) {
+    float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
+    download_floats(mem, buffer, model->layout.total);
+    layout_to_file_order(&model->layout, model->place.tp_rank, mem, file_order);
+    free(mem);
+}
+
 static void test_against_reference(const KernelChoice* kernels, const char* dir, const char* name) {
     char model_path[4096], debug_path[4096];
     snprintf(model_path, sizeof(model_path), "%s/ref_%s_model.bin", dir, name);
@@ -191,7 +199,7 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
     check("loss", rel_diff(loss, r.loss), TOL.loss);
     gpt2_backward(&model, a, r.B, r.T, 1);
     float* grads = (float*)malloc_check(r.num_params * sizeof(float));
-    gpt2_export(&model, model.grads_memory, 1, grads);
+    gpt2_export(&model, model.grads_memory, grads);
     for (size_t i = 0; i < r.num_params; i++) grads[i] /= S;
     check_tensors("grad", c, grads, r.grads, TOL.grads, -1);
     float norm = global_norm(model.grads_memory, model.layout.total, &model.kernel_scratch.norm) / S;
@@ -367,10 +375,11 @@ static void test_bf16_model_file(const KernelChoice* kernels, const char* dir) {
 
 // Per-rank memory of D data-parallel ranks against the ZeRO formulas, with Psi = the parameter buffer's
 // elements (alignment and bucket padding included), in the bytes of this build's precision:
-//   parameters  Psi*sizeof(floatX) at every stage
-//   gradients   Psi*sizeof(floatX) at stages 0 and 1;  Psi/D*sizeof(floatX) at stage 2, plus a workspace
-//               of the embedding and final-LayerNorm buckets and two layer buckets
-//   optimizer   k*Psi*4 at stage 0, k*Psi/D*4 at stages 1 and 2 (k = 2: m, v; k = 3 with the fp32
+//   parameters  Psi*sizeof(floatX) at stages 0-2;  Psi/D*sizeof(floatX) at stage 3, plus a gather buffer
+//               the size of the gradient workspace (below), counted as workspace
+//   gradients   Psi*sizeof(floatX) at stages 0 and 1;  Psi/D*sizeof(floatX) at stages 2 and 3, plus a
+//               workspace of the embedding and final-LayerNorm buckets and two layer buckets
+//   optimizer   k*Psi*4 at stage 0, k*Psi/D*4 at stages 1-3 (k = 2: m, v; k = 3 with the fp32
 //               master weights of a BF16 build)
 // The allocation is real (the model is built for rank d of D); no communication is needed to build it.
 static void test_zero_memory(const KernelChoice* kernels, const char* dir) {
@@ -381,7 +390,7 @@ static void test_zero_memory(const KernelChoice* kernels, const char* dir) {
     model_file_read(path, &c, NULL);
     size_t fx = sizeof(floatX), k = fx == sizeof(float) ? 2 : 3;  // fp32: the parameters are the master weights
     for (int D = 1; D <= 4; D++) {
-        for (int stage = 0; stage <= 2; stage++) {
+        for (int stage = 0; stage <= 3; stage++) {
             for (int d = 0; d < D; d++) {
                 GPT2 model;
                 Placement place = {.zero = stage, .dp = D, .dp_rank = d, .tp = 1, .pp = 1, .l1 = c.L};
@@ -390,11 +399,11 @@ static void test_zero_memory(const KernelChoice* kernels, const char* dir) {
                 size_t largest_layer = 0;
                 for (int b = 1; b <= c.L; b++) largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size : largest_layer;
                 size_t workspace = (model.layout.buckets[0].size + model.layout.buckets[c.L + 1].size + 2 * largest_layer) * fx;
-                int ok = psi % D == 0 && psi >= model.num_parameters && model.bytes_params == psi * fx &&
+                int ok = psi % D == 0 && psi >= model.num_parameters && model.bytes_params == (stage < 3 ? psi : psi / D) * fx &&
                          model.bytes_grads == (stage < 2 ? psi : psi / D) * fx &&
                          model.bytes_optimizer == k * (stage == 0 ? psi : psi / D) * 4 &&
-                         model.bytes_workspace == (stage == 2 ? workspace : 0) &&
-                         model.bytes_comm == (stage == 2 ? psi / D * fx : 0);
+                         model.bytes_workspace == (stage < 2 ? 0 : stage == 2 ? workspace : 2 * workspace) &&
+                         model.bytes_comm == (stage >= 2 ? psi / D * fx : 0);
                 if (d == 0 || !ok) {
                     printf("  D=%d stage %d rank %d: Psi %zu | params %zu | grads %zu | optimizer %zu | workspace %zu | comm %zu  %s\n", D,
                            stage, d, psi, model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_workspace,
@@ -585,10 +594,10 @@ static void test_memory_plan(const KernelChoice* kernels) {
     for (int dp = 1; dp <= 4; dp *= 2)
         for (int tp = 1; tp <= 2; tp++)
             for (int pp = 1; pp <= 2; pp++)
-                for (int zero = 0; zero <= 2; zero++)
+                for (int zero = 0; zero <= 3; zero++)
                     for (int v = 0; v < 3; v++)  // --recompute 0, 3, and 3 in segments of 3 layers
                         for (int B = 1; B <= 3; B += 2) {
-                            if (pp > 1 && zero == 2) continue;
+                            if (pp > 1 && zero >= 2) continue;
                             int R = v ? 3 : 0, K = v == 2 ? 3 : 1;
                             int first[3];
                             pipeline_split(c.L, pp, NULL, first);
@@ -771,7 +780,7 @@ static void test_cpu_matmul(const char* dir) {
             gpt2_zero_grad(&model);
             losses[k][step] = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
             gpt2_backward(&model, a, r.B, r.T, 1);
-            if (step == 0) gpt2_export(&model, model.grads_memory, 1, grads[k]);
+            if (step == 0) gpt2_export(&model, model.grads_memory, grads[k]);
             int skipped = 0;
             gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped);
         }

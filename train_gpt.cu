@@ -86,7 +86,7 @@ typedef struct {
 
 // Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
 // offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
-// buckets into a workspace instead.
+// buckets into a workspace instead, ZeRO-3 the parameter buckets into the slots they are gathered into.
 static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
     Weights w;
     memset(&w, 0, sizeof(w));
@@ -103,12 +103,11 @@ static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX
     return w;
 }
 
-static Weights point_weights_flat(const GPT2Config* c, const ParamLayout* lay, floatX* base) {
-    floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
-    for (int b = 0; b < lay->num_buckets; b++) bases[b] = base + lay->buckets[b].offset;
-    Weights w = point_weights(c, lay, bases);
-    free(bases);
-    return w;
+// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's slots (llmc/zero.h)
+static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_slots, floatX* flat, const LayerSlots* slots, floatX** bases) {
+    if (in_slots) layer_slots_bases(slots, z, bases);
+    else for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
+    return bases;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -280,24 +279,15 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
     size_t n = lay->total, shard = model->zero.shard_total, fx = mode->elem_bytes;
 
-    floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
+    // whole buffers, or shards (gradients at ZeRO-2 and 3, parameters at 3) and slots the tensors point into
+    check_internal(place->pp == 1 || zero_stage < 2, "ZeRO-2 or 3 with pipeline parallelism");
+    if (zero_stage < 3) model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
+    if (zero_stage < 2) model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
     zero3_init(&model->zero3, &model->zero, mode, &model->bytes_params, &model->bytes_workspace);
-    if (zero_stage < 3) {
-        model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
-        model->params = point_weights_flat(c, lay, model->params_memory);
-    } else {  // ZeRO-3: the parameter tensors point into the buffer their buckets are gathered into
-        zero3_bucket_bases(&model->zero3, &model->zero, bases);
-        model->params = point_weights(c, lay, bases);
-    }
-    if (zero_stage < 2) {
-        model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
-        model->grads = point_weights_flat(c, lay, model->grads_memory);
-    } else {  // ZeRO-2 and 3: backward writes into the workspace, whose buckets point the gradient tensors
-        check_internal(place->pp == 1, "ZeRO-2 with pipeline parallelism");
-        zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
-        layer_slots_bases(&model->zero2.workspace, &model->zero, bases);
-        model->grads = point_weights(c, lay, bases);
-    }
+    zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
+    floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
+    model->params = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage == 3, model->params_memory, &model->zero3.gathered, bases));
+    model->grads = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage >= 2, model->grads_memory, &model->zero2.workspace, bases));
     free(bases);
     if (!master_is_params(model)) model->master = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
@@ -337,14 +327,11 @@ static void gpt2_free(GPT2* model) {
     device_free(model->step_losses.means);
 }
 
-// Bucket b's owned range of the parameters: in the whole buffer, or at ZeRO-3 in the shard.
-static floatX* owned_params(GPT2* model, int b) {
-    if (model->zero.stage == 3) return model->zero3.shard + model->zero.owned_offset[b];
-    return model->params_memory + owned_start(&model->zero, b);
+static floatX* owned_params(GPT2* model, int b) {  // bucket b's owned range of the parameters (ZeRO-3: in its shard)
+    return model->zero.stage == 3 ? model->zero3.shard + model->zero.owned_offset[b] : model->params_memory + owned_start(&model->zero, b);
 }
 
-// The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
-// themselves in FP32 builds.
+// The fp32 master weights of bucket b's owned range: a shard buffer (BF16, FP16), the parameters themselves (FP32)
 static float* owned_master(GPT2* model, int b) {
     if (master_is_params(model)) return (float*)owned_params(model, b);
     return model->master + model->zero.owned_offset[b];
@@ -356,8 +343,7 @@ static floatX* owned_grads(GPT2* model, int b) {
     return model->grads_memory + owned_start(&model->zero, b);
 }
 
-// parameters from a host float array in file order: the whole floatX copy (at ZeRO-3 our chunks of
-// it), and our master shard
+// parameters from a host float array in file order: the floatX copy (whole; ZeRO-3: our chunks), our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
     float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
@@ -383,16 +369,6 @@ static void gpt2_set_optimizer_state(GPT2* model, const float* m_file, const flo
     }
     free(mem);
     free(shard);
-}
-
-// a buffer laid out like the parameters (floatX or float, whole) -> host float array in file order
-static void gpt2_export(const GPT2* model, const void* buffer, int is_floatX, float* file_order) {
-    size_t n = model->layout.total;
-    float* mem = (float*)malloc_check(n * sizeof(float));
-    if (is_floatX) download_floats(mem, (const floatX*)buffer, n);
-    else copy_to_host(mem, buffer, n * sizeof(float));
-    layout_to_file_order(&model->layout, model->place.tp_rank, mem, file_order);
-    free(mem);
 }
 
 // The fp32 master weights, whole, in file order (collective: every rank must call it). The owned
@@ -865,8 +841,8 @@ static void gpt2_round_params(GPT2* model, int t) {
     for (int i = 0; i < model->layout.num_slots; i++) {
         const TensorSlot* s = &model->layout.slots[i];
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
-        round_params(owned_params(model, s->bucket) + (lo - owned_start(&model->zero, s->bucket)), model->master + k, hi - lo, lo, t,
-                     model->stochastic_rounding);
+        floatX* params = owned_params(model, s->bucket) + (lo - owned_start(&model->zero, s->bucket));
+        round_params(params, model->master + k, hi - lo, lo, t, model->stochastic_rounding);
     }
     zero3_params_changed(&model->zero3);
     zero_gather_params(model->comm, &model->zero, model->params_memory);
@@ -1320,7 +1296,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
     int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
     gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
-    if (tc->trace) run->model.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
+    if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
     run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;

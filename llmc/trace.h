@@ -1,8 +1,8 @@
 /*
  * trace.h: --trace FILE, a Chrome/Perfetto timeline of a few training steps, one process per rank and
  * two lanes in each: "compute" (forward, backward, optimizer) and "communication" (pipeline sends and
- * receives, data-parallel reductions per gradient bucket, tensor-parallel f/g sums, the tied-embedding
- * sum). A learner sees there where a rank waits (the pipeline bubble, a receive that blocks) and whether
+ * receives, data-parallel reductions per gradient bucket, ZeRO-3's parameter gathers, tensor-parallel
+ * f/g sums, the tied-embedding sum). A learner sees there where a rank waits (the pipeline bubble, a receive that blocks) and whether
  * communication overlaps compute. scripts/plot_trace.py draws the file; ui.perfetto.dev opens it.
  *
  * Every rank records its own spans and writes them to FILE.rank<r>; rank 0 merges the parts. The ranks'
@@ -19,7 +19,7 @@ typedef enum { LANE_COMPUTE = 0, LANE_COMMUNICATION = 1 } TraceLane;
 
 typedef struct {
     char name[40];
-    const char* cat;  // forward | backward | optimizer  |  send | recv | sendrecv | allreduce | tp
+    const char* cat;  // forward | backward | optimizer  |  send | recv | sendrecv | allreduce | allgather | tp
     double start_us, dur_us;
 } TraceEvent;
 

@@ -33,7 +33,7 @@
  *
  * What the trainer calls (all do nothing below stage 3):
  *   zero3_init / zero3_free       the shard and the gather buffer (gpt2_build_as, gpt2_free)
- *   zero3_bucket_bases            where the parameter tensors point (gpt2_build_as)
+ *   layer_slots_bases (zero.h)    where the parameter tensors point: into `gathered` (gpt2_build_as)
  *   zero3_need_ends               forward's start: the embeddings and final LayerNorm, gathered
  *   zero3_need_layer (l, next)    before layer l runs (forward, recomputation, backward): gathered, and the
  *                                 gather of `next` posted
@@ -45,6 +45,7 @@
 
 #include "comm.h"    // Comm, comm_all_gather, comm_join_group
 #include "device.h"  // floatX, BuildMode, zeroed_device_buffer, device_free, device_copy
+#include "trace.h"   // trace_now_us, trace_add: the gathers on the communication lane of --trace
 #include "zero.h"    // ZeroPlan, LayerSlots, layer_slots_init, layer_slots_bases
 
 typedef struct {
@@ -53,6 +54,7 @@ typedef struct {
     int ends_valid;       // the embeddings and final LayerNorm are gathered and current
     int slot_layer[2];    // the layer whose gather was posted into each layer slot (-1: none, or stale)
     int pending[3];       // a gather into layer slot 0, 1, or the ends (2) was posted and not yet waited for
+    Tracer* tracer;       // --trace (NULL: off)
 #ifdef HAVE_NCCL
     cudaEvent_t ready[3];  // recorded on the communication stream after that gather
 #endif
@@ -72,10 +74,6 @@ static void zero3_init(Zero3Params* p, const ZeroPlan* z, const BuildMode* mode,
     layer_slots_init(&p->gathered, z, mode, bytes_workspace);
 }
 
-static void zero3_bucket_bases(const Zero3Params* p, const ZeroPlan* z, floatX** bases) {
-    layer_slots_bases(&p->gathered, z, bases);
-}
-
 static void zero3_free(Zero3Params* p) {
     if (p->shard == NULL) return;
     device_free(p->shard);
@@ -92,8 +90,10 @@ static void zero3_free(Zero3Params* p) {
 static void zero3_post_gather(Comm* c, const Zero3Params* p, const ZeroPlan* z, int b, floatX* dst) {
     size_t chunk = z->buckets[b].size / z->D;
     if (chunk == 0) return;
+    double t0 = trace_now_us(p->tracer);
     device_copy(dst + (size_t)z->d * chunk, p->shard + z->owned_offset[b], chunk * sizeof(floatX));
     comm_all_gather(c, &c->dp_group, dst, chunk, DT_FLOATX);
+    trace_add(p->tracer, "allgather", "gather", b, t0);  // (bucket b: layer b - 1)
 }
 
 // The gathers into slot s (0, 1: layers; 2: the ends) were posted: remember it, and on the GPU with NCCL

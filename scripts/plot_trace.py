@@ -2,8 +2,8 @@
 """plot_trace.py: renders a trace written by `train_gpt --trace FILE` as a PNG timeline.
 
 Two rows per rank: compute (forward and backward bars labeled with their micro-batch, the optimizer)
-and, below it, communication (pipeline sends and receives, data-parallel reductions, tensor-parallel
-f/g sums, the tied-embedding sum). The gaps in the compute rows are the pipeline bubble; the title
+and, below it, communication (pipeline sends and receives, data-parallel reductions, ZeRO-3's
+parameter gathers, tensor-parallel f/g sums, the tied-embedding sum). The gaps in the compute rows are the pipeline bubble; the title
 gives the schedule, P, M and the bubble the run measured next to its ideal (P-1)/(M+P-1). Needs
 matplotlib (Debian package python3-matplotlib).
 
@@ -21,6 +21,7 @@ COLORS = {
     "recv": "#C8C8C8",
     "sendrecv": "#B0B0B0",
     "allreduce": "#7FBF7F",
+    "allgather": "#5FA8A0",
     "tp": "#E0C050",
     "optimizer": "#B07FD0",
 }
