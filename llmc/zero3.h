@@ -140,11 +140,11 @@ static void zero3_need_ends(Comm* c, Zero3Params* p, const ZeroPlan* z) {
 
 // Layer l runs next: its parameters are gathered into slot l % 2 unless they are there already, and the
 // main stream waits for them. Then the gather of `next` (the layer the caller runs after l; -1: none) is
-// posted into the other slot, to overlap layer l's work; a `next` that would need l's own slot is left
-// to its own call.
+// posted into the other slot, to overlap layer l's work (a neighbour of l: the other slot, never l's).
 static void zero3_need_layer(Comm* c, Zero3Params* p, const ZeroPlan* z, int l, int next) {
     if (p->shard == NULL) return;
+    check_internal(next < 0 || next % 2 != l % 2, "ZeRO-3: the next layer would be gathered into the slot in use");
     if (p->slot_layer[l % 2] != l) zero3_gather_layer(c, p, z, l);
     zero3_wait(c, p, l % 2);
-    if (next >= 0 && next % 2 != l % 2 && p->slot_layer[next % 2] != next) zero3_gather_layer(c, p, z, next);
+    if (next >= 0 && p->slot_layer[next % 2] != next) zero3_gather_layer(c, p, z, next);
 }

@@ -8,7 +8,8 @@
 #      kernels. Tolerance 1e-4 relative (float32 against float64 over a 2-layer model; the trainer's
 #      validation loss meets the same reference to ~1e-6, test_gpt). The accuracy printed must equal the
 #      share of examples whose label has the lowest reference loss.
-#   2. The same accuracy with --dp 2, --tp 2 and --pp 2 (mpirun): examples split across DP ranks.
+#   2. The same accuracy with --dp 2, --tp 2, --pp 2 and --dp 3 --zero 3 (mpirun): examples split across DP
+#      ranks (ZeRO-3 with uneven splits on a deeper model: zero.sh).
 #   3. Malformed files end in one error line: truncated, wrong magic, wrong version, a length past the
 #      file, a label out of range, a token id >= V, a wrong start marker, trailing bytes.
 # The accuracy of a trained and an untrained model is checked by train.sh.
@@ -104,9 +105,10 @@ PYEOF
 [ $? -eq 0 ] || fails=$((fails + 1))
 
 # 2. the same accuracy over DP, TP and PP ranks
-MPIRUN=(mpirun --oversubscribe --bind-to none -np 2)
-for mode in "--dp 2" "--tp 2" "--pp 2"; do
-    timeout 120 "${MPIRUN[@]}" "$BIN" "${M[@]}" --eval-data "$TMP/ok.bin" $mode >"$TMP/par.out" 2>&1 || fail "$mode: $(tail -2 "$TMP/par.out")"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+for mode in "--dp 2" "--tp 2" "--pp 2" "--dp 3 --zero 3"; do
+    np=$(echo "$mode" | awk '{print $2}')
+    timeout 120 "${MPIRUN[@]}" -np "$np" "$BIN" "${M[@]}" --eval-data "$TMP/ok.bin" $mode >"$TMP/par.out" 2>&1 || fail "$mode: $(tail -2 "$TMP/par.out")"
     got=$(grep -o 'multiple-choice accuracy [0-9.]*' "$TMP/par.out" | awk '{print $3}')
     [ -n "$got" ] && [ "$got" = "$(cat "$TMP/acc.txt" 2>/dev/null)" ] && ok "$mode: accuracy $got equals the reference's" \
         || fail "$mode: accuracy '$got', reference $(cat "$TMP/acc.txt" 2>/dev/null)"

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# zero.sh: ZeRO-1 and ZeRO-2 (optimizer state, then gradients, sharded over the data-parallel ranks,
-# llmc/zero.h) on the CPU target under mpirun, against single-rank runs.
-#   1. equivalence: dp in {2,3,4} x ZeRO in {1,2} x grad_accum in {1,2}: 10 steps equal the
+# zero.sh: ZeRO-1, 2 and 3 (optimizer state, then gradients, then parameters sharded over the
+# data-parallel ranks, llmc/zero.h, llmc/zero3.h) on the CPU target under mpirun, against single-rank runs.
+#   1. equivalence: dp in {2,3,4} x ZeRO in {1,2,3} x grad_accum in {1,2}: 10 steps equal the
 #      single-rank run of the same global batch (dp x B sequences per micro-step): every loss to 1e-5
 #      relative and the final parameters to 1e-5 relative norm (fp32; sums over ranks are taken in
 #      another order than one rank's, so results agree to rounding, ~1e-7, not bit for bit); ZeRO-2 with
-#      its gradient slots reused (3 layers)
+#      its gradient slots reused (3 layers); ZeRO-3 with its gather slots reused (5 layers), under
+#      recomputation (recomputed layers are gathered again: levels 1 and 3, segments of 2 and 3 layers)
 #      (every run in the MPI engine's strict mode, see lib.sh; one also in the default mode)
 #   2. sharded checkpoints: resume at the same dp is bit-exact (same final model file, byte for byte); a
 #      run saved at dp=4 (ZeRO-2) and resumed at dp=2 (ZeRO-1) re-shards and continues with the same
 #      losses to 1e-5, and so does one resumed on one rank; a duplicated or forged shard (one that is not
 #      what its name says, or shards that cover some parameters twice) is refused; --keep-last 1 leaves
-#      only the newest checkpoint's files (model and every shard)
+#      only the newest checkpoint's files (model and every shard); ZeRO-3: resume at the same dp is
+#      bit-exact, a ZeRO-3 run's checkpoint resumes at dp=2 ZeRO-1 and a ZeRO-1 run's at dp=4 ZeRO-3
+#   3. ZeRO-3 outside training steps: validation loss, samples and multiple-choice accuracy equal ZeRO-0's
+#      (dp=3: the ranks hold different numbers of examples, yet every rank gathers in every forward);
+#      --trace puts each gather on the communication lane, exactly as many as the two slots need;
+#      --zero 3 with --pp is refused in one line
 # ZeRO 0 (plain data parallelism): data_parallel.sh.
 # usage: tests/zero.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
@@ -22,7 +28,7 @@ use_small_run  # $TMP/tokens.bin and COMMON (tests/lib.sh)
 B=2
 
 echo "1. equivalence with the single-rank run of the same global batch"
-dp_equivalence "$B" 1 2
+dp_equivalence "$B" 1 2 3
 
 # ZeRO-2 reuses its two gradient slots from the third layer on: in strict mode (lib.sh) a
 # slot rewritten before the reduce-scatter that reads it was waited for gives wrong losses
@@ -32,6 +38,18 @@ compare "dp=2 zero=2 L=3 (slots reused)" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref
 # and the default (not strict) MPI engine, which users run
 LLMC_COMM_STRICT=0 run 2 --layers 3 --batch-size 2 --zero 2 --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin"
 compare "dp=2 zero=2 L=3, not strict" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+
+# ZeRO-3 gathers layer l into slot l % 2: from the third layer on a slot is gathered into again, and in
+# strict mode a slot rewritten before its gather (or read before it) gives wrong losses; recomputation
+# gathers the layers it recomputes again (with segments: a segment forward, then its backward)
+for R in "0" "1" "3 --recompute-segment 2" "3 --recompute-segment 3"; do
+    "$BIN" "${COMMON[@]}" --layers 5 --batch-size 4 --grad-accum 2 --recompute $R --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
+    run 2 --layers 5 --batch-size 2 --grad-accum 2 --recompute $R --zero 3 --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin"
+    compare "dp=2 zero=3 L=5 --recompute $R" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+done
+LLMC_COMM_STRICT=0 run 2 --layers 5 --batch-size 2 --grad-accum 2 --recompute 0 --zero 3 --log "$TMP/dp.jsonl" --save-model "$TMP/dp.bin"
+"$BIN" "${COMMON[@]}" --layers 5 --batch-size 4 --grad-accum 2 --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
+compare "dp=2 zero=3 L=5, not strict" "$TMP/dp.jsonl" "$TMP/dp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
 
 echo "2. sharded checkpoints"
 # straight runs to compare with
@@ -68,6 +86,69 @@ run 2 --batch-size 4 --zero 1 --steps 3 --save-every 1 --keep-last 1 --checkpoin
 if [ "$(ls "$TMP/ckk" | tr '\n' ' ')" = "model_00000003.bin state_00000003_00000.bin state_00000003_00001.bin " ]; then
     echo "  ok    --keep-last 1 at dp=2 ZeRO-1: only step 3's model and 2 shards remain"
 else echo "  FAIL  --keep-last 1 at dp=2 ZeRO-1 left: $(ls "$TMP/ckk" | tr '\n' ' ')"; fails=$((fails + 1)); fi
+
+# ZeRO-3 checkpoints: bit-exact at the same dp; re-sharded to ZeRO-1 and from ZeRO-1 (s4: dp=4 x 2 sequences)
+run 2 --batch-size 4 --zero 3 --log "$TMP/s23.jsonl" --save-model "$TMP/s23.bin"
+run 2 --batch-size 4 --zero 3 --stop-after 5 --checkpoint-dir "$TMP/ck23"
+run 2 --batch-size 4 --zero 3 --resume "$TMP/ck23" --save-model "$TMP/r23.bin"
+if cmp -s "$TMP/s23.bin" "$TMP/r23.bin"; then echo "  ok    resume at dp=2 ZeRO-3: final model byte-identical"
+else echo "  FAIL  resume at dp=2 ZeRO-3: final model differs"; fails=$((fails + 1)); fi
+run 4 --batch-size 2 --zero 3 --stop-after 5 --checkpoint-dir "$TMP/ck43"
+run 2 --batch-size 4 --zero 1 --resume "$TMP/ck43" --log "$TMP/r43.jsonl" --save-model "$TMP/r43.bin"
+compare "save dp=4 ZeRO-3, resume dp=2 ZeRO-1" "$TMP/r43.jsonl" "$TMP/r43.bin" "$TMP/s4.jsonl" "$TMP/s4.bin" 6
+run 2 --batch-size 4 --zero 1 --stop-after 5 --checkpoint-dir "$TMP/ck21"
+run 4 --batch-size 2 --zero 3 --resume "$TMP/ck21" --log "$TMP/r21.jsonl" --save-model "$TMP/r21.bin"
+compare "save dp=2 ZeRO-1, resume dp=4 ZeRO-3" "$TMP/r21.jsonl" "$TMP/r21.bin" "$TMP/s4.jsonl" "$TMP/s4.bin" 6
+
+echo "3. ZeRO-3 outside the training step"
+# validation and samples print the same at ZeRO-3 as at ZeRO-0 (every forward gathers; the update
+# between them makes every gathered copy stale)
+"$PY" -c 'import struct, sys
+with open(sys.argv[1], "wb") as f:  # a tokenizer for the 1000-token vocabulary: token i reads " t<i>"
+    f.write(struct.pack("<256i", *([20240328, 2, 1000, 999] + [0] * 252)))
+    for i in range(1000): w = b" t%d" % i; f.write(bytes([len(w)]) + w)' "$TMP/tok1000.bin"
+EVAL=(--batch-size 2 --layers 3 --val-data "$TMP/tokens.bin" --val-every 4 --val-batches 3 --sample-every 4 --sample-len 6
+      --tokenizer "$TMP/tok1000.bin")
+run 2 "${EVAL[@]}" --zero 0 && grep -E '^step .*val loss|^sample' "$TMP/run.out" >"$TMP/z0.txt"
+run 2 "${EVAL[@]}" --zero 3 && grep -E '^step .*val loss|^sample' "$TMP/run.out" >"$TMP/z3.txt"
+if grep -q 'val loss' "$TMP/z0.txt" && grep -q '^sample' "$TMP/z0.txt" && cmp -s "$TMP/z0.txt" "$TMP/z3.txt"; then
+    echo "  ok    dp=2 ZeRO-3: $(grep -c 'val loss' "$TMP/z3.txt") validation losses and $(grep -c '^sample' "$TMP/z3.txt") samples as at ZeRO-0"
+else echo "  FAIL  dp=2 ZeRO-3: validation or samples differ from ZeRO-0"; diff "$TMP/z0.txt" "$TMP/z3.txt" | head -5; fails=$((fails + 1)); fi
+
+# multiple-choice accuracy at dp=3, one row per forward: the ranks hold 14, 13 and 13 examples (56, 52, 52
+# rows), yet with 3 layers every forward gathers (two slots), so every rank must run as many forwards
+"$PY" -c 'import random, sys; sys.path.insert(0, "scripts"); from make_eval_data import write_evalfile
+rng = random.Random(5)
+write_evalfile(sys.argv[1], [(rng.randrange(4), [rng.randrange(1000) for _ in range(rng.randint(1, 9))],
+               [[rng.randrange(1000) for _ in range(rng.randint(1, 6))] for _ in range(4)]) for _ in range(40)])' "$TMP/mc.bin"
+for Z in 0 3; do
+    run 3 --layers 3 --batch-size 1 --steps 2 --eval-data "$TMP/mc.bin" --eval-every 1 --zero $Z
+    grep -o 'multiple-choice accuracy [0-9.]*' "$TMP/run.out" >"$TMP/mc$Z.txt"
+done
+if [ "$(wc -l <"$TMP/mc0.txt")" -ge 2 ] && cmp -s "$TMP/mc0.txt" "$TMP/mc3.txt"; then
+    echo "  ok    dp=3 ZeRO-3, uneven examples per rank: accuracies $(awk '{print $3}' "$TMP/mc3.txt" | tr '\n' ' ')as at ZeRO-0"
+else echo "  FAIL  dp=3 ZeRO-3 multiple-choice accuracy: $(cat "$TMP/mc3.txt"), ZeRO-0: $(cat "$TMP/mc0.txt")"; fails=$((fails + 1)); fi
+
+# the trace: every gather on the communication lane (tid 1). How many, with L layers and M micro-steps:
+# the first step gathers the ends (2 buckets) and all L layers in its first forward, then L-2 in each
+# backward (the last two are still there) and L-2 in each later forward (the first two are still there),
+# so 2 + L + (L-2)(2M-1); every later step (the update made every copy stale) the same
+run 2 --layers 5 --batch-size 2 --grad-accum 2 --zero 3 --steps 3 --trace "$TMP/z3trace.json"
+"$PY" - "$TMP/z3trace.json" 5 2 3 <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+path, L, M, steps = sys.argv[1], *map(int, sys.argv[2:])
+events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+gathers = [e for e in events if e["cat"] == "allgather"]
+per_rank = {p: sum(1 for e in gathers if e["pid"] == p) for p in sorted({e["pid"] for e in events})}
+opt = sum(1 for e in events if e["cat"] == "optimizer" and e["pid"] == 0)
+want = opt * (2 + L + (L - 2) * (2 * M - 1))
+lanes = {e["tid"] for e in gathers}
+ok = len(per_rank) == 2 and lanes == {1} and all(n == want for n in per_rank.values())
+print(f"  {'ok  ' if ok else 'FAIL'}  trace: gathers per rank {per_rank} over {opt} traced step(s), want {want} each; lanes {sorted(lanes)}")
+sys.exit(0 if ok else 1)
+PYEOF
+
+expect_mpi_error "--zero 3 with --pp" "--zero 3 with --pp is not supported" 2 "$BIN" "${COMMON[@]}" --batch-size 2 --pp 2 --zero 3
 
 if [ $fails -ne 0 ]; then echo "zero: $fails FAILED"; exit 1; fi
 echo "zero: all passed"
