@@ -39,7 +39,7 @@
  *                                 gather of `next` posted
  *   zero3_params_changed          after the update or a load: every gathered copy is stale
  * Every rank must make the same calls in the same order (they post collectives); every forward and
- * backward does, evaluation included (eval.h's rows are padded to the same count on every rank).
+ * backward does, evaluation included (multiple-choice eval runs as many forwards on every DP rank).
  */
 #pragma once
 

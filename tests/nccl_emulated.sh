@@ -4,7 +4,8 @@
 # pick NCCL, whose calls dev/emulate/emulate_nccl.h carries out between the processes. Against single-rank
 # runs of the same binary (every loss to 1e-5 relative, final parameters to 1e-5 relative norm, as
 # tests/*_parallel.sh and zero.sh: sums over ranks are taken in another order than one rank's):
-#   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1 and 2 (reduce-scatter, all-gather),
+#   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1, 2 and 3 (reduce-scatter, all-gather; at
+#      ZeRO-3 per layer into two slots, 3 layers, the main stream waiting on the gathers' events),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL";
 #      a final model written slower than --comm-timeout (the other ranks wait under --io-timeout)
@@ -17,7 +18,8 @@
 #      a rank stopped mid-run under ZeRO-2, while the other's host waits inside CUDA (llmc/watchdog.h);
 #      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
 #      connection to rank 0 closes: llmc/comm/liveness.h), with the id through a folder and over TCP
-#   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits
+#   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits, and
+#      so does ZeRO-3 (the same reduced chunks and updates; the parameters gathered per layer, not per step)
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
 # wrong results here (part 1's rematerialized pipeline: its sends leave a buffer the next forward overwrites).
@@ -72,7 +74,7 @@ launch_two() {  # ENV... -- ARGS...: starts ranks 0 and 1 (pids in $pid0 $pid1, 
 echo "1. under mpirun, the NCCL engine against the single-rank run"
 for A in 1 2; do
     reference --batch-size 4 --grad-accum $A
-    for Z in 0 1 2; do
+    for Z in 0 1 2 3; do
         [ $Z -eq 0 ] && [ $A -eq 2 ] && continue
         nccl_run "dp=2 ZeRO-$Z grad_accum=$A" 2 --batch-size 2 --grad-accum $A --zero $Z
     done
@@ -243,6 +245,14 @@ if [ -n "$BIN_BF16" ]; then
         echo "  ok    BF16 dp=2 ZeRO-2: NCCL engine = MPI engine, byte for byte (6 losses, model file)"
     else
         echo "  FAIL  BF16 dp=2 ZeRO-2: the NCCL and MPI engines differ (or a run did not take its engine)"; fails=$((fails + 1))
+    fi
+    timeout 120 "${MPIRUN[@]}" -np 2 "$BIN_BF16" "${COMMON[@]}" --batch-size 2 --zero 3 --log "$TMP/bf16-z3.jsonl" \
+        --save-model "$TMP/bf16-z3.bin" >"$TMP/bf16-z3.out" 2>&1 || { echo "  FAIL  BF16 ZeRO-3 run"; tail -3 "$TMP/bf16-z3.out"; fails=$((fails + 1)); }
+    if grep -q "engine NCCL" "$TMP/bf16-z3.out" && cmp -s "$TMP/bf16-1.bin" "$TMP/bf16-z3.bin" &&
+        [ "$(grep -o '"loss": [^,]*' "$TMP/bf16-1.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/bf16-z3.jsonl")" ]; then
+        echo "  ok    BF16 dp=2 ZeRO-3 on the NCCL engine = ZeRO-2 on the MPI engine, byte for byte (losses, model file)"
+    else
+        echo "  FAIL  BF16 dp=2 ZeRO-3 (NCCL) differs from ZeRO-2 (MPI)"; fails=$((fails + 1))
     fi
 fi
 
