@@ -18,13 +18,16 @@
  * forward and stay until the parameters change: the classifier, its backward and the final LayerNorm's
  * read them at the end of the forward and the start of the backward.
  *
- * One micro-step, L = 4 layers (G x: the gather of x, on the communication stream; F x / B x: layer x's
- * forward / backward on the main stream; RS x: the reduce-scatter of its gradients, ZeRO-2's):
+ * One micro-step, L = 4 layers, in time order left to right (on the GPU with NCCL; G x: the gather of x on
+ * the communication stream, Ge: of the ends; F x / B x: layer x's forward / backward on the main stream;
+ * RS x: the reduce-scatter of its gradients, ZeRO-2's; in the slot rows x>y: y is being gathered over x,
+ * whose last use is done):
  *
- *      comm   G ends G0  G1    G2    G3                         G1        RS3 G0  RS2   RS1   RS0,e
- *      main             F0    F1    F2    F3  classifier  B3   B2        B1        B0   embedding
- *      slot 0           [ 0 ] [0 ] [ 2 ] [2 ]             [2 ]  2 ->G0  [0 ]
- *      slot 1                [ 1 ] [1 ]  [ 3 ]            [3 ]  3 ->G1
+ *      main         F0    F1    F2    F3  classifier lnf  B3    B2        B1        B0   embedding
+ *      comm   Ge G0 G1    G2    G3                        RSf   RS3 G1    RS2 G0    RS1  RS0 RSe
+ *      slot 0    0  0     0>2   2     2                   2     2         2>0       0
+ *      slot 1       >1    1     1>3   3                   3     3>1       1         1
+ *
  * Backward begins with the last two layers still gathered (no gather for them), and then gathers again in
  * reverse order. Each gather into a slot is queued after the work already queued on the main stream, so
  * it overwrites the slot only once the layer that used it is done. The next micro-step's forward finds
