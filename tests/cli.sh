@@ -56,7 +56,7 @@ expect_error "flash plan in fp32" "attention flash needs 16-bit" --plan --precis
     --channels 128 --heads 2 --max-seq-len 64 --seq-len 64
 expect_error "trailing garbage" "expects an integer" "${TINY[@]}" "${GOOD[@]}" --batch-size 4x
 expect_error "out of range" "must be between" "${TINY[@]}" "${GOOD[@]}" --batch-size 0
-expect_error "--zero out of range" "--zero must be between 0 and 2" "${TINY[@]}" "${GOOD[@]}" --zero 3
+expect_error "--zero out of range" "--zero must be between 0 and 3" "${TINY[@]}" "${GOOD[@]}" --zero 4
 expect_error "--fused-kernels out of range" "--fused-kernels must be between 0 and 1" "${TINY[@]}" "${GOOD[@]}" --fused-kernels 2
 expect_error "--cpu-matmul kind" "--cpu-matmul must be blas or reference" "${TINY[@]}" "${GOOD[@]}" --cpu-matmul fast
 expect_error "bad schedule" "lr-schedule" "${TINY[@]}" "${GOOD[@]}" --lr-schedule sawtooth
