@@ -126,7 +126,7 @@ typedef struct {
     size_t ends, slot_size;  // elements; ends: the embeddings and final-LayerNorm buckets
 } LayerSlots;
 
-// elem: bytes of a floatX element (the planner builds for other precisions); the bytes go to *account
+// mode: real or dry, with the element size (the planner builds for other precisions); the bytes go to *account
 static void layer_slots_init(LayerSlots* w, const ZeroPlan* z, const BuildMode* mode, size_t* account) {
     int last = z->num_buckets - 1;
     w->slot_size = 0;
