@@ -64,7 +64,7 @@ static void run_version(int ver, float* master, const float* grad, float* m, flo
         case 3: {
             AdamWRange r[TENSORS];
             tensors(r, master, grad, m, v, n, a.weight_decay);
-            adamw_update_ranges(r, TENSORS, a, 1);
+            adamw_update_ranges(r, TENSORS, a, 1, NULL);
             break;
         }
     }

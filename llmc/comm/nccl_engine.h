@@ -165,6 +165,12 @@ static void nccl_wait(Comm* c) {
 
 static void nccl_wait_group(Comm* c, Group* g) { nccl_wait_streams(c, &g, 1); }
 
+// the main stream's later work waits for group g's operations queued so far; the host goes on at once
+static void nccl_main_waits(Comm* c, Group* g) {
+    cudaCheck(cudaEventRecord(c->event, g->stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, c->event, 0));
+}
+
 // ----------------------------------------------------------------------------------------------------
 // operations
 
@@ -398,6 +404,10 @@ static void nccl_wait(Comm* c) {
     NCCL_MISSING();
 }
 static void nccl_wait_group(Comm* c, Group* g) {
+    (void)c, (void)g;
+    NCCL_MISSING();
+}
+static void nccl_main_waits(Comm* c, Group* g) {
     (void)c, (void)g;
     NCCL_MISSING();
 }
