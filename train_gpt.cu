@@ -231,7 +231,7 @@ typedef struct {
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
-    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (gpt2_grad_sumsq)
+    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (llmc/step_report.h)
     Weights params, grads;
     Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
@@ -326,10 +326,9 @@ static void gpt2_free(GPT2* model) {
     free(model->grads.layers);
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
-    norm_parts_free(&model->norm_parts);
+    norm_parts_free(&model->norm_parts), step_report_free(&model->report);
     free(model->host_losses);
     device_free(model->step_losses.means);
-    step_report_free(&model->report);
 }
 
 // The fp32 master weights of bucket b's owned range: a shard buffer in BF16 builds, the parameters
@@ -763,7 +762,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 // ----------------------------------------------------------------------------------------------------
 // 6. update: the global norm, clipping, loss scaling and AdamW on the owned shard
 
-// The owned ranges of the gradients that the squared norm sums every step (gpt2_grad_sumsq): group 1
+// The owned ranges of the gradients that the squared norm sums every step (grad_sumsq_on_host): group 1
 // holds the tensors split by TP, group 0 the replicated ones.
 static void gpt2_init_norm_parts(GPT2* model) {
     const ZeroPlan* z = &model->zero;
@@ -779,23 +778,8 @@ static void gpt2_init_norm_parts(GPT2* model) {
     norm_parts_finish(&model->norm_parts);
 }
 
-// The squared norm of all the model's gradients (with a loss scaler: of scale x gradients), the same on
-// every rank: tensors split by TP are summed over the TP group, replicated ones counted once; the
-// stages' tensors are summed over the PP group; with ZeRO the owned parts over the DP group.
-static double gpt2_grad_sumsq(GPT2* model) {
-    Comm* comm = model->comm;
-    double sums[2];  // [replicated, split by TP]
-    norm_parts_sum(&model->norm_parts, sums, &model->kernel_scratch.norm, model->kernels.fused);
-    if (model->place.tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
-    double sumsq = sums[1] + sums[0];
-    comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
-    if (model->zero.stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
-    return sumsq;
-}
-
-// One AdamW step number t (1-based) on the part of every tensor this rank owns; the gradients are
-// multiplied by grad_scale first (clipping, and 1 / the loss scale), or by the device's factor (`verdict`:
-// llmc/step_report.h; NULL: none).
+// One AdamW step number t (1-based) on the part of every tensor this rank owns; the gradients are multiplied
+// by grad_scale first (clipping, and 1 / the loss scale), or by the device's (`verdict`, llmc/step_report.h).
 static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, float grad_scale, const float* verdict) {
     const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
@@ -823,20 +807,19 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
 // the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
 // everywhere (*skipped = 1; parameters and optimizer state untouched). Without loss scaling, a non-finite
 // norm is returned before anything is updated: the run has diverged, and the caller ends it. Every rank
-// sees the same norm, so every rank reaches the same verdict. With --fused-kernels on the GPU the device
-// decides all this before AdamW, and the host learns it after (llmc/step_report.h), with the step's mean
-// loss (*loss; NULL: not wanted; non-finite: nothing was updated).
+// sees the same norm, so every rank reaches the same verdict. With a report on the device, the device decides
+// before AdamW and the host learns it after, with the step's mean loss (*loss, llmc/step_report.h).
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped, double* loss) {
     float scale = scaler ? loss_scale(scaler) : 1.0f;  // the scale backward ran with (the check may change it)
     if (model->report.d) {
         step_report_verdict(&model->report, model->comm, &model->norm_parts, &model->kernel_scratch.norm, model->zero.stage, scale,
                             o->grad_clip);
-        gpt2_adamw_owned(model, o, lr, t, 1.0f, model->report.d + REPORT_NONFINITE);
-        zero_gather_params(model->comm, &model->zero, model->params_memory);
-        comm_join(model->comm);
+        gpt2_adamw_owned(model, o, lr, t, 1.0f, model->report.d + REPORT_NONFINITE);  // (skips the step on the verdict)
+        zero_gather_params(model->comm, &model->zero, model->params_memory), comm_join(model->comm);
         return step_report_fetch(&model->report, scaler, model->place.dp, loss, skipped);
     }
-    double sumsq = gpt2_grad_sumsq(model);
+    double sumsq = grad_sumsq_on_host(&model->norm_parts, model->comm, &model->kernel_scratch.norm, model->place.tp, model->zero.stage,
+                                      model->kernels.fused);
     if (skipped) *skipped = 0;
     if (loss_scaler_check(scaler, model->comm, sumsq)) {
         *skipped = 1;
@@ -1370,14 +1353,6 @@ static int checkpoint_if_due(Training* run, long long step, int last, int stop_s
     return stopping;
 }
 
-// A non-finite mean loss after `step` ends the run, the step not applied (it is the mean over all ranks:
-// every rank ends alike).
-static void end_if_loss_diverged(Comm* comm, long long step, double loss) {
-    char why[64];
-    snprintf(why, sizeof(why), "the loss is %g", loss);
-    if (!isfinite(loss)) end_diverged(comm, step + 1, why, 0);
-}
-
 typedef struct {
     double loss;     // the mean loss of the global batch
     float norm, lr;  // the gradient norm before clipping, the learning rate
@@ -1401,14 +1376,14 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
     if (model->place.pp == 1) r.loss = plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
     else r.loss = pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
-    end_if_loss_diverged(comm, step, r.loss);  // (with a report on the device the loss is 0 here: gpt2_update fills it in)
+    end_if_loss_diverged(comm, step + 1, r.loss);  // (with a report on the device the loss is 0 here: gpt2_update fills it in)
     if (fault_inf_due(&tc->fault, comm->world_rank, step + 1)) inject_inf_gradient(model);
     r.lr = learning_rate(tc, step);
     double t_opt = trace_now_us(&run->tracer);
     float scale_before = loss_scale(&run->scaler);
     r.norm = gpt2_update(model, &tc->opt, r.lr, (int)(run->updates + 1), &run->scaler, &r.skipped, &r.loss);
     trace_add(&run->tracer, "optimizer", "AdamW", -1, t_opt);
-    end_if_loss_diverged(comm, step, r.loss);  // (the device's verdict has skipped AdamW then)
+    end_if_loss_diverged(comm, step + 1, r.loss);  // (the device's verdict has skipped AdamW then)
     if (losses && step < max_losses) losses[step] = (float)r.loss;
     if (r.skipped) {
         if (run->main_rank)

@@ -211,3 +211,11 @@ static Comm comm_single(void) {
              applied ? "" : "the step was not applied and ", step - 1);
     end_every_rank(comm, msg);
 }
+
+// A non-finite mean loss of `step` ends the run, the step not applied (the loss is the mean over all
+// ranks: every rank ends alike).
+static void end_if_loss_diverged(Comm* comm, long long step, double loss) {
+    char why[64];
+    snprintf(why, sizeof(why), "the loss is %g", loss);
+    if (!isfinite(loss)) end_diverged(comm, step, why, 0);
+}

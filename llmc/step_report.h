@@ -103,8 +103,23 @@ static void step_report_loss(StepReport* r, const float* means, int M) {
 #endif
 }
 
-// Queued after backward, before AdamW: the squared norm of the gradient ranges `parts` (`scratch`: their
-// partial sums), summed across ranks as gpt2_grad_sumsq sums it (TP: the split tensors; PP: every stage's
+// The default path's squared norm of all the model's gradients (with a loss scaler: of scale x gradients),
+// through the host, the same on every rank: tensors split by TP are summed over the TP group, replicated
+// ones counted once; the stages' tensors are summed over the PP group; with ZeRO the owned parts over the
+// DP group. parts: this rank's owned ranges (`scratch`: their partial sums; `batched`: --fused-kernels'
+// batched launches); tp: the TP group's size; zero_stage: the run's ZeRO stage.
+static double grad_sumsq_on_host(NormParts* parts, Comm* comm, Scratch* scratch, int tp, int zero_stage, int batched) {
+    double sums[2];  // [replicated, split by TP]
+    norm_parts_sum(parts, sums, scratch, batched);
+    if (tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
+    double sumsq = sums[1] + sums[0];
+    comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
+    if (zero_stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
+    return sumsq;
+}
+
+// The same sums on the device, queued after backward, before AdamW: the squared norm of the gradient ranges `parts` (`scratch`: their
+// partial sums), summed across ranks as grad_sumsq_on_host sums it (TP: the split tensors; PP: every stage's
 // own; DP with ZeRO stage > 0: the owned parts) together with the loss (PP: the last stage's; DP: every
 // rank's), then the verdict for the loss scale `scale` and the clip threshold `grad_clip`, the same on
 // every rank (the max of the flag over the world: an overflow on one rank skips the step everywhere).
