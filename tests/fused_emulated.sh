@@ -52,7 +52,9 @@ def log(p):
     return ({r["step"]: (r["loss"], r["grad_norm"]) for r in rows if "grad_norm" in r},
             [(r["step"], r["loss_scale"]) for r in rows if r.get("skipped")])
 (f, f_skips), (p, p_skips) = log(f"{d}/fused.jsonl"), log(f"{d}/plain.jsonl")
-assert p and set(f) == set(p), "different steps applied"
+if not p or set(f) != set(p):
+    print(f"  FAIL  {name:30s} applied steps {sorted(f)}, unfused {sorted(p)}")
+    sys.exit(1)
 loss_err = max(abs(f[s][0] - p[s][0]) / p[s][0] for s in p)
 norm_err = max(abs(f[s][1] - p[s][1]) / p[s][1] for s in p)
 x, y = np.fromfile(f"{d}/fused.bin", "<f4", offset=1024), np.fromfile(f"{d}/plain.bin", "<f4", offset=1024)
