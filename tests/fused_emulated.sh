@@ -16,11 +16,14 @@
 #    first steps, growing every 3 clean steps, and an inf injected at step 9 (at dp 2 ZeRO-0 on rank 1
 #    only, so that only the max over the world makes rank 0 skip it too): the same steps skipped at the
 #    same scales (the log's skip records, exactly).
+# 3. Without loss scaling an inf gradient ends the run at that step with the unfused run's line ("the
+#    step was not applied"), with the same checkpoints (on one rank, and dp 2 ZeRO-1 on NCCL).
 # On a GPU, scripts/check_gpu.sh runs it on build/gpu-fp32/train_gpt.
 # usage: tests/fused_emulated.sh [build/emu-fp32/train_gpt [build/emu-fp16/train_gpt]]
 set -u
 BIN=${1:-build/emu-fp32/train_gpt}
 BIN_FP16=${2:-}  # part 2's loss-scaling cases (optional)
+BIN_FP32=$BIN
 # shellcheck source=tests/lib.sh
 source "$(dirname "$0")/lib.sh"
 use_small_run
@@ -82,5 +85,21 @@ if [ -n "$BIN_FP16" ]; then
     update 1 "FP16 scaled, 1 rank" --batch-size 4 "${SCALING[@]}" --fault-inf-rank 0
     EMU_DEVICES=2 update 2 "FP16 scaled, dp 2 ZeRO-0 NCCL" --batch-size 2 "${SCALING[@]}" --fault-inf-rank 1
 fi
+echo "3. an inf gradient without loss scaling: the run ends with the unfused run's line, the step not applied"
+BIN=$BIN_FP32 CASES=("1|0" "2|1")  # NP|ZeRO stage (at dp 2 the norm is summed over both ranks: both see the inf)
+for c in "${CASES[@]}"; do
+    np=${c%%|*} zero=${c#*|}
+    for F in 0 1; do
+        EMU_DEVICES=$np timeout 120 "${MPIRUN[@]}" -np "$np" "$BIN" "${COMMON[@]}" --batch-size 2 --zero "$zero" --steps 4 --loss-scale off \
+            --fault-inf-rank 0 --fault-inf-step 2 --save-every 1 --checkpoint-dir "$TMP/ck$F" >"$TMP/div$F.out" 2>&1
+        echo "exit $?" >>"$TMP/div$F.out"
+    done
+    want="error: training diverged at step 2: the gradient norm is inf; the step was not applied and nothing after step 1 was saved"
+    if grep -qxF "$want" "$TMP/div1.out" && grep -qx "exit 1" "$TMP/div1.out" && { [ "$np" = 1 ] || grep -q "engine NCCL" "$TMP/div1.out"; } && diff -q <(grep -E "^error|^exit" "$TMP/div0.out") \
+        <(grep -E "^error|^exit" "$TMP/div1.out") >/dev/null && [ "$(ls "$TMP/ck0")" = "$(ls "$TMP/ck1")" ] && ! ls "$TMP/ck1" | grep -q 00000002
+    then echo "  ok    $np rank(s), ZeRO-$zero: ends at step 2 as unfused, newest checkpoint step 1"
+    else echo "  FAIL  $np rank(s), ZeRO-$zero:"; tail -3 "$TMP/div1.out"; ls "$TMP/ck1"; fails=$((fails + 1)); fi
+    rm -rf "$TMP/ck0" "$TMP/ck1"
+done
 if [ $fails -ne 0 ]; then echo "fused_emulated: $fails FAILED"; exit 1; fi
 echo "fused_emulated: all passed"
