@@ -249,7 +249,7 @@ typedef struct {
     // of copying the losses over and waiting; the step (plain_step, pipeline_step) fetches its M means in one copy
     float* loss_dest;        // NULL: gpt2_forward returns the loss itself
     StepLosses step_losses;  // the step's M means (llmc/classifier.h)
-    StepReport report;       // --fused-kernels on the GPU: loss, norm and verdict on the device (NULL: through the host)
+    StepReport report;       // --fused-kernels on the GPU: loss, norm and verdict on the device (llmc/step_report.h)
 } GPT2;
 
 // In fp32 the parameters are their own master weights; in bf16 and fp16 an fp32 copy is kept.
@@ -297,7 +297,7 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     gpt2_init_norm_parts(model);
-    if (kernels->fused && !TARGET_IS_CPU && !mode->dry) step_report_init(&model->report);
+    model->report.on = kernels->fused && !TARGET_IS_CPU;
 }
 
 // For real runs and tests: builds for this build's precision, allocating everything.
@@ -811,7 +811,7 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
 // before AdamW and the host learns it after, with the step's mean loss (*loss, llmc/step_report.h).
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped, double* loss) {
     float scale = scaler ? loss_scale(scaler) : 1.0f;  // the scale backward ran with (the check may change it)
-    if (model->report.d) {
+    if (model->report.on) {
         step_report_verdict(&model->report, model->comm, &model->norm_parts, &model->kernel_scratch.norm, model->zero.stage, scale,
                             o->grad_clip);
         gpt2_adamw_owned(model, o, lr, t, 1.0f, model->report.d + REPORT_NONFINITE);  // (skips the step on the verdict)
@@ -874,7 +874,7 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
     }
     model->loss_dest = NULL;
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;  // (--trace's busy share)
-    if (model->report.d) return step_report_loss(&model->report, model->step_losses.means, M), 0.0f;  // (gpt2_update reports it)
+    if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, M), 0.0f;  // (gpt2_update reports it)
     if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     double mean = loss / M;
     comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
@@ -986,7 +986,7 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     free(actions);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
     sum_tied_embedding_grads(model);
-    if (model->report.d) return step_report_loss(&model->report, model->step_losses.means, defer_loss ? M : 0), 0.0f;
+    if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, defer_loss ? M : 0), 0.0f;
     if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     double mean = model->last ? loss / M : 0.0;  // the last stage has the loss; the DP ranks average theirs
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);

@@ -47,9 +47,11 @@ enum {
 };
 
 typedef struct {
-    float* d;                   // (REPORT_FLOATS) on the device; NULL: the step's scalars go through the host
+    int on;                     // the step's scalars stay on the device (--fused-kernels on the GPU); 0: through the host
+    float* d;                   // (REPORT_FLOATS) on the device, allocated at the first step (planned as kernel scratch)
     float host[REPORT_FLOATS];  // step_report_fetch's copy
 } StepReport;
+static_assert(REPORT_FLOATS == 6, "llmc/memory_plan.h plans 6 floats for the step report");
 
 // the verdict from the summed report r (see the top), on the device or the CPU
 #ifdef LLMC_CPU
@@ -83,9 +85,13 @@ __global__ void __launch_bounds__(STEP_REPORT_THREADS) step_verdict_kernel(float
 }
 #endif
 
-static void step_report_init(StepReport* r) {
-    r->d = (float*)device_malloc(REPORT_FLOATS * sizeof(float));
-    device_memset_zero(r->d, REPORT_FLOATS * sizeof(float));
+// the report's device floats (allocated on first use, as the kernels' scratch)
+static float* step_report_floats(StepReport* r) {
+    if (r->d == NULL) {
+        r->d = (float*)device_malloc(REPORT_FLOATS * sizeof(float));
+        device_memset_zero(r->d, REPORT_FLOATS * sizeof(float));
+    }
+    return r->d;
 }
 static void step_report_free(StepReport* r) {
     device_free(r->d);
@@ -95,10 +101,11 @@ static void step_report_free(StepReport* r) {
 // report[LOSS] = the mean of the step's M micro-batch losses, means: (M) on the device (M = 0: a stage
 // without the loss)
 static void step_report_loss(StepReport* r, const float* means, int M) {
+    float* d = step_report_floats(r);
 #ifdef LLMC_CPU
-    r->d[REPORT_LOSS] = mean_loss(means, M);
+    d[REPORT_LOSS] = mean_loss(means, M);
 #else
-    step_loss_kernel<<<1, STEP_REPORT_THREADS, 0, main_stream>>>(r->d, means, M);
+    step_loss_kernel<<<1, STEP_REPORT_THREADS, 0, main_stream>>>(d, means, M);
     launchCheck();
 #endif
 }
@@ -124,7 +131,7 @@ static double grad_sumsq_on_host(NormParts* parts, Comm* comm, Scratch* scratch,
 // rank's), then the verdict for the loss scale `scale` and the clip threshold `grad_clip`, the same on
 // every rank (the max of the flag over the world: an overflow on one rank skips the step everywhere).
 static void step_report_verdict(StepReport* r, Comm* c, NormParts* parts, Scratch* scratch, int zero_stage, float scale, float grad_clip) {
-    float* d = r->d;
+    float* d = step_report_floats(r);
 #ifdef LLMC_CPU
     double sums[2];
     norm_parts_sum(parts, sums, scratch, 0);
