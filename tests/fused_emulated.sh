@@ -11,11 +11,12 @@
 # 2. Its optimizer step has no wait before AdamW (llmc/step_report.h): norm, clip factor and the skip
 #    verdict are computed on the device and summed across ranks by device collectives. With a
 #    --grad-clip small enough that every step is clipped (it moves the losses by ~6e-5 relative, six
-#    times the tolerance), on one rank and with dp 2 (ZeRO-1 on the NCCL engine, ZeRO-0 on the MPI
-#    engine); then (given the FP16 binary) with dynamic loss scaling from a scale that overflows the
-#    first steps, growing every 3 clean steps, and an inf injected at step 9 (at dp 2 ZeRO-0 on rank 1
-#    only, so that only the max over the world makes rank 0 skip it too): the same steps skipped at the
-#    same scales (the log's skip records, exactly).
+#    times the tolerance), on one rank, with dp 2 (ZeRO-1 on the NCCL engine, ZeRO-0 on the MPI engine)
+#    and tp 2 (the split tensors' sum; part 1's pipeline has the stages' sum); then (given the FP16
+#    binary) with dynamic loss scaling from a scale that overflows the first steps, growing every 3 clean
+#    steps, and an inf injected at step 9 (at dp 2 ZeRO-0 on rank 1 only, so that only the max over the
+#    world makes rank 0 skip it too): the same steps skipped at the same scales (the log's skip records,
+#    exactly).
 # 3. Without loss scaling an inf gradient ends the run at that step with the unfused run's line ("the
 #    step was not applied"), with the same checkpoints (on one rank, and dp 2 ZeRO-1 on NCCL).
 # On a GPU, scripts/check_gpu.sh runs it on build/gpu-fp32/train_gpt (parts 1 to 3, FP32; the two ranks
@@ -80,6 +81,7 @@ update 1 "clipped, 1 rank" --batch-size 4 --grad-accum 2 --steps 6 --grad-clip $
 EMU_DEVICES=2 update 2 "clipped, dp 2 ZeRO-1 NCCL" --batch-size 2 --zero 1 --steps 6 --grad-clip $CLIP
 if emulated && ! grep -q "engine NCCL" "$TMP/run.out"; then echo "  FAIL  dp 2 ZeRO-1 did not run on the NCCL engine"; fails=$((fails + 1)); fi
 update 2 "clipped, dp 2 ZeRO-0 MPI" --batch-size 2 --steps 6 --grad-clip $CLIP
+EMU_DEVICES=2 update 2 "clipped, tp 2 NCCL" --batch-size 4 --tp 2 --steps 6 --grad-clip $CLIP
 if [ -n "$BIN_FP16" ]; then
     # FP16: the gradients are rounded to fp16 (2^-11 relative) at different places by the fused kernels,
     # which moves norms and parameters by ~1e-4 (measured 9.5e-5 and 2.8e-5): an fp16 ulp, 1e-3
