@@ -192,19 +192,20 @@ static void step_report_verdict(StepReport* r, Comm* c, NormParts* parts, Scratc
 }
 
 // The step's one wait, after the update (and whatever follows it on the main stream): the report to the
-// host in one copy. *loss (NULL: not wanted) = the mean loss over the DP ranks (non-finite: the run has diverged and AdamW
-// left everything as it was; the scaler is not moved). Otherwise the loss scaler `scaler` (NULL: none)
-// moves with the verdict, and as gpt2_update: *skipped = 1 and INFINITY for a step skipped on an overflow,
-// else the norm, non-finite (INFINITY when only another rank's was) when the run diverged without a scaler.
+// host in one copy. *loss = the mean loss over the DP ranks (non-finite: the run has diverged, AdamW left
+// everything as it was, and the scaler is not moved). Otherwise the loss scaler `scaler` (NULL: none)
+// moves with the verdict and, as gpt2_update: *skipped = 1 and INFINITY for a step skipped on an
+// overflow, else the norm, non-finite (INFINITY when only another rank's was) when the run diverged
+// without a scaler. (loss, skipped: NULL when not wanted)
 static float step_report_fetch(StepReport* r, LossScaler* scaler, int dp, double* loss, int* skipped) {
     copy_to_host(r->host, r->d, sizeof(r->host));
     double mean = (double)r->host[REPORT_LOSS] / dp;
     if (loss) *loss = mean;
-    *skipped = 0;
+    if (skipped) *skipped = 0;
     if (!isfinite(mean)) return NAN;
     int nonfinite = r->host[REPORT_NONFINITE] != 0.0f;
     if (scaler && loss_scaler_update(scaler, nonfinite)) {
-        *skipped = 1;
+        if (skipped) *skipped = 1;
         return INFINITY;
     }
     float norm = r->host[REPORT_NORM];
