@@ -20,6 +20,9 @@
  *                        host then moves the loss scaler with the verdict (loss_scaler_update, as
  *                        loss_scaler_check does before the update on the default path) and the trainer
  *                        ends a diverged run
+ * The default path's sum across ranks, grad_sumsq_on_host, is here too, beside the device's. The CPU target
+ * always takes the default path (its results with --fused-kernels must stay identical); the CPU branches
+ * below are the kernels' loops written plainly, as in the layer headers.
  *
  * Precision: the collectives carry float where the default path sums doubles on the host. What each rank
  * contributes is already a double sum of float block partials, rounded once; the terms are non-negative,
@@ -161,11 +164,12 @@ static double grad_sumsq_on_host(NormParts* parts, Comm* comm, Scratch* scratch,
     return sumsq;
 }
 
-// The same sums on the device, queued after backward, before AdamW: the squared norm of the gradient ranges `parts` (`scratch`: their
-// partial sums), summed across ranks as grad_sumsq_on_host sums it (TP: the split tensors; PP: every stage's
-// own; DP with ZeRO stage > 0: the owned parts) together with the loss (PP: the last stage's; DP: every
-// rank's), then the verdict for the loss scale `scale` and the clip threshold `grad_clip`, the same on
-// every rank (the max of the flag over the world: an overflow on one rank skips the step everywhere).
+// The same sums on the device, queued after backward, before AdamW: the squared norm of the gradient
+// ranges `parts` (`scratch`: their partial sums), summed across ranks as grad_sumsq_on_host sums it (TP:
+// the split tensors; PP: every stage's own; DP with ZeRO stage > 0: the owned parts) together with the
+// loss (PP: the last stage's; DP: every rank's), then the verdict for the loss scale `scale` and the clip
+// threshold `grad_clip`, the same on every rank (the max of the flag over the world: an overflow on one
+// rank skips the step everywhere).
 static void step_report_verdict(StepReport* r, Comm* c, NormParts* parts, Scratch* scratch, int zero_stage, float scale, float grad_clip) {
     float* d = step_report_floats(r);
 #ifdef LLMC_CPU
