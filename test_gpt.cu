@@ -220,7 +220,7 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
         check(what, rel_diff(l, r.losses[step]), TOL.loss);
         gpt2_backward(&model, a, r.B, r.T, 1);
         int skipped = 0;
-        gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped);
+        gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped, NULL);
         if (skipped) fatal("a step overflowed at loss scale %g in the reference test", S);
     }
     float* params = (float*)malloc_check(r.num_params * sizeof(float));
@@ -782,7 +782,7 @@ static void test_cpu_matmul(const char* dir) {
             gpt2_backward(&model, a, r.B, r.T, 1);
             if (step == 0) gpt2_export(&model, model.grads_memory, grads[k]);
             int skipped = 0;
-            gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped);
+            gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped, NULL);
         }
         gpt2_export_master(&model, params[k]);
         gpt2_free(&model);

@@ -32,6 +32,7 @@
 #include "llmc/adamw.h"            // OptimizerConfig, adamw_update_ranges, round_params
 #include "llmc/global_norm.h"      // NormParts: the gradient norm over the owned ranges
 #include "llmc/loss_scaler.h"      // LossScaler: dynamic loss scaling
+#include "llmc/step_report.h"      // StepReport: --fused-kernels' update without a wait before AdamW
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
 #include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
@@ -231,7 +232,7 @@ typedef struct {
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
-    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (gpt2_grad_sumsq)
+    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (llmc/step_report.h)
     Weights params, grads;
     Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
@@ -249,6 +250,7 @@ typedef struct {
     // of copying the losses over and waiting; the step (plain_step, pipeline_step) fetches its M means in one copy
     float* loss_dest;        // NULL: gpt2_forward returns the loss itself
     StepLosses step_losses;  // the step's M means (llmc/classifier.h)
+    StepReport report;       // --fused-kernels on the GPU: loss, norm and verdict on the device (llmc/step_report.h)
 } GPT2;
 
 // In fp32 the parameters are their own master weights; in bf16 and fp16 an fp32 copy is kept.
@@ -293,6 +295,7 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     gpt2_init_norm_parts(model);
+    model->report.on = kernels->fused && !TARGET_IS_CPU;
 }
 
 // For real runs and tests: builds for this build's precision, allocating everything.
@@ -322,7 +325,7 @@ static void gpt2_free(GPT2* model) {
     free(model->params.layers), free(model->grads.layers);
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
-    norm_parts_free(&model->norm_parts);
+    norm_parts_free(&model->norm_parts), step_report_free(&model->report);
     free(model->host_losses);
     device_free(model->step_losses.means);
 }
@@ -754,7 +757,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 // ----------------------------------------------------------------------------------------------------
 // 6. update: the global norm, clipping, loss scaling and AdamW on the owned shard
 
-// The owned ranges of the gradients that the squared norm sums every step (gpt2_grad_sumsq): group 1
+// The owned ranges of the gradients that the squared norm sums every step (grad_sumsq_on_host): group 1
 // holds the tensors split by TP, group 0 the replicated ones.
 static void gpt2_init_norm_parts(GPT2* model) {
     const ZeroPlan* z = &model->zero;
@@ -770,23 +773,9 @@ static void gpt2_init_norm_parts(GPT2* model) {
     norm_parts_finish(&model->norm_parts);
 }
 
-// The squared norm of all the model's gradients (with a loss scaler: of scale x gradients), the same on
-// every rank: tensors split by TP are summed over the TP group, replicated ones counted once; the
-// stages' tensors are summed over the PP group; with ZeRO the owned parts over the DP group.
-static double gpt2_grad_sumsq(GPT2* model) {
-    Comm* comm = model->comm;
-    double sums[2];  // [replicated, split by TP]
-    norm_parts_sum(&model->norm_parts, sums, &model->kernel_scratch.norm, model->kernels.fused);
-    if (model->place.tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
-    double sumsq = sums[1] + sums[0];
-    comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
-    if (model->zero.stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
-    return sumsq;
-}
-
-// One AdamW step number t (1-based) on the part of every tensor this rank owns; the gradients are
-// multiplied by grad_scale first (clipping, and 1 / the loss scale).
-static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, float grad_scale) {
+// One AdamW step number t (1-based) on the part of every tensor this rank owns; the gradients are multiplied
+// by grad_scale first (clipping, and 1 / the loss scale), or by the device's (`verdict`, llmc/step_report.h).
+static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, float grad_scale, const float* verdict) {
     const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
     AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = grad_scale,
@@ -801,23 +790,32 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
                                    .param_copy = master_is_params(model) ? NULL : owned_params(model, s->bucket) + in_bucket,
                                    .grad = owned_grads(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
                                    .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
-        if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args, model->kernels.fused), n = 0;
+        if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict), n = 0;
     }
-    if (n > 0) adamw_update_ranges(ranges, n, args, model->kernels.fused);
+    if (n > 0) adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict);
     zero3_params_changed(&model->zero3);
 }
 
 // The optimizer step: clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0
 // disables) and takes AdamW step t on the part of the parameters this rank owns (all of them at ZeRO
-// stage 0, its chunk of every bucket at stages 1 and 2, then all-gathered). Returns the norm before
+// stage 0, its chunk of every bucket at stages 1-3, all-gathered at 1 and 2). Returns the norm before
 // clipping. With a loss scaler (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value:
 // the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
 // everywhere (*skipped = 1; parameters and optimizer state untouched). Without loss scaling, a non-finite
 // norm is returned before anything is updated: the run has diverged, and the caller ends it. Every rank
-// sees the same norm, so every rank reaches the same verdict.
-static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped) {
+// sees the same norm, so every rank reaches the same verdict. With a report on the device, the device decides
+// before AdamW and the host learns it after, with the step's mean loss (*loss, llmc/step_report.h).
+static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped, double* loss) {
     float scale = scaler ? loss_scale(scaler) : 1.0f;  // the scale backward ran with (the check may change it)
-    double sumsq = gpt2_grad_sumsq(model);
+    if (model->report.on) {
+        step_report_verdict(&model->report, model->comm, &model->norm_parts, &model->kernel_scratch.norm, model->zero.stage, scale,
+                            o->grad_clip);
+        gpt2_adamw_owned(model, o, lr, t, 1.0f, model->report.d + REPORT_NONFINITE);  // (skips the step on the verdict)
+        zero_gather_params(model->comm, &model->zero, model->params_memory), comm_join(model->comm);
+        return step_report_fetch(&model->report, scaler, model->place.dp, loss, skipped);
+    }
+    double sumsq = grad_sumsq_on_host(&model->norm_parts, model->comm, &model->kernel_scratch.norm, model->place.tp, model->zero.stage,
+                                      model->kernels.fused);
     if (skipped) *skipped = 0;
     if (loss_scaler_check(scaler, model->comm, sumsq)) {
         *skipped = 1;
@@ -826,7 +824,7 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
     float norm = (float)sqrt(sumsq) / scale;
     if (!isfinite(norm)) return norm;  // diverged: parameters and optimizer state stay as they were
     float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
-    gpt2_adamw_owned(model, o, lr, t, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale);
+    gpt2_adamw_owned(model, o, lr, t, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, NULL);
     zero_gather_params(model->comm, &model->zero, model->params_memory);
     comm_join(model->comm);
     return norm;
@@ -873,8 +871,9 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
         trace_add(model->tracer, "backward", "B", m, t0);
     }
     model->loss_dest = NULL;
-    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;  // (--trace's busy share)
+    if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, M), 0.0f;  // (gpt2_update reports it)
+    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     double mean = loss / M;
     comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
     return (float)mean;
@@ -983,9 +982,10 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(actions);
-    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
     sum_tied_embedding_grads(model);
+    if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, defer_loss ? M : 0), 0.0f;
+    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
     double mean = model->last ? loss / M : 0.0;  // the last stage has the loss; the DP ranks average theirs
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
@@ -1376,22 +1376,22 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
     if (model->place.pp == 1) r.loss = plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
     else r.loss = pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
-    if (losses && step < max_losses) losses[step] = (float)r.loss;
-    char why[64];
-    snprintf(why, sizeof(why), "the loss is %g", r.loss);
-    if (!isfinite(r.loss)) end_diverged(comm, step + 1, why, 0);  // the mean over all ranks: every rank sees it
+    end_if_loss_diverged(comm, step + 1, r.loss);  // (with a report on the device the loss is 0 here: gpt2_update fills it in)
     if (fault_inf_due(&tc->fault, comm->world_rank, step + 1)) inject_inf_gradient(model);
     r.lr = learning_rate(tc, step);
     double t_opt = trace_now_us(&run->tracer);
     float scale_before = loss_scale(&run->scaler);
-    r.norm = gpt2_update(model, &tc->opt, r.lr, (int)(run->updates + 1), &run->scaler, &r.skipped);
+    r.norm = gpt2_update(model, &tc->opt, r.lr, (int)(run->updates + 1), &run->scaler, &r.skipped, &r.loss);
     trace_add(&run->tracer, "optimizer", "AdamW", -1, t_opt);
+    end_if_loss_diverged(comm, step + 1, r.loss);  // (the device's verdict has skipped AdamW then)
+    if (losses && step < max_losses) losses[step] = (float)r.loss;
     if (r.skipped) {
         if (run->main_rank)
             printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n", step + 1,
                    scale_before, loss_scale(&run->scaler));
         logger_skip(&run->logger, step + 1, loss_scale(&run->scaler));
     } else if (!isfinite(r.norm)) {  // no loss scaling: gpt2_update changed nothing
+        char why[64];
         snprintf(why, sizeof(why), "the gradient norm is %g", r.norm);
         end_diverged(comm, step + 1, why, 0);
     } else {

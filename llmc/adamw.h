@@ -131,10 +131,17 @@ typedef struct {
     AdamWRange r[ADAMW_BATCH];
 } AdamWBatch;
 
-static_assert(sizeof(AdamWBatch) + sizeof(AdamWArgs) + 2 * sizeof(float) <= 4096,
+// verdict (NULL: none): the optimizer step's verdict on the device, computed after backward without the
+// host (llmc/step_report.h): verdict[0] != 0 skips the step (parameters and state untouched), verdict[1]
+// replaces a.grad_scale.
+static_assert(sizeof(AdamWBatch) + sizeof(AdamWArgs) + 2 * sizeof(float) + sizeof(float*) <= 4096,
               "adamw_batch_kernel's parameters exceed the 4 KiB of a launch: lower ADAMW_BATCH");
 __global__ void __launch_bounds__(ADAMW_THREADS) adamw_batch_kernel(const __grid_constant__ AdamWBatch batch, AdamWArgs a, float bc1,
-                                                                    float bc2_sqrt) {
+                                                                    float bc2_sqrt, const float* verdict) {
+    if (verdict != NULL) {
+        if (verdict[0] != 0.0f) return;
+        a.grad_scale = verdict[1];
+    }
     const AdamWRange* r = &batch.r[range_of_block(batch.r, batch.k)];
     size_t i = (size_t)(blockIdx.x - r->first_block) * blockDim.x + threadIdx.x;
     if (i >= r->n) return;
@@ -172,11 +179,13 @@ static void adamw_update(float* master, floatX* param_copy, const floatX* grad, 
 
 // AdamW step a.t on k ranges (each with its own weight decay and index base; a's are ignored): a launch
 // per range (adamw_kernel, the default, which has run on a GPU), or (`batched`, --fused-kernels 1, not yet
-// run on a GPU) one per ADAMW_BATCH ranges; the same bits either way
-static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a, int batched) {
+// run on a GPU) one per ADAMW_BATCH ranges; the same bits either way. `verdict` (batched on the GPU only;
+// NULL: none): the skip flag and gradient factor on the device (adamw_batch_kernel), read by the launches.
+static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a, int batched, const float* verdict) {
 #ifdef LLMC_CPU
     batched = 0;  // (the CPU loops over the ranges)
 #endif
+    check_internal(verdict == NULL || batched, "a gradient factor on the device without the batched AdamW");
     if (!batched) {
         for (int j = 0; j < k; j++) {
             a.weight_decay = r[j].weight_decay, a.index_base = r[j].index_base;
@@ -195,7 +204,7 @@ static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a, int batched) 
             batch.r[j].first_block = grid;
             grid += grid_for(batch.r[j].n, ADAMW_THREADS);
         }
-        adamw_batch_kernel<<<grid, ADAMW_THREADS, 0, main_stream>>>(batch, a, bc1, bc2_sqrt);
+        adamw_batch_kernel<<<grid, ADAMW_THREADS, 0, main_stream>>>(batch, a, bc1, bc2_sqrt, verdict);
     }
     launchCheck();
 #endif

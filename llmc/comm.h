@@ -50,7 +50,7 @@
 
 #include "comm/types.h"        // Comm, Group, CommOp, DType, ReduceOp, Engine; dtype_size
 #include "comm/mpi_engine.h"   // mpi_post, mpi_flush, mpi_flush_group, mpi_all_reduce_host
-#include "comm/nccl_engine.h"  // nccl_run, nccl_wait, nccl_wait_group, nccl_all_reduce_host
+#include "comm/nccl_engine.h"  // nccl_run, nccl_wait, nccl_wait_group, nccl_main_waits, nccl_all_reduce_host
 #include "comm/launch.h"       // comm_init, comm_finalize, check_omp_threads: start-up and shutdown
 #include "device.h"            // device_copy
 #include "watchdog.h"          // watchdog_waiting_io
@@ -77,6 +77,17 @@ static void comm_join(Comm* c) {
 // while the other groups' operations (data-parallel buckets, pipeline sends) stay in flight.
 static void comm_join_group(Comm* c, Group* g) {
     if (c->engine == ENGINE_NCCL) nccl_wait_group(c, g);
+    mpi_flush_group(c, g);
+}
+
+// The main stream's later work waits for the operations of group g posted so far, while the host goes on
+// without waiting (--fused-kernels' optimizer step: a sum across ranks feeds the next kernel directly,
+// llmc/step_report.h). NCCL: an event on the group's stream; MPI: its operations have completed by now
+// (strict mode runs the group's queued ones here). A peer that never answers holds the main stream, and
+// the host's next blocking CUDA call ends under the watchdog (llmc/watchdog.h).
+static void comm_main_waits(Comm* c, Group* g) {
+    if (g->size <= 1) return;
+    if (c->engine == ENGINE_NCCL) nccl_main_waits(c, g);
     mpi_flush_group(c, g);
 }
 
@@ -199,4 +210,12 @@ static Comm comm_single(void) {
     snprintf(msg, sizeof(msg), "training diverged at step %lld: %s; %snothing after step %lld was saved", step, what,
              applied ? "" : "the step was not applied and ", step - 1);
     end_every_rank(comm, msg);
+}
+
+// A non-finite mean loss of `step` ends the run, the step not applied (the loss is the mean over all
+// ranks: every rank ends alike).
+static void end_if_loss_diverged(Comm* comm, long long step, double loss) {
+    char why[64];
+    snprintf(why, sizeof(why), "the loss is %g", loss);
+    if (!isfinite(loss)) end_diverged(comm, step, why, 0);
 }

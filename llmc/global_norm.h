@@ -100,12 +100,9 @@ static int norm_blocks(size_t n) {
     return b < NORM_BLOCKS ? (b > 0 ? (int)b : 1) : NORM_BLOCKS;
 }
 
-// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: the ranges' blocks write
-// their partial sums into `scratch` (range i's blocks[i] after range i-1's), in a launch per range or
-// (`batched`) one per NORM_BATCH ranges, the same bits either way, and a single copy brings them all to
-// host (total blocks floats), so a step synchronizes once
-static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums,
-                            Scratch* scratch, int batched) {
+// the launches of sum_squares_gpu: returns the device buffer of the blocks' partial sums (*total of them)
+static float* sum_squares_partials(const floatX* const* x, const size_t* n, const int* blocks, int k, Scratch* scratch, int batched,
+                                   size_t* total) {
     size_t total_blocks = 0;
     for (int i = 0; i < k; i++) total_blocks += blocks[i];
     float* partial = (float*)scratch_get(scratch, total_blocks * sizeof(float));
@@ -124,14 +121,49 @@ static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* 
         offset += grid;
     }
     launchCheck();
+    *total = total_blocks;
+    return partial;
+}
+
+// sums[i] = sum of x[i]^2 over n[i] elements, in double, for k tensors at once: the ranges' blocks write
+// their partial sums into `scratch` (range i's blocks[i] after range i-1's), in a launch per range or
+// (`batched`) one per NORM_BATCH ranges, the same bits either way, and a single copy brings them all to
+// host (total blocks floats), so a step synchronizes once
+static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums,
+                            Scratch* scratch, int batched) {
+    size_t total_blocks;
+    float* partial = sum_squares_partials(x, n, blocks, k, scratch, batched, &total_blocks);
     copy_to_host(host, partial, total_blocks * sizeof(float));
-    offset = 0;
+    size_t offset = 0;
     for (int i = 0; i < k; i++) {
         double total = 0.0;
         for (int j = 0; j < blocks[i]; j++) total += host[offset + j];
         sums[i] = total;
         offset += blocks[i];
     }
+}
+
+// --fused-kernels (the optimizer step without a wait, llmc/step_report.h): sums[g] = the sum of squares of
+// the ranges of group g (g = 0, 1) from the ranges' block partials, range i's in partial[first[i] ..
+// first[i + 1]): each range's partials added in double in order, then the ranges in order, the additions
+// norm_parts_sum makes on the host, and rounded once to float (what the sums across ranks carry).
+// range_sum: (n) doubles of dynamic shared memory.
+#define NORM_GROUP_THREADS 256
+#define NORM_GROUP_MAX_RANGES 6144  // 48 KiB of doubles, the dynamic shared memory a launch may take without opting in
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_group_sums_kernel(float* sums, const float* partial, const int* first,
+                                                                             const int* group, int n) {
+    extern __shared__ double range_sum[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        double s = 0.0;
+        for (int j = first[i]; j < first[i + 1]; j++) s += partial[j];
+        range_sum[i] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    double g[2] = {0.0, 0.0};
+    for (int i = 0; i < n; i++) g[group[i]] += range_sum[i];
+    sums[0] = (float)g[0];
+    sums[1] = (float)g[1];
 }
 #endif
 
@@ -163,6 +195,8 @@ typedef struct {
     double* chunks;    // CPU: (the most chunks of a range) the chunk sums of the range being summed
     int* blocks;       // GPU: (cap) the blocks that sum each range
     float* host;       // GPU: (every range's blocks) their partial sums, copied to the host in one go
+    int* table;        // GPU, norm_parts_sum_on_device: (2n + 1) on the device, each range's first partial
+                       // (n + 1, the last one past the end), then each range's group (n); uploaded at the first sum
 } NormParts;
 
 static void norm_parts_init(NormParts* p, int cap) {
@@ -208,7 +242,31 @@ static void norm_parts_sum(NormParts* p, double group_sums[2], Scratch* scratch,
     for (int i = 0; i < p->n; i++) group_sums[p->group[i]] += p->sums[i];
 }
 
+// --fused-kernels on the GPU: norm_parts_sum's group sums, left on the device: sums[g] (float, device) for
+// g = 0, 1, from the same partials added in the same order (norm_group_sums_kernel), with no copy and no
+// wait. The first call uploads the ranges' table (a copy that waits, once per run).
+#ifndef LLMC_CPU
+static void norm_parts_sum_on_device(NormParts* p, float* sums, Scratch* scratch) {
+    if (p->table == NULL) {
+        check_internal(p->n <= NORM_GROUP_MAX_RANGES, "more gradient ranges than norm_group_sums_kernel holds");
+        int* host = (int*)malloc_check((2 * p->n + 1) * sizeof(int));
+        host[0] = 0;
+        for (int i = 0; i < p->n; i++) host[i + 1] = host[i] + p->blocks[i], host[p->n + 1 + i] = p->group[i];
+        p->table = (int*)device_malloc((2 * p->n + 1) * sizeof(int));
+        copy_to_device(p->table, host, (2 * p->n + 1) * sizeof(int));
+        free(host);
+    }
+    size_t total_blocks;
+    float* partial = sum_squares_partials(p->x, p->len, p->blocks, p->n, scratch, 1, &total_blocks);
+    norm_group_sums_kernel<<<1, NORM_GROUP_THREADS, p->n * sizeof(double), main_stream>>>(sums, partial, p->table, p->table + p->n + 1, p->n);
+    launchCheck();
+}
+#endif
+
 static void norm_parts_free(NormParts* p) {
+#ifndef LLMC_CPU
+    device_free(p->table);
+#endif
     free(p->x), free(p->len), free(p->group), free(p->sums), free(p->blocks), free(p->chunks), free(p->host);
     memset(p, 0, sizeof(*p));
 }

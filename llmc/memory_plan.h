@@ -83,8 +83,11 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
     // --fused-kernels: 512 LayerNorm partial rows (LNB_BLOCKS); the bias gradients come from cuBLASLt's
     // epilogues, one vector at a time (llmc/matmul.h; where cuBLASLt refused an epilogue, the launcher's
-    // 128 partial rows of floats would take more than planned)
-    if (kernels->fused) reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4;
+    // 128 partial rows of floats would take more than planned); the gradient norm's table of ranges on the
+    // device (llmc/global_norm.h: 2 ints a range, and one; a range per tensor owned, at most 12 a layer and
+    // 4) and the step report's 6 floats (llmc/step_report.h)
+    if (kernels->fused)
+        reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4 + (2 * (12 * (size_t)(pl->l1 - pl->l0) + 4) + 1) * 4 + 6 * 4;
     size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }

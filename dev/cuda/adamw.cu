@@ -14,6 +14,9 @@
  *      uneven sizes (GPT-2 124M has 148), every other one without weight decay (as biases and
  *      LayerNorms), ADAMW_BATCH of them per launch of adamw_batch_kernel; each element as in version 1.
  *      Its reference is adamw_cpu over the same tensors.
+ *   4  version 3 with the gradient factor and the skip flag read from the device (the --fused-kernels
+ *      step's verdict, llmc/step_report.h), the host's grad_scale deliberately wrong: version 3's result;
+ *      then with the skip flag set: master, m and v exactly as they were.
  *
  * CPU reference: adamw_cpu (llmc/adamw.h) at step t = 5 from random m, v. Tolerances (the device
  * contracts a*b+c into FMAs, the host does not): master 1e-7 abs, m 1e-9 abs, v 1e-12 abs, 1e-5 rel.
@@ -36,9 +39,10 @@ __global__ void adamw_float4_kernel(float* master, const float* grad, float* m, 
     }
 }
 
-static const int NV = 3;
+static const int NV = 4;
 static const char* version_names[NV + 1] = {"", "one thread per parameter (llmc)", "float4: one thread per 4 parameters",
-                                            "148 tensors, batched launches (llmc step)"};
+                                            "148 tensors, batched launches (llmc step)", "version 3, the factor and skip flag from the device"};
+static float* d_verdict;  // version 4: (2) on the device: the skip flag, the gradient factor
 
 // version 3's tensors over the n parameters: uneven sizes (0.5, 1, 1.5 x the mean), every other one
 // without weight decay
@@ -64,7 +68,15 @@ static void run_version(int ver, float* master, const float* grad, float* m, flo
         case 3: {
             AdamWRange r[TENSORS];
             tensors(r, master, grad, m, v, n, a.weight_decay);
-            adamw_update_ranges(r, TENSORS, a, 1);
+            adamw_update_ranges(r, TENSORS, a, 1, NULL);
+            break;
+        }
+        case 4: {
+            AdamWRange r[TENSORS];
+            tensors(r, master, grad, m, v, n, a.weight_decay);
+            AdamWArgs wrong = a;
+            wrong.grad_scale = -1.0f;  // (the device's factor must replace it)
+            adamw_update_ranges(r, TENSORS, wrong, 1, d_verdict);
             break;
         }
     }
@@ -97,19 +109,30 @@ int main(int argc, char** argv) {
 
     float* d_grad = dev_upload(grad, n);
     float *d_master = dev_alloc<float>(n), *d_m = dev_alloc<float>(n), *d_v = dev_alloc<float>(n);
+    float apply[2] = {0.0f, a.grad_scale}, skip[2] = {1.0f, a.grad_scale};
+    d_verdict = dev_alloc<float>(2);
+    dev_set(d_verdict, apply, 2);
     const double bytes = 7.0 * n * sizeof(float);
     for (int ver = 1; ver <= NV; ver++) {
         if (!version_selected(selected, ver)) continue;
         printf("version %d: %s\n", ver, version_names[ver]);
         dev_set(d_master, master, n), dev_set(d_m, m, n), dev_set(d_v, v, n);
         run_version(ver, d_master, d_grad, d_m, d_v, n, a);
-        check_close("master", d_master, ver == 3 ? master_ref3 : master_ref, n, 1e-7, 1e-5);
-        check_close("m", d_m, ver == 3 ? m_ref3 : m_ref, n, 1e-9, 1e-5);
-        check_close("v", d_v, ver == 3 ? v_ref3 : v_ref, n, 1e-12, 1e-5);
+        check_close("master", d_master, ver >= 3 ? master_ref3 : master_ref, n, 1e-7, 1e-5);
+        check_close("m", d_m, ver >= 3 ? m_ref3 : m_ref, n, 1e-9, 1e-5);
+        check_close("v", d_v, ver >= 3 ? v_ref3 : v_ref, n, 1e-12, 1e-5);
+        if (ver == 4) {  // a skipped step leaves every bit
+            dev_set(d_verdict, skip, 2), dev_set(d_master, master, n), dev_set(d_m, m, n), dev_set(d_v, v, n);
+            run_version(ver, d_master, d_grad, d_m, d_v, n, a);
+            check_close("skipped: master", d_master, master, n, 0.0, 0.0);
+            check_close("skipped: m", d_m, m, n, 0.0, 0.0);
+            check_close("skipped: v", d_v, v, n, 0.0, 0.0);
+            dev_set(d_verdict, apply, 2);
+        }
         float ms = benchmark_ms([&] { run_version(ver, d_master, d_grad, d_m, d_v, n, a); });
         print_bandwidth("adamw", ms, bytes);
     }
-    cudaCheck(cudaFree(d_grad)), cudaCheck(cudaFree(d_master)), cudaCheck(cudaFree(d_m)), cudaCheck(cudaFree(d_v));
+    cudaCheck(cudaFree(d_grad)), cudaCheck(cudaFree(d_master)), cudaCheck(cudaFree(d_m)), cudaCheck(cudaFree(d_v)), cudaCheck(cudaFree(d_verdict));
     free(master), free(grad), free(m), free(v), free(master_ref), free(m_ref), free(v_ref), free(master_ref3), free(m_ref3), free(v_ref3);
     return finish();
 }

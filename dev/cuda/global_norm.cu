@@ -9,6 +9,12 @@
  *   2  float4 loads, the same 1024 float partials, then a second one-block kernel adds the partials in
  *      a fixed order in double on the device; the result stays on the device (one double, read after
  *      the timing), so the step needs no synchronization. Deterministic.
+ *   3  the trainer's --fused-kernels step (llmc/global_norm.h norm_parts_sum_on_device): the parameters
+ *      as 148 tensors of uneven sizes in two groups (as the replicated and the TP-split ones), one batched
+ *      launch of block partials, then norm_group_sums_kernel adds them in double, per range and then per
+ *      group, on the device (two floats; no copy, no wait). Besides the reference, each group's sum must
+ *      equal the host path's (norm_parts_sum: the same partials copied over and added in double in the
+ *      same order) rounded to float, bit for bit.
  *
  * CPU reference: sum_squares_cpu (llmc/global_norm.h, in double). Tolerance 1e-5 relative (the GPU
  * sums in float inside each block).
@@ -50,9 +56,26 @@ __global__ void sum_partials_kernel(double* out, const float* partial, int count
     if (threadIdx.x == 0) *out = s;
 }
 
-static const int NV = 2;
+static const int NV = 3;
 static const char* version_names[NV + 1] = {"", "float partials summed on the host (llmc)",
-                                            "float4: partials summed in double on device"};
+                                            "float4: partials summed in double on device",
+                                            "148 tensors in two groups, group sums on the device (llmc step)"};
+
+// version 3: the n floats at x as 148 ranges of uneven sizes (0.5, 1, 1.5 x the mean), alternately in
+// group 0 and 1; ref[g] = the CPU reference's sum of squares of group g
+static const int RANGES = 148;
+static void norm_ranges(NormParts* parts, const float* d_x, const float* x, size_t n, double ref[2]) {
+    norm_parts_init(parts, RANGES);
+    ref[0] = ref[1] = 0.0;
+    size_t start = 0, avg = n / RANGES;
+    for (int j = 0; j < RANGES; j++) {
+        size_t len = j == RANGES - 1 ? n - start : avg / 2 + avg * (j % 3) / 2;
+        norm_parts_add(parts, d_x + start, len, j % 2);
+        ref[j % 2] += sum_squares_cpu(x + start, len);
+        start += len;
+    }
+    norm_parts_finish(parts);
+}
 
 int main(int argc, char** argv) {
     int selected = parse_version(argc, argv, NV, version_names);
@@ -78,6 +101,29 @@ int main(int argc, char** argv) {
             float ms = benchmark_ms(run);
             print_bandwidth("global_norm", ms, bytes);
             scratch_free(&scratch);
+        } else if (v == 3) {
+            NormParts parts;
+            double ref_groups[2], host_groups[2];
+            norm_ranges(&parts, d_x, x, n, ref_groups);
+            Scratch scratch = {NULL, 0};
+            float* d_sums = dev_alloc<float>(2);
+            norm_parts_sum(&parts, host_groups, &scratch, 1);  // the host path, for its bits
+            auto run = [&] { norm_parts_sum_on_device(&parts, d_sums, &scratch); };
+            run();
+            float got[2];
+            dev_download(got, d_sums, 2);
+            for (int g = 0; g < 2; g++) {
+                char what[64];
+                snprintf(what, sizeof(what), "group %d sum_sq", g);
+                check_scalar(what, got[g], ref_groups[g], 1e-5);
+                snprintf(what, sizeof(what), "group %d = host path's, rounded", g);
+                check_scalar(what, got[g], (float)host_groups[g], 0.0);
+            }
+            float ms = benchmark_ms(run);
+            print_bandwidth("global_norm", ms, bytes);
+            cudaCheck(cudaFree(d_sums));
+            scratch_free(&scratch);
+            norm_parts_free(&parts);
         } else {
             auto run = [&] {
                 sum_squares_float4_kernel<<<GN2_BLOCKS, GN2_THREADS, 0, main_stream>>>(d_partial, d_x, n);

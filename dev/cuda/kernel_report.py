@@ -199,6 +199,9 @@ def floors(X, consts):
     stats = 2 * BT * 4                                  # a LayerNorm's mean and rstd, fp32
     causal = T * (T + 1) // 2                           # (query, key) pairs a causal head computes
     mm = 2 * B * NH * hs * causal                       # one causal attention matmul, multiply-adds x 2
+    # the norm's block partials: a block per 256 elements of each tensor, at most 1024 (llmc/global_norm.h)
+    sizes = [Vp * C, 1024 * C] + L * [C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C] + [C, C]
+    norm_partials = sum(min(1024, -(-n // 256)) for n in sizes)
     rows = [
         ("encoder_forward_kernel", "both", 1, 2 * BTC * X + T * C * X + 4 * BT, 0, "wte rows + wpe in, (B,T,C) out"),
         ("residual_layernorm_forward_kernel", "fused", 2 * L + 1, (2 * L + 1) * (4 * BTC * X + stats), 0,
@@ -239,6 +242,9 @@ def floors(X, consts):
         ("sum_squares_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
          f"every gradient once ({2 + 12 * L + 2} tensors, {consts['NORM_BATCH']} per launch)"),
         ("sum_squares_kernel", "classic", 2 + 12 * L + 2, P * X, 0, "the same, a launch per tensor"),
+        ("norm_group_sums_kernel", "fused", 1, 4 * norm_partials, 0, "the block partials, summed per tensor and group on the device"),
+        ("step_loss_kernel", "fused", 1, 0, 0, "the step's mean loss (one thread; llmc/step_report.h)"),
+        ("step_verdict_kernel", "fused", 1, 0, 0, "norm, clip factor, skip: the scalars AdamW reads (one thread)"),
         ("adamw_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["ADAMW_BATCH"]), P * (24 + 2 * X), 0,
          f"master, m, v in and out; grad in, param out ({consts['ADAMW_BATCH']} tensors per launch)"),
         ("adamw_kernel", "classic", 2 + 12 * L + 2, P * (24 + 2 * X), 0, "the same, a launch per tensor"),
@@ -307,6 +313,7 @@ def main():
         "flash_tc_backward_dkdv_kernel": consts.get("FLASH_TC_BWD_SMEM"),
         "flash_tc_backward_dq_kernel": consts.get("FLASH_TC_BWD_SMEM"),
         "layernorm_backward_fused_kernel": (consts.get("LNB_WARPS") or 0) * 2 * 768 * 4,
+        "norm_group_sums_kernel": 8 * 148,  # a double per tensor (llmc/global_norm.h), 148 at GPT-2 124M
     }
 
     print(f"kernel report: train_gpt.cu for {args.arch}, {args.precision.upper()} ({os.path.basename(args.nvcc)} "

@@ -165,6 +165,13 @@ static void nccl_wait(Comm* c) {
 
 static void nccl_wait_group(Comm* c, Group* g) { nccl_wait_streams(c, &g, 1); }
 
+// the main stream's later work waits for group g's operations queued so far; the host goes on at once (on a
+// GPU: the emulation carries the operations out here, hence the watchdog, as zero2_layer_begins's wait)
+static void nccl_main_waits(Comm* c, Group* g) {
+    cudaCheck(cudaEventRecord(c->event, g->stream));
+    cudaCheckBlocking("the main stream's wait for a collective", cudaStreamWaitEvent(main_stream, c->event, 0));
+}
+
 // ----------------------------------------------------------------------------------------------------
 // operations
 
@@ -398,6 +405,10 @@ static void nccl_wait(Comm* c) {
     NCCL_MISSING();
 }
 static void nccl_wait_group(Comm* c, Group* g) {
+    (void)c, (void)g;
+    NCCL_MISSING();
+}
+static void nccl_main_waits(Comm* c, Group* g) {
     (void)c, (void)g;
     NCCL_MISSING();
 }

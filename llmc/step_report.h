@@ -1,0 +1,217 @@
+/*
+ * step_report.h: the optimizer step's scalars kept on the device (--fused-kernels 1 on the GPU target), so
+ * that the host waits nowhere between backward and AdamW.
+ *
+ * The default path (gpt2_update in train_gpt.cu) brings the squared gradient norm to the host, sums it
+ * over the TP, PP and DP groups there, decides a loss scaler's skip or a divergence, computes the clip
+ * coefficient and only then launches AdamW: every step the GPU drains and idles while the host decides.
+ * Here the device decides, in the main stream's order, and the host learns the outcome afterwards:
+ *
+ *   step_report_loss     (end of forward and backward) the rank's mean loss over its micro-batches
+ *   step_report_verdict  (before AdamW) the norm's two group sums (llmc/global_norm.h), summed across
+ *                        ranks by collectives on the device, after each of which the main stream (not the
+ *                        host) waits (comm_main_waits); then one thread computes
+ *                          norm      = sqrt(sumsq) / loss scale                  (of the unscaled gradients)
+ *                          nonfinite = sumsq or the loss is inf or NaN             (then a max over the world)
+ *                          factor    = min(1, grad_clip / (norm + 1e-6)) / loss scale  (clip_grad_norm_'s)
+ *                        which AdamW reads (adamw_update_ranges' verdict): nonfinite skips the update, so a
+ *                        skipped or diverged step leaves parameters and optimizer state untouched
+ *   step_report_fetch    (after the update) the report to the host in one copy, the step's one wait; the
+ *                        host then moves the loss scaler with the verdict (loss_scaler_update, as
+ *                        loss_scaler_check does before the update on the default path) and the trainer
+ *                        ends a diverged run
+ * The default path's sum across ranks, grad_sumsq_on_host, is here too, beside the device's. The CPU target
+ * always takes the default path (its results with --fused-kernels must stay identical); the CPU branches
+ * below are the kernels' loops written plainly, as in the layer headers.
+ *
+ * Precision: the collectives carry float where the default path sums doubles on the host. What each rank
+ * contributes is already a double sum of float block partials, rounded once; the terms are non-negative,
+ * so a float sum over R ranks is off by at most (R - 1) x 2^-24 relative (no cancellation magnifies it),
+ * and the norm by half that, below the error of the float block partials the norm kernel sums on both
+ * paths. On one rank nothing is added in float. The DP mean of the loss likewise. The squared norm has
+ * float's range here: a norm above 1.8e19 counts as non-finite (the default path reports it and clips).
+ *
+ * The host synchronizations left in one training step with --fused-kernels 1 on the GPU (NCCL engine; not
+ * counting --trace, evaluation, sampling and checkpoint steps), by where they are and why:
+ *   per micro-batch
+ *     train_gpt.cu gpt2_forward, schedule_forward: device_event_wait(ids_copied) before the activation
+ *         set's pinned ids are rewritten: the copy of the previous micro-batch's ids from them has run, i.e.
+ *         the GPU has begun that micro-batch. The host stays at most one micro-batch per set ahead; no
+ *         drain. Could go with two pinned buffers per set, used in turn.
+ *     llmc/encoder.h encoder_backward: host_staging_get's event wait (llmc/device.h), the same for the
+ *         token grouping's pinned buffer. Could go the same way, or with the grouping made on the device.
+ *     llmc/tensor_parallel.h tp_sum, vocab_parallel_cross_entropy (TP only): comm_join_group after each
+ *         TP all-reduce: a drain per collective, several per layer. Could go: comm_main_waits, since only
+ *         kernels read the sums.
+ *     llmc/pipeline.h pipe_exchange (PP only): comm_join after a receive, a send-receive and a send from a
+ *         shared buffer. The receives could become comm_main_waits; the sends would need an event before
+ *         their buffer's next writer.
+ *     train_gpt.cu gpt2_backward, last line: comm_join. With DP, on the micro-batch that reduces the
+ *         gradients (at ZeRO-2 every one), it waits for the reductions, i.e. for the whole backward: the
+ *         one drain left before the update (without DP the streams are idle and it returns at once). Could
+ *         go: comm_main_waits(dp_group), ZeRO-2's accumulation after it on the stream.
+ *     train_gpt.cu pipeline_step, sum_tied_embedding_grads (PP only): comm_join after the last exchange,
+ *         after the tied wte's sum and after its bucket's reduction: as gpt2_backward's.
+ *   per step
+ *     train_gpt.cu gpt2_update: comm_join after zero_gather_params. AdamW is queued by then, so the GPU
+ *         does not idle: with ZeRO the host waits for the parameters' all-gather, without it for the
+ *         update's small collectives. Could go (comm_main_waits), leaving the next one alone.
+ *     step_report_fetch: the copy of the report, the one wait that remains by design (loss, norm, verdict).
+ *     train_gpt.cu train_step: device_synchronize for the step's time: the stream is idle by then.
+ *     llmc/stop_signal.h stop_signal_agreed (more than one rank): a blocking all-reduce over the world
+ *         after the step, through the host (NCCL: copies both ways). Could ride in the next step's report.
+ *     The MPI engine (ranks sharing a GPU): every collective copies through the host and waits
+ *         (llmc/comm/mpi_engine.h), the update's four small ones included.
+ *   once or rarely: the first step's cudaMalloc of kernel scratch and of the report, and the upload of
+ *     the norm's range table (norm_parts_sum_on_device); a growing buffer's free (step_losses_reserve,
+ *     host_staging_get); report_step's device memory query after the first applied step; the testing
+ *     flags' injected inf (--fault-inf-*).
+ */
+#pragma once
+
+#include "comm.h"         // comm_all_reduce, comm_main_waits: sums across ranks that the host does not wait for
+#include "device.h"       // device_malloc, copy_to_host, launches
+#include "global_norm.h"  // NormParts, norm_parts_sum_on_device: the squared norm's group sums on the device
+#include "loss_scaler.h"  // LossScaler, loss_scaler_update: the scale moves with the device's verdict
+
+// the report's floats, in device memory
+enum {
+    REPORT_LOSS,         // this rank's mean loss over its micro-batches (0 but on the last stage), then summed over PP and DP
+    REPORT_SUMSQ_REPL,   // the squared norm of the replicated gradients this rank owns, then summed over PP (and DP with ZeRO)
+    REPORT_SUMSQ_SPLIT,  // the same of the tensors split by TP, first summed over TP
+    REPORT_NONFINITE,    // 1: the squared norm or the loss is inf or NaN on some rank, and AdamW skips the step; else 0
+    REPORT_GRAD_SCALE,   // AdamW's gradient factor (with REPORT_NONFINITE: adamw_update_ranges' verdict, in that order)
+    REPORT_NORM,         // the gradient norm before clipping (of the unscaled gradients)
+    REPORT_FLOATS
+};
+
+typedef struct {
+    int on;                     // the step's scalars stay on the device (--fused-kernels on the GPU); 0: through the host
+    float* d;                   // (REPORT_FLOATS) on the device, allocated at the first step (planned as kernel scratch)
+    float host[REPORT_FLOATS];  // step_report_fetch's copy
+} StepReport;
+static_assert(REPORT_FLOATS == 6, "llmc/memory_plan.h plans 6 floats for the step report");
+
+// the verdict from the summed report r (see the top), on the device or the CPU
+#ifdef LLMC_CPU
+#define REPORT_FN static inline
+#else
+#define REPORT_FN __host__ __device__ static inline
+#endif
+REPORT_FN void step_verdict(float* r, float scale, float grad_clip) {
+    double sumsq = (double)r[REPORT_SUMSQ_REPL] + r[REPORT_SUMSQ_SPLIT];
+    float norm = (float)sqrt(sumsq) / scale;  // (as gpt2_update computes it)
+    float clip = grad_clip > 0.0f ? grad_clip / (norm + 1e-6f) : 1.0f;
+    r[REPORT_NORM] = norm;
+    r[REPORT_NONFINITE] = isfinite(sumsq) && isfinite(r[REPORT_LOSS]) ? 0.0f : 1.0f;
+    r[REPORT_GRAD_SCALE] = (clip < 1.0f ? clip : 1.0f) / scale;
+}
+
+// the mean of M losses (M = 0: 0), added in double in micro-step order, as the host adds them (step_losses_sum)
+REPORT_FN float mean_loss(const float* means, int M) {
+    double sum = 0.0;
+    for (int m = 0; m < M; m++) sum += means[m];
+    return M > 0 ? (float)(sum / M) : 0.0f;
+}
+
+#ifndef LLMC_CPU
+#define STEP_REPORT_THREADS 1  // a few scalars: one thread
+__global__ void __launch_bounds__(STEP_REPORT_THREADS) step_loss_kernel(float* r, const float* means, int M) {
+    r[REPORT_LOSS] = mean_loss(means, M);
+}
+__global__ void __launch_bounds__(STEP_REPORT_THREADS) step_verdict_kernel(float* r, float scale, float grad_clip) {
+    step_verdict(r, scale, grad_clip);
+}
+#endif
+
+// the report's device floats (allocated on first use, as the kernels' scratch)
+static float* step_report_floats(StepReport* r) {
+    if (r->d == NULL) {
+        r->d = (float*)device_malloc(REPORT_FLOATS * sizeof(float));
+        device_memset_zero(r->d, REPORT_FLOATS * sizeof(float));
+    }
+    return r->d;
+}
+static void step_report_free(StepReport* r) {
+    device_free(r->d);
+    r->d = NULL;
+}
+
+// report[LOSS] = the mean of the step's M micro-batch losses, means: (M) on the device (M = 0: a stage
+// without the loss)
+static void step_report_loss(StepReport* r, const float* means, int M) {
+    float* d = step_report_floats(r);
+#ifdef LLMC_CPU
+    d[REPORT_LOSS] = mean_loss(means, M);
+#else
+    step_loss_kernel<<<1, STEP_REPORT_THREADS, 0, main_stream>>>(d, means, M);
+    launchCheck();
+#endif
+}
+
+// The default path's squared norm of all the model's gradients (with a loss scaler: of scale x gradients),
+// through the host, the same on every rank: tensors split by TP are summed over the TP group, replicated
+// ones counted once; the stages' tensors are summed over the PP group; with ZeRO the owned parts over the
+// DP group. parts: this rank's owned ranges (`scratch`: their partial sums; `batched`: --fused-kernels'
+// batched launches); tp: the TP group's size; zero_stage: the run's ZeRO stage.
+static double grad_sumsq_on_host(NormParts* parts, Comm* comm, Scratch* scratch, int tp, int zero_stage, int batched) {
+    double sums[2];  // [replicated, split by TP]
+    norm_parts_sum(parts, sums, scratch, batched);
+    if (tp > 1) comm_all_reduce_host(comm, &comm->tp_group, &sums[1], 1, REDUCE_SUM);
+    double sumsq = sums[1] + sums[0];
+    comm_all_reduce_host(comm, &comm->pp_group, &sumsq, 1, REDUCE_SUM);  // PP: every stage's own tensors
+    if (zero_stage > 0) comm_all_reduce_host(comm, &comm->dp_group, &sumsq, 1, REDUCE_SUM);
+    return sumsq;
+}
+
+// The same sums on the device, queued after backward, before AdamW: the squared norm of the gradient
+// ranges `parts` (`scratch`: their partial sums), summed across ranks as grad_sumsq_on_host sums it (TP:
+// the split tensors; PP: every stage's own; DP with ZeRO stage > 0: the owned parts) together with the
+// loss (PP: the last stage's; DP: every rank's), then the verdict for the loss scale `scale` and the clip
+// threshold `grad_clip`, the same on every rank (the max of the flag over the world: an overflow on one
+// rank skips the step everywhere).
+static void step_report_verdict(StepReport* r, Comm* c, NormParts* parts, Scratch* scratch, int zero_stage, float scale, float grad_clip) {
+    float* d = step_report_floats(r);
+#ifdef LLMC_CPU
+    double sums[2];
+    norm_parts_sum(parts, sums, scratch, 0);
+    d[REPORT_SUMSQ_REPL] = (float)sums[0], d[REPORT_SUMSQ_SPLIT] = (float)sums[1];
+#else
+    norm_parts_sum_on_device(parts, d + REPORT_SUMSQ_REPL, scratch);  // groups 0 and 1: the replicated, the split
+#endif
+    comm_all_reduce(c, &c->tp_group, d + REPORT_SUMSQ_SPLIT, 1, DT_FLOAT, REDUCE_SUM);
+    comm_main_waits(c, &c->tp_group);
+    comm_all_reduce(c, &c->pp_group, d + REPORT_LOSS, 3, DT_FLOAT, REDUCE_SUM);  // the loss and both sums
+    comm_main_waits(c, &c->pp_group);
+    comm_all_reduce(c, &c->dp_group, d + REPORT_LOSS, zero_stage > 0 ? 3 : 1, DT_FLOAT, REDUCE_SUM);
+    comm_main_waits(c, &c->dp_group);
+#ifdef LLMC_CPU
+    step_verdict(d, scale, grad_clip);
+#else
+    step_verdict_kernel<<<1, STEP_REPORT_THREADS, 0, main_stream>>>(d, scale, grad_clip);
+    launchCheck();
+#endif
+    comm_all_reduce(c, &c->world, d + REPORT_NONFINITE, 1, DT_FLOAT, REDUCE_MAX);
+    comm_main_waits(c, &c->world);
+}
+
+// The step's one wait, after the update (and whatever follows it on the main stream): the report to the
+// host in one copy. *loss = the mean loss over the DP ranks (non-finite: the run has diverged, AdamW left
+// everything as it was, and the scaler is not moved). Otherwise the loss scaler `scaler` (NULL: none)
+// moves with the verdict and, as gpt2_update: *skipped = 1 and INFINITY for a step skipped on an
+// overflow, else the norm, non-finite (INFINITY when only another rank's was) when the run diverged
+// without a scaler. (loss, skipped: NULL when not wanted)
+static float step_report_fetch(StepReport* r, LossScaler* scaler, int dp, double* loss, int* skipped) {
+    copy_to_host(r->host, r->d, sizeof(r->host));
+    double mean = (double)r->host[REPORT_LOSS] / dp;
+    if (loss) *loss = mean;
+    if (skipped) *skipped = 0;
+    if (!isfinite(mean)) return NAN;
+    int nonfinite = r->host[REPORT_NONFINITE] != 0.0f;
+    if (scaler && loss_scaler_update(scaler, nonfinite)) {
+        if (skipped) *skipped = 1;
+        return INFINITY;
+    }
+    float norm = r->host[REPORT_NORM];
+    return nonfinite && isfinite(norm) ? INFINITY : norm;
+}
