@@ -249,45 +249,63 @@ if grep -qF "stage  0 (2 activation slots) | F0 | send a0>1 | F1 | sendrecv a1>1
     && grep -qF "stage  1 (1 activation slot) | recv a0<0 | F0 | B0 | sendrecv g0>0 a1<0 | F1 | B1 | send g1>0 |" "$TMP/sched.out"; then
     echo "  ok    1F1B P=2 M=2 actions and messages as worked out by hand"
 else echo "  FAIL  1F1B P=2 M=2 actions and messages:"; cat "$TMP/sched.out"; fails=$((fails + 1)); fi
-# Every stage's printed exchanges, run as blocking operations: a send completes only together with the
-# receive that takes it (as NCCL's do, and MPI's beyond its eager size; a sendrecv when both its halves
-# have), and each receive must take the message its sender sent next to it. All of them must complete:
-# no stage waits forever, every message printed as sent is received, once, in the order sent (messages
-# between two stages are not tagged). GPipe and 1F1B for P 2..4, M 1, 4, 7; interleaved for P 2..4,
+# Every stage's printed actions and exchanges, run as blocking operations: a send completes only together
+# with the receive that takes it (as NCCL's do, and MPI's beyond its eager size; a sendrecv when both its
+# halves have), and each receive must take the message its sender sent next to it. All of them must
+# complete: no stage waits forever, every message printed as sent is received, once, in the order sent
+# (messages between two stages are not tagged). Timed (a forward 1, a backward 2, a message 0), the
+# stages must also be idle exactly the fraction the printed formula gives: where the exchanges stand
+# adds no wait to the schedule's bubble. GPipe and 1F1B for P 2..4, M 1, 4, 7; interleaved for P 2..4,
 # V 2, 3, M P..3P.
 check_exchanges() {  # SCHEDULE-OUTPUT
     "$PY" - "$1" <<'PYEOF'
 import re, sys
+text = open(sys.argv[1]).read()
 ops = {}
-for line in open(sys.argv[1]):
+for line in text.splitlines():
     m = re.match(r"  stage +(\d+) \(", line)
     if not m: continue
     seq = []
     for cell in line.split("|")[1:]:
         words = cell.split()
-        if not words or words[0] not in ("send", "recv", "sendrecv"): continue
+        if not words: continue
+        if re.fullmatch(r"[FB]\d+(\.\d+)?", words[0]):  # an action: its time
+            seq.append(["compute", 1 if words[0][0] == "F" else 2])
+            continue
         halves = [None, None]  # [send (peer, message), receive (peer, message)]
         for w in words[1:]:
             label, op, peer = re.fullmatch(r"([ag]\d+(?:\.\d+)?)([<>])(\d+)", w).groups()
             halves[op == "<"] = (int(peer), label)
-        seq.append(halves)
+        seq.append(["exchange"] + halves)
     ops[int(m.group(1))] = seq
-if not any(ops.values()): print("no messages"); sys.exit(1)
-at = {s: 0 for s in ops}
+formula = re.search(r"\(P-1\)/\((?:V\*)?M\+P-1\) = ([0-9.]+)%", text)
+if not ops or not formula: print("no schedule printed"); sys.exit(1)
+at, clock, busy = {s: 0 for s in ops}, {s: 0 for s in ops}, {s: 0 for s in ops}
+met = {s: [None, None] for s in ops}  # when the current exchange's send / receive met its peer's
+def current(s): return ops[s][at[s]] if at[s] < len(ops[s]) else ["done"]
 while any(at[s] < len(ops[s]) for s in ops):
     moved = False
+    for s in ops:  # actions run
+        while current(s)[0] == "compute":
+            clock[s] += current(s)[1]; busy[s] += current(s)[1]; at[s] += 1; moved = True
     for s in ops:  # a send meets the receive its peer is waiting in
-        if at[s] < len(ops[s]) and ops[s][at[s]][0]:
-            peer, label = ops[s][at[s]][0]
-            if at.get(peer, 0) < len(ops.get(peer, [])) and ops[peer][at[peer]][1] and ops[peer][at[peer]][1][0] == s:
-                if ops[peer][at[peer]][1][1] != label:
-                    print(f"stage {peer} receives {ops[peer][at[peer]][1][1]} from stage {s}, which sends {label}"); sys.exit(1)
-                ops[s][at[s]][0] = ops[peer][at[peer]][1] = None
+        if current(s)[0] == "exchange" and current(s)[1] and met[s][0] is None:
+            peer, label = current(s)[1]
+            theirs = current(peer)
+            if theirs[0] == "exchange" and theirs[2] and theirs[2][0] == s and met[peer][1] is None:
+                if theirs[2][1] != label: print(f"stage {peer} receives {theirs[2][1]} from stage {s}, which sends {label}"); sys.exit(1)
+                met[s][0] = met[peer][1] = max(clock[s], clock[peer])
                 moved = True
-    for s in ops:  # an operation both of whose halves are done is complete
-        if at[s] < len(ops[s]) and ops[s][at[s]] == [None, None]: at[s] += 1; moved = True
+    for s in ops:  # an exchange both of whose halves have met is complete
+        c = current(s)
+        if c[0] == "exchange" and (not c[1] or met[s][0] is not None) and (not c[2] or met[s][1] is not None):
+            clock[s] = max([clock[s]] + [t for t in met[s] if t is not None])
+            met[s], at[s], moved = [None, None], at[s] + 1, True
     if not moved:
-        print("deadlock: " + "; ".join(f"stage {s} waits in {ops[s][at[s]]}" for s in ops if at[s] < len(ops[s]))); sys.exit(1)
+        print("deadlock: " + "; ".join(f"stage {s} waits in {current(s)}" for s in ops if at[s] < len(ops[s]))); sys.exit(1)
+width = max(clock.values())
+idle = 100.0 * (1 - sum(busy.values()) / (width * len(ops)))
+if f"{idle:.1f}" != formula.group(1): print(f"idle {idle:.1f}% when sends wait for their receives, the formula {formula.group(1)}%"); sys.exit(1)
 PYEOF
 }
 before=$fails
@@ -300,7 +318,7 @@ for P in 2 3 4; do for V in 2 3; do for M in $P $((2 * P)) $((3 * P)); do
         || echo "exit $?" >>"$TMP/sched.out"
     check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule interleaved P=$P V=$V M=$M"; fails=$((fails + 1)); }
 done; done; done
-[ $fails -eq $before ] && echo "  ok    every stage's exchanges complete as blocking operations, each message received once and in order: gpipe and 1f1b (P 2..4, M 1, 4, 7), interleaved (P 2..4, V 2, 3, M P, 2P, 3P)"
+[ $fails -eq $before ] && echo "  ok    every stage's exchanges complete as blocking operations, each message received once and in order, idle the formula's fraction: gpipe and 1f1b (P 2..4, M 1, 4, 7), interleaved (P 2..4, V 2, 3, M P, 2P, 3P)"
 
 # the closing bubble line: with a forward one slot and a backward two, GPipe and 1F1B leave every stage
 # idle 3(P-1) of 3(M+P-1) slots; the interleaved schedule, whose actions are a chunk's (1/V of a stage's
