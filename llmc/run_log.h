@@ -73,9 +73,11 @@ static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2
     if (train)
         printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train->total_tokens, train->n_batches,
                tc->shuffle ? "on" : "off");
-    if (comm->pp > 1)
-        printf("pipeline: %d stages, schedule %s, %d micro-batches%s%s\n", comm->pp, schedule_name(tc->pipe_schedule), tc->grad_accum,
-               tc->virtual_stages > 1 ? ", 2 or more chunks per stage (--virtual-stages)" : "", tc->rematerialize ? ", activations rematerialized in backward" : "");
+    if (comm->pp > 1) {
+        printf("pipeline: %d stages, schedule %s, %d micro-batches", comm->pp, schedule_name(tc->pipe_schedule), tc->grad_accum);
+        if (tc->virtual_stages > 1) printf(", %d chunks of layers per stage", tc->virtual_stages);
+        printf("%s\n", tc->rematerialize ? ", activations rematerialized in backward" : "");
+    }
 }
 
 // The log (--log, main rank), continued on resume from start_step, and its configuration record

@@ -6,8 +6,8 @@
 #      rematerialization (in the MPI engine's strict mode, lib.sh, a forward output sent
 #      from the rematerialized work set without waiting for the send gives wrong losses); the
 #      interleaved schedule with pp in {2,3,4} x V in {2,3} x M in {P, 2P} on L=12 layers (cut into P*V
-#      chunks, unevenly for P*V = 8, 9), with --pp-split of the chunks, recomputation, loss scaling and
-#      validation
+#      chunks, unevenly for P*V = 8, 9), with --pp-split of the chunks, recomputation, loss scaling,
+#      validation and sampling
 #   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run, with 1F1B
 #      and interleaved; resuming that grid from a checkpoint is bit-exact, and an interleaved
 #      checkpoint resumes on one rank and on 3 stages of 1F1B; --fused-kernels 1 (device-side losses)
@@ -91,6 +91,16 @@ print(f"  {'ok  ' if ok else 'FAIL'}  interleaved pp=4 V=2: {len(b)} validation 
 sys.exit(0 if ok else 1)
 PYEOF
 then :; else fails=$((fails + 1)); fi
+
+# sampling (forward only through the chunks, the last stage's last chunk drawing): the default data and
+# tokenizer, the same sample as one rank's
+SAMPLE=(--layers 4 --channels 32 --heads 4 --max-seq-len 64 --seq-len 64 --steps 2 --val-every 0 --sample-every 2 --sample-len 16
+        --batch-size 4 --micro-batches 2 --seed 7)
+"$BIN" "${SAMPLE[@]}" >"$TMP/sample1.out" 2>&1
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${SAMPLE[@]}" --pp 2 --schedule interleaved --virtual-stages 2 >"$TMP/sample2.out" 2>&1
+if grep -aq "^sample: " "$TMP/sample1.out" && [ "$(grep -a "^sample: " "$TMP/sample1.out")" = "$(grep -a "^sample: " "$TMP/sample2.out")" ]; then
+    echo "  ok    interleaved pp=2 V=2: the sample equals one rank's"
+else echo "  FAIL  interleaved pp=2 V=2 sample:"; grep -a "^sample: \|^error" "$TMP/sample1.out" "$TMP/sample2.out"; fails=$((fails + 1)); fi
 
 echo "2. dp x tp x pp = 2 x 2 x 2"
 "$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref3d.jsonl" --save-model "$TMP/ref3d.bin" >/dev/null
