@@ -192,7 +192,8 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
         if (strcmp(v, "gpipe") && strcmp(v, "1f1b") && strcmp(v, "interleaved"))
             fatal("--schedule must be gpipe, 1f1b or interleaved, got '%s'", v);
         tc->pipe_schedule = !strcmp(v, "gpipe") ? SCHEDULE_GPIPE : !strcmp(v, "1f1b") ? SCHEDULE_1F1B : SCHEDULE_INTERLEAVED;
-    } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES); else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
+    } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES);
+    else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--trace")) tc->trace = v;
     else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);

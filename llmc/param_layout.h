@@ -10,8 +10,9 @@
  *
  * A rank holds only what its place in the dp x tp x pp grid gives it (Placement): its pipeline stage's
  * tensors (the first stage the embeddings, the last the final LayerNorm, both the tied wte; with
- * --virtual-stages the layers of its V chunks, which are not consecutive) and, with tensor parallelism, its slice of the split ones (llmc/tensor_parallel.h). The file order (tensor by
- * tensor, all layers of one tensor together) is used only when reading and writing files.
+ * --virtual-stages the layers of its V chunks, which are not consecutive) and, with tensor parallelism,
+ * its slice of the split ones (llmc/tensor_parallel.h). The file order (tensor by tensor, all layers of
+ * one tensor together) is used only when reading and writing files.
  */
 #pragma once
 
