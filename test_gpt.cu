@@ -180,7 +180,7 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
         fatal("'%s' and '%s' describe different models", model_path, debug_path);
     size_t BT = (size_t)r.B * r.T;
     gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
-    Activations* a = &model.slots[0];
+    Activations* a = &model.chunk->slots[0];
 
     // logits (inference forward), only the V real columns
     gpt2_forward(&model, a, r.inputs, NULL, r.B, r.T, 0.0f);
@@ -209,7 +209,7 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
     // 10 AdamW steps on the same batch, from the same start
     load_model(&model, model_path, kernels);
     gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
-    a = &model.slots[0];
+    a = &model.chunk->slots[0];
     OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.weight_decay,
                            .grad_clip = r.grad_clip};
     for (int step = 0; step < r.nsteps; step++) {
@@ -445,7 +445,7 @@ static void test_tp_memory(const KernelChoice* kernels) {
             }
         }
         ok &= model.bytes_params >= (split_local + replicated) * fx && model.bytes_params < (split_local + replicated + 64 * model.layout.num_slots) * fx;
-        const Activations* a = &model.slots[0];
+        const Activations* a = &model.chunk->slots[0];
         size_t Cl = c.C / tp, NHl = c.NH / tp, Vpl = c.Vp / tp, L = c.L;
 #define SPAN(x, y) ((size_t)((const char*)(y) - (const char*)(x)))
         ok &= SPAN(a->qkv, a->atty) == round_up(L * BT * 3 * Cl * fx, 256);
@@ -475,7 +475,8 @@ static void test_pipeline_memory(const KernelChoice* kernels) {
         for (int M = 1; M <= 7; M += 3) {
             printf("  %-5s M=%d:", sched == SCHEDULE_GPIPE ? "GPipe" : "1F1B", M);
             for (int st = 0; st < P; st++) {
-                int slots = pipeline_schedule((Schedule)sched, P, st, M, actions);
+                int slots = pipeline_slots((Schedule)sched, P, st, M, 1, 0);
+                pipeline_schedule((Schedule)sched, P, st, M, 1, actions);
                 int in_flight = 0, peak = 0;
                 for (int i = 0; i < 2 * M; i++) {
                     in_flight += actions[i].backward ? -1 : 1;
@@ -504,6 +505,55 @@ static void test_pipeline_memory(const KernelChoice* kernels) {
             printf("\n");
         }
     }
+}
+
+// Whether n activation slots serve chunk `chunk` of stage s: run its actions in order, micro-batch m's
+// forward taking slot m mod n, and check that the slot's previous micro-batch has had its backward.
+static int slots_suffice(const PipeAction* actions, int n_actions, int chunk, int n, int M) {
+    int* holder = (int*)malloc_check(n * sizeof(int));  // the micro-batch a slot holds, -1: free
+    int* done = (int*)calloc_check(M * sizeof(int));     // micro-batch m's backward has run
+    for (int i = 0; i < n; i++) holder[i] = -1;
+    int ok = 1;
+    for (int i = 0; i < n_actions; i++) {
+        PipeAction a = actions[i];
+        if (a.chunk != chunk) continue;
+        if (a.backward) done[a.micro] = 1;
+        else if (holder[a.micro % n] >= 0 && !done[holder[a.micro % n]]) ok = 0;
+        else holder[a.micro % n] = a.micro;
+    }
+    free(holder), free(done);
+    return ok;
+}
+
+// Every schedule's slot count per chunk (pipeline_slots: the most micro-batches the chunk holds at once)
+// is the least that serves it: with that many, no slot is taken while its micro-batch is still held;
+// with one fewer, one is. (It also shows that a chunk holds consecutive micro-batches: with slots by m
+// mod n, the peak would not suffice otherwise.) P 2..4, M 1..3P, V 1 (GPipe, 1F1B) and 2, 3 (interleaved).
+static void test_pipeline_slots(void) {
+    printf("pipeline activation slots per chunk are the fewest that serve it (GPipe, 1F1B, interleaved V=2,3; P 2..4)\n");
+    int n = 0, bad = 0;
+    for (int sched = 0; sched < 3; sched++)
+        for (int V = 1; V <= 3; V++) {
+            if ((sched == SCHEDULE_INTERLEAVED) != (V > 1)) continue;
+            for (int P = 2; P <= 4; P++)
+                for (int M = 1; M <= 3 * P; M++) {
+                    if (sched == SCHEDULE_INTERLEAVED && M % P != 0) continue;
+                    PipeAction* actions = (PipeAction*)malloc_check(2 * (size_t)M * V * sizeof(PipeAction));
+                    for (int s = 0; s < P; s++) {
+                        int n_actions = pipeline_schedule((Schedule)sched, P, s, M, V, actions);
+                        for (int v = 0; v < V; v++) {
+                            int slots = pipeline_slots((Schedule)sched, P, s, M, V, v);
+                            int ok = n_actions == 2 * M * V && slots_suffice(actions, n_actions, v, slots, M) &&
+                                     (slots == 1 || !slots_suffice(actions, n_actions, v, slots - 1, M));
+                            if (!ok) printf("  FAIL %s P=%d M=%d V=%d stage %d chunk %d: %d slots\n", schedule_name((Schedule)sched), P, M, V, s, v, slots);
+                            bad += !ok, n++;
+                        }
+                    }
+                    free(actions);
+                }
+        }
+    printf("  %d (schedule, P, M, stage, chunk): %s\n", n, bad ? "FAIL" : "each the fewest slots that serve it  ok");
+    failures += bad;
 }
 
 // Recomputation: 10 training steps give bit-identical losses and final parameters at every --recompute
@@ -586,7 +636,8 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
 // The memory planner builds a rank dry (nothing allocated); the same configuration built for real must
 // allocate exactly what the plan says, category by category, and nothing outside those categories
 // (the device allocation counter moves by the plan's total). A grid of dp, tp, pp, ZeRO stage,
-// recomputation, rematerialization and batch.
+// recomputation, rematerialization, batch, and interleaved chunks (pp 2 with 2 chunks per stage of
+// 2 and 1 slots: the chunks' activations, each with its own workspace and received-gradient buffer).
 static void test_memory_plan(const KernelChoice* kernels) {
     printf("memory plan = measured allocation (L=4 C=48 NH=12 V=700), grid of configurations\n");
     GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
@@ -596,35 +647,34 @@ static void test_memory_plan(const KernelChoice* kernels) {
             for (int pp = 1; pp <= 2; pp++)
                 for (int zero = 0; zero <= 3; zero++)
                     for (int v = 0; v < 3; v++)  // --recompute 0, 3, and 3 in segments of 3 layers
-                        for (int B = 1; B <= 3; B += 2) {
-                            if (pp > 1 && zero >= 2) continue;
-                            int R = v ? 3 : 0, K = v == 2 ? 3 : 1;
-                            int first[3];
-                            pipeline_split(c.L, pp, NULL, first);
-                            for (int st = 0; st < pp; st++) {
-                                Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st,
-                                                .l0 = first[st], .l1 = first[st + 1]};
-                                int slots = pp > 1 ? 2 : 1, remat = pp > 1 && B == 3;
-                                MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
-                                size_t before = device_allocated_bytes;
-                                GPT2 model;
-                                gpt2_build(&model, &c, single_rank(), &pl, kernels);
-                                model.recompute = R, model.recompute_segment = K;
-                                gpt2_allocate_activations(&model, B, 16, slots, remat);
-                                size_t measured = device_allocated_bytes - before;
-                                int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
-                                         plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
-                                         plan.workspace == model.bytes_workspace && plan.comm == model.bytes_comm &&
-                                         measured == plan_total(&plan) - plan.kernel_scratch;
-                                if (!ok) {
-                                    printf("  FAIL dp=%d tp=%d pp=%d stage %d zero=%d R=%d K=%d B=%d: planned %zu, allocated %zu\n", dp, tp, pp,
-                                           st, zero, R, K, B, plan_total(&plan) - plan.kernel_scratch, measured);
-                                    bad++;
+                        for (int B = 1; B <= 3; B += 2)
+                            for (int chunks = 1; chunks <= pp; chunks++) {
+                                if (pp > 1 && zero >= 2) continue;
+                                int R = v ? 3 : 0, K = v == 2 ? 3 : 1;
+                                for (int st = 0; st < pp; st++) {
+                                    Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st};
+                                    place_layers(&pl, c.L, NULL, chunks);
+                                    int slots[2] = {pp > 1 ? 2 : 1, 1}, remat = pp > 1 && B == 3 && chunks == 1;
+                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
+                                    size_t before = device_allocated_bytes;
+                                    GPT2 model;
+                                    gpt2_build(&model, &c, single_rank(), &pl, kernels);
+                                    model.recompute = R, model.recompute_segment = K;
+                                    allocate_stage_activations(&model, B, 16, slots, remat);
+                                    size_t measured = device_allocated_bytes - before;
+                                    int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
+                                             plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
+                                             plan.workspace == model.bytes_workspace && plan.comm == model.bytes_comm &&
+                                             measured == plan_total(&plan) - plan.kernel_scratch;
+                                    if (!ok) {
+                                        printf("  FAIL dp=%d tp=%d pp=%d (%d chunks) stage %d zero=%d R=%d K=%d B=%d: planned %zu, allocated %zu\n", dp,
+                                               tp, pp, chunks, st, zero, R, K, B, plan_total(&plan) - plan.kernel_scratch, measured);
+                                        bad++;
+                                    }
+                                    n++;
+                                    gpt2_free(&model);
                                 }
-                                n++;
-                                gpt2_free(&model);
                             }
-                        }
     printf("  %d rank configurations: %s\n", n, bad ? "FAIL" : "plan equals the allocation in every category  ok");
     failures += bad;
 }
@@ -638,13 +688,13 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
     // this run's kernels, with classic and with flash attention (the model is built with flash)
     KernelChoice classic_kernels = {.fused = kernels->fused, .flash_attention = 0, .cpu_blas = kernels->cpu_blas};
     KernelChoice flash_kernels = {.fused = kernels->fused, .flash_attention = 1, .cpu_blas = kernels->cpu_blas};
-    int bad = 0, T = 16;
+    int bad = 0, T = 16, one = 1;
     for (int tp = 1; tp <= 2; tp++)
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {
                 Placement pl = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
-                MemoryPlan classic = plan_rank(&c, &pl, B, T, 1, R, 0, 0, -1, sizeof(floatX), &classic_kernels);
-                MemoryPlan flash = plan_rank(&c, &pl, B, T, 1, R, 0, 0, -1, sizeof(floatX), &flash_kernels);
+                MemoryPlan classic = plan_rank(&c, &pl, B, T, &one, R, 0, 0, -1, sizeof(floatX), &classic_kernels);
+                MemoryPlan flash = plan_rank(&c, &pl, B, T, &one, R, 0, 0, -1, sizeof(floatX), &flash_kernels);
                 size_t before = device_allocated_bytes;
                 GPT2 model;
                 gpt2_build(&model, &c, single_rank(), &pl, &flash_kernels);
@@ -769,7 +819,7 @@ static void test_cpu_matmul(const char* dir) {
         GPT2 model;
         load_model(&model, model_path, k ? &blas : &ref);
         gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
-        Activations* a = &model.slots[0];
+        Activations* a = &model.chunk->slots[0];
         OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.weight_decay,
                                .grad_clip = r.grad_clip};
         LossScaler scaler = {.mode = SCALE_OFF, .scale = 1.0f, .growth = 2.0f, .backoff = 0.5f, .interval = 2000,
@@ -893,6 +943,7 @@ int main(int argc, char** argv) {
         test_zero_memory(&kernels, dir);
         test_tp_memory(&kernels);
         test_pipeline_memory(&kernels);
+        test_pipeline_slots();
         test_recompute(&kernels, dir, "odd", 3, 37, 1000);
         test_memory_plan(&kernels);
         test_memory_plan_flash(&kernels);

@@ -33,6 +33,7 @@
 #include "llmc/global_norm.h"      // NormParts: the gradient norm over the owned ranges
 #include "llmc/loss_scaler.h"      // LossScaler: dynamic loss scaling
 #include "llmc/step_report.h"      // StepReport: --fused-kernels' update without a wait before AdamW
+#include "llmc/recompute.h"        // RecomputeKeeps: which activations --recompute keeps
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
 #include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
@@ -136,6 +137,7 @@ typedef struct {
     floatX* scratch;                        // (B, T, C) a projection's output before the residual add, or a dln
     floatX* dresidual;                      // (B, T, C) gradient of the residual stream
     floatX* dwide;                          // (B, T, 4C) dfch / dqkv
+    floatX* dreceived;                      // (B, T, C) interleaved: the output's gradient, received before its backward
     int *inputs, *targets;                  // (B, T) token ids on the device
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
@@ -143,56 +145,6 @@ typedef struct {
     DeviceEvent ids_copied;                 // recorded after the last copy from host_inputs or host_targets
     floatX* checkpoints;                    // (ceil(L/K) - 1, B, T, C) --recompute-segment K: segment inputs
 } Activations;
-
-// Recomputation (--recompute R): what R does not keep per layer lives in a single layer-sized buffer that
-// every layer reuses, and backward recomputes it just before it needs it (recompute_layer):
-//   R = 0  everything is kept
-//   R = 1  the GELU output is recomputed from the MLP hidden                   saves (B,T,4C) per layer
-//   R = 2  also the two LayerNorm outputs, from their inputs                     saves 2 (B,T,C) more
-//   R = 3  only each layer's input and output (the residual stream) are kept; the whole layer is
-//          recomputed in backward ("full checkpointing")
-//   R = 3 with --recompute-segment K > 1: sublinear checkpointing (Chen et al. 2016). Only the input of
-//          every K-th layer is kept (a checkpoint), and one segment's worth of everything: backward
-//          reruns the forward of a segment of K layers from its checkpoint, keeping all its activations,
-//          then runs the segment's backward (recompute_segment). The last segment is still there from
-//          the forward. Activation memory for L layers: L/K checkpoints + K layers of activations, least
-//          near K = sqrt(L x a checkpoint's size / a layer's activations); --plan prints the best K.
-//          Activations per rank from --plan (GiB; BF16, T=1024; nothing else a rank holds depends on K):
-//                              R=0    K=1    K=2    K=3    K=4    K=6    K=12
-//            124M B=8 classic 5.363  1.366  1.670  2.022  2.385  3.124  5.363
-//            124M B=8 flash   3.117  1.178  1.296  1.461  1.637  2.001  3.117
-//            1.5B B=1 classic 4.809  0.361  0.386  0.459  0.545  0.728  1.302
-//            1.5B B=1 flash   2.469  0.313  0.288  0.313  0.350  0.435  0.717
-//          A layer's activations are many checkpoints' worth at GPT-2's sizes (classic attention's T x T
-//          probabilities most of all), so K = 1 keeps the least, but for 1.5B with flash attention: K = 2.
-// Recomputation repeats the same operations on the same inputs, so the losses do not change in any bit.
-// recompute_keeps is the one mapping from R (and K) to buffers: the allocation (gpt2_allocate_activations)
-// sizes them by it and layer_acts indexes them by it; recompute_layer and recompute_segment rerun what
-// the level does not keep. The pipeline's --pp-rematerialize is the coarser
-// form: a stage keeps only each micro-batch's input and reruns its whole forward before the backward
-// (micro_batch_activations, schedule_backward).
-typedef struct {
-    int all;          // layers' worth of what a layer's backward reads: L (kept per layer, R < 3), 1 (R = 3) or K
-    int ln;           // of the LayerNorm outputs: L (R < 2), 1 or K
-    int gelu;         // of the GELU output: L (R < 1), 1 or K
-    int outputs;      // of the layers' outputs (the residual stream): L, or K with segments
-    int checkpoints;  // segment inputs kept besides the stage's input: ceil(L/K) - 1 with segments, else 0
-    int segment;      // K: layers per segment (0: no segments)
-} RecomputeKeeps;
-
-// for a stage of L layers at --recompute R and --recompute-segment K
-static RecomputeKeeps recompute_keeps(int R, int K, int L) {
-    if (R == 3 && K > 1) {
-        K = K < L ? K : L;
-        return (RecomputeKeeps){.all = K, .ln = K, .gelu = K, .outputs = K, .checkpoints = (L + K - 1) / K - 1, .segment = K};
-    }
-    return (RecomputeKeeps){.all = R < 3 ? L : 1, .ln = R < 2 ? L : 1, .gelu = R < 1 ? L : 1, .outputs = L, .checkpoints = 0, .segment = 0};
-}
-
-// Which of `count` layer-sized buffers layer li (of L) uses: its own, the one shared, or its place in the segment
-static size_t keep_index(int count, int L, const RecomputeKeeps* keep, int li) {
-    return count == L ? li : count == 1 ? 0 : li % keep->segment;
-}
 
 // One layer's activations (local index li of this stage) inside an activation set (layer_acts).
 typedef struct {
@@ -212,6 +164,16 @@ typedef struct {
     floatX* scratch;               // (B, T, C) workspace shared by every layer (a projection before its residual add)
 } LayerActs;
 
+// PP: a run of consecutive layers of this rank, and the activations of its micro-batches in flight: the
+// rank's stage, or with --virtual-stages V one of its V chunks (chunk v is virtual stage v*P + pp_rank)
+typedef struct {
+    int l0, l1, first, last;  // its layers [l0, l1); it is the first / last (virtual) stage: it embeds / it classifies
+    Activations* slots;       // (n_slots) one per micro-batch in flight in the pipeline schedule
+    Activations work;         // rematerialization: the one full set; slots then hold only stage inputs
+    int n_slots;
+    void* acts_memory;        // the sets' one allocation
+} Chunk;
+
 // ----------------------------------------------------------------------------------------------------
 // 3. the model: build, parameters in and out, activations
 
@@ -224,6 +186,8 @@ typedef struct {
     Comm* comm;             // ranks and collectives (a single-rank Comm when not distributed)
     Placement place;        // this rank's grid position, its layers and its slices
     int first, last;        // this is the first / last pipeline stage (both without pipelining)
+    Chunk chunks[MAX_VIRTUAL_STAGES];  // (n_chunks) this rank's layers: its stage, or with --virtual-stages its chunks
+    Chunk* chunk;           // the chunk forward and backward work on (the pipeline step selects it per action)
     ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
     floatX* params_memory;  // (layout.total) what forward and backward read, whole; NULL at stage 3
     Zero3Params zero3;      // stage 3: the parameter shard and the buffer layers are gathered into (llmc/zero3.h)
@@ -234,13 +198,10 @@ typedef struct {
     float *m, *v;           // (zero.shard_total) AdamW moments
     NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (llmc/step_report.h)
     Weights params, grads;
-    Activations* slots;      // (n_slots) one per micro-batch in flight in the pipeline schedule
-    Activations work;        // rematerialization: the one full set; slots then hold only stage inputs
-    int n_slots, rematerialize;
+    int n_chunks, rematerialize;  // PP: rematerialize: the slots keep only each micro-batch's stage input (Chunk)
     int recompute;           // --recompute level: which layer activations backward recomputes (RecomputeKeeps)
     int recompute_segment;   // --recompute-segment K: layers per segment at level 3 (0, 1: no segments)
     int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
-    void* acts_memory;
     KernelScratch kernel_scratch;  // the layer launchers' buffers (allocated by the launchers, on first use)
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
@@ -274,6 +235,12 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->place = *place;
     model->first = is_first_stage(place);
     model->last = is_last_stage(place);
+    model->n_chunks = num_chunks(place);
+    for (int v = 0; v < model->n_chunks; v++) {  // the first stage's first chunk embeds, the last stage's last classifies
+        chunk_layers(place, v, &model->chunks[v].l0, &model->chunks[v].l1);
+        model->chunks[v].first = model->first && v == 0, model->chunks[v].last = model->last && v == model->n_chunks - 1;
+    }
+    model->chunk = &model->chunks[0];
     int zero_stage = place->zero, dp = place->dp, dp_rank = place->dp_rank;
     model->layout = build_layout(c, place);
     model->num_parameters = gpt2_num_parameters(c);
@@ -311,17 +278,19 @@ static void gpt2_free(GPT2* model) {
     device_free(model->master);
     device_free(model->m);
     device_free(model->v);
-    device_free(model->acts_memory);
     kernel_scratch_free(&model->kernel_scratch);
     // (pinned buffers are freed once the device is idle: no copy from the ids is left to run)
-    Activations* sets[] = {model->slots, &model->work};
     int pinned = model->kernels.fused;
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < (k == 0 ? model->n_slots : 1); i++) {
-            host_buffer_free(sets[k][i].host_inputs, pinned), host_buffer_free(sets[k][i].host_targets, pinned);
-            device_event_destroy(&sets[k][i].ids_copied);
-        }
-    free(model->slots);
+    for (int v = 0; v < model->n_chunks; v++) {
+        Chunk* ck = &model->chunks[v];
+        Activations* sets[] = {ck->slots, &ck->work};
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < (k == 0 ? ck->n_slots : 1); i++) {
+                host_buffer_free(sets[k][i].host_inputs, pinned), host_buffer_free(sets[k][i].host_targets, pinned);
+                device_event_destroy(&sets[k][i].ids_copied);
+            }
+        device_free(ck->acts_memory), free(ck->slots);
+    }
     free(model->params.layers), free(model->grads.layers);
     free_layout(&model->layout);
     zero_plan_free(&model->zero);
@@ -413,16 +382,17 @@ static void gpt2_init_random(GPT2* model, uint64_t seed) {
     free(p);
 }
 
-// The activations of this rank's layers for micro-batches of (B, T): n_slots sets for the micro-batches
-// a pipeline schedule keeps in flight (1 without pipelining), plus the workspace they share. With
-// rematerialization the slots keep only each micro-batch's stage input and ids, and one full set is
-// recomputed in backward.
+// The activations of the current chunk's layers (model->chunk: the stage's, or one of its chunks) for
+// micro-batches of (B, T): n_slots sets for the micro-batches a pipeline schedule keeps in flight (1
+// without pipelining), plus the workspace they share. With rematerialization the slots keep only each
+// micro-batch's stage input and ids, and one full set is recomputed in backward.
 static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, int rematerialize) {
     const GPT2Config* c = &model->config;
+    Chunk* ck = model->chunk;
     if (T > c->maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", T, c->maxT);
     // with tensor parallelism the split activations hold this rank's heads, hidden units and vocabulary
-    size_t L = model->place.l1 - model->place.l0, C = c->C, tp = model->place.tp, BT = (size_t)B * T;
-    size_t Cl = C / tp, NHl = c->NH / tp, Vpl = model->last ? c->Vp / tp : 0, lf = model->last ? 1 : 0;
+    size_t L = ck->l1 - ck->l0, C = c->C, tp = model->place.tp, BT = (size_t)B * T;
+    size_t Cl = C / tp, NHl = c->NH / tp, Vpl = ck->last ? c->Vp / tp : 0, lf = ck->last ? 1 : 0;
     size_t fx = model->mode.elem_bytes, f = sizeof(float);
     int n_full = rematerialize ? 1 : n_slots;
     int n_sets = n_full + (rematerialize ? n_slots : 0);
@@ -431,15 +401,16 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     // must not lay out a million sets, or allocate the host copies of their token ids.
     int dry = model->mode.dry, n_laid = dry ? (rematerialize ? 2 : 1) : n_sets;
     size_t set_bytes[2] = {0, 0};  // [input-only set, full set], each buffer rounded as allocate_buffers does
-    model->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
+    ck->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
     Activations* sets = (Activations*)calloc_check(n_laid * sizeof(Activations));
-    BufferSpec* specs = (BufferSpec*)malloc_check((4 + 25 * n_laid) * sizeof(BufferSpec));
+    BufferSpec* specs = (BufferSpec*)malloc_check((5 + 25 * n_laid) * sizeof(BufferSpec));
     int n = 0;
     Activations shared;
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
     specs[n++] = (BufferSpec){(void**)&shared.scratch, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
+    specs[n++] = (BufferSpec){(void**)&shared.dreceived, model->n_chunks > 1 ? BT * C * fx : 0};
     for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
         int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
@@ -464,40 +435,46 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         };
         for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j], set_bytes[full] += round_up(per[j].bytes, 256);
     }
-    model->acts_memory = allocate_buffers(&model->mode, specs, n, &model->bytes_activations);
+    size_t bytes;  // (the chunks' activations add up)
+    ck->acts_memory = allocate_buffers(&model->mode, specs, n, &bytes);
+    model->bytes_activations += bytes;
     free(specs);
     if (dry) {  // the sets not laid out
         model->bytes_activations += (size_t)(n_full - 1) * set_bytes[1] + (size_t)(n_sets - n_full - (n_laid - 1)) * set_bytes[0];
-        model->n_slots = 0;  // (no slots to free)
+        ck->n_slots = 0;  // (no slots to free)
         model->rematerialize = rematerialize, model->B = B, model->T = T;
         free(sets);
         return;
     }
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
-        sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide;
+        sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide, sets[i].dreceived = shared.dreceived;
         sets[i].host_inputs = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
         sets[i].host_targets = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
         device_event_create(&sets[i].ids_copied);
     }
-    if (rematerialize) {
-        model->work = sets[0];
-        memcpy(model->slots, sets + 1, n_slots * sizeof(Activations));
-    } else {
-        memcpy(model->slots, sets, n_slots * sizeof(Activations));
-    }
-    model->n_slots = n_slots;
+    if (rematerialize) ck->work = sets[0];
+    memcpy(ck->slots, sets + (rematerialize ? 1 : 0), n_slots * sizeof(Activations));
+    ck->n_slots = n_slots;
     model->rematerialize = rematerialize;
     model->B = B;
     model->T = T;
-    model->host_losses = (float*)malloc_check(BT * sizeof(float));
+    if (!model->host_losses) model->host_losses = (float*)malloc_check(BT * sizeof(float));
     free(sets);
+}
+
+// The activations of every chunk of this rank's layers (the stage's one but with --virtual-stages): n_slots[v] sets for chunk v
+static void allocate_stage_activations(GPT2* model, int B, int T, const int* n_slots, int rematerialize) {
+    for (int v = 0; v < model->n_chunks; v++) {
+        model->chunk = &model->chunks[v];
+        gpt2_allocate_activations(model, B, T, n_slots[v], rematerialize);
+    }
 }
 
 // Layer li's output (B, T, C), the next layer's input: in the residual stream's buffer, or with segments
 // the checkpoint of the next segment when li ends one (and is not the stage's last layer)
 static floatX* layer_output(const GPT2* model, const Activations* a, int li, int B, int T) {
-    int L = model->place.l1 - model->place.l0;
+    int L = model->chunk->l1 - model->chunk->l0;
     RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);
     size_t BTC = (size_t)B * T * model->config.C;
     int K = keep.segment;
@@ -508,7 +485,7 @@ static floatX* layer_output(const GPT2* model, const Activations* a, int li, int
 static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int B, int T) {
     int tp = model->place.tp;
     size_t BT = (size_t)B * T, C = model->config.C, Cl = C / tp, NHl = model->config.NH / tp;
-    int L = model->place.l1 - model->place.l0;
+    int L = model->chunk->l1 - model->chunk->l0;
     RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);  // the buffers used
     size_t all = keep_index(keep.all, L, &keep, li), ln = keep_index(keep.ln, L, &keep, li), gelu = keep_index(keep.gelu, L, &keep, li);
     LayerActs la;
@@ -596,7 +573,7 @@ static void recompute_layer(GPT2* model, const LayerActs* la, const LayerWeights
 // --recompute-segment K, before the backward of local layer li: if li ends a segment other than the
 // stage's last, that segment's forward runs again from its checkpoint, keeping all its activations
 static void recompute_segment(GPT2* model, const Activations* a, int li, int B, int T) {
-    int l0 = model->place.l0, L = model->place.l1 - l0;
+    int l0 = model->chunk->l0, L = model->chunk->l1 - l0;
     RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);
     int K = keep.segment;
     if (!K || li % K != K - 1 || li / K == (L - 1) / K) return;  // (the last segment is kept from the forward)
@@ -618,20 +595,20 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
     const GPT2Config* c = &model->config;
     check_internal(model->B > 0, "gpt2_forward before gpt2_allocate_activations");
     if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
-    int C = c->C, tp = model->place.tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
+    int C = c->C, tp = model->place.tp, l0 = model->chunk->l0, Ls = model->chunk->l1 - l0, first = model->chunk->first;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
     int fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     Comm* comm = model->comm;
     // the ids into this set's host buffers (the pipeline passes them there already), once the copies
     // from them of the set's previous forward have run
-    int stage_inputs = model->first && inputs != a->host_inputs;
-    int stage_targets = model->last && targets != NULL && targets != a->host_targets;
+    int stage_inputs = first && inputs != a->host_inputs;
+    int stage_targets = model->chunk->last && targets != NULL && targets != a->host_targets;
     if (stage_inputs || stage_targets) device_event_wait(&a->ids_copied);
     if (stage_inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));
     if (stage_targets) memcpy(a->host_targets, targets, BT * sizeof(int));
     zero3_need_ends(comm, &model->zero3, &model->zero);  // ZeRO-3: the embeddings and final LayerNorm, gathered
-    if (model->first) {
+    if (first) {
         copy_host_buffer_to_device(a->inputs, a->host_inputs, BT * sizeof(int), &a->ids_copied, fused);
         // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
         vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
@@ -641,7 +618,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
         zero3_need_layer(comm, &model->zero3, &model->zero, l0 + li, li + 1 < Ls ? l0 + li + 1 : -1);  // ZeRO-3: gathered
         layer_forward(model, &la, &model->params.layers[l0 + li], B, T);
     }
-    if (!model->last) return 0.0f;
+    if (!model->chunk->last) return 0.0f;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_output(model, a, Ls - 1, B, T), model->params.lnfw,
                       model->params.lnfb, BT, C, fused);
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
@@ -694,7 +671,7 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
 // micro-step; at ZeRO-2 on every one).
 static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
-    int L = c->L, C = c->C, tp = model->place.tp, l0 = model->place.l0, Ls = model->place.l1 - l0;
+    int L = c->L, C = c->C, tp = model->place.tp, l0 = model->chunk->l0, Ls = model->chunk->l1 - l0;
     int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
     Weights* p = &model->params;
@@ -703,7 +680,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     int fused = model->kernels.fused, flash = model->kernels.flash_attention;
     communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2: in every micro-step
     zero2_begin_micro_step(&model->zero2);
-    if (model->last) {
+    if (model->chunk->last) {
         // classifier: the fused kernel already turned logits into dlogits
         matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, &model->kernels);  // dlnf (=), dwte (+=)
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
@@ -743,7 +720,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         zero2_layer_done(model->comm, &model->zero2, l);
     }
-    if (model->first) {
+    if (model->chunk->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
         vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp,
                                           &ks->encoder, &ks->encoder_host, fused);
@@ -856,7 +833,7 @@ static void gpt2_round_params(GPT2* model, int t) {
 // become final (gradients_ready), so a layer's reduction overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
 static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
     const Placement* pl = &model->place;
-    Activations* a = &model->slots[0];
+    Activations* a = &model->chunk->slots[0];
     int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
     if (defer_loss) step_losses_reserve(&model->step_losses, M);
     double loss = 0.0, t_start = wall_seconds();
@@ -880,44 +857,48 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
 }
 
 // --- the pipeline step (--pp > 1): its forward and backward actions (their messages: pipe_exchange in
-// llmc/pipeline.h), then the step itself
+// llmc/pipeline.h), then the step itself. Each action works on one chunk of the stage's layers
+// (model->chunk: the whole stage but with --virtual-stages), whose messages go round the ring of stages.
 
 static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
-    return layer_output(model, a, model->place.l1 - model->place.l0 - 1, B, T);
+    return layer_output(model, a, model->chunk->l1 - model->chunk->l0 - 1, B, T);
 }
 
 // The activations forward and backward of micro-batch i (B, T) work on: its slot. With
 // rematerialization the one full work set, starting from the slot's stage input.
 static Activations* micro_batch_activations(GPT2* model, int i, int B, int T) {
-    Activations* slot = &model->slots[i % model->n_slots];
+    Chunk* ck = model->chunk;
+    Activations* slot = &ck->slots[i % ck->n_slots];
     if (!model->rematerialize) return slot;
-    if (!model->first) device_copy(model->work.encoded, slot->encoded, (size_t)B * T * model->config.C * sizeof(floatX));
-    return &model->work;
+    if (!ck->first) device_copy(ck->work.encoded, slot->encoded, (size_t)B * T * model->config.C * sizeof(floatX));
+    return &ck->work;
 }
 
 // A forward action of the schedule: micro-batch m (number `batch` in the data order) is loaded, its input
 // arrives from the previous stage (paired with the pending send when that goes there too), forward runs,
-// and its output becomes the pending send to the next stage. With defer_loss the mean loss stays on the
+// and its output becomes the pending send to the next stage. (pending NULL: the interleaved schedule,
+// whose exchanges are steps of their own: the input is there.) With defer_loss the mean loss stays on the
 // device (model->step_losses.means[m]). Returns the loss (0 when deferred, and on all but the last stage).
 static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pending, int m, long long batch, float dloss,
                               int defer_loss) {
-    int B = loader->B, T = loader->T, s = model->place.pp_rank;
-    Activations* slot = &model->slots[m % model->n_slots];
+    int B = loader->B, T = loader->T;
+    Chunk* ck = model->chunk;
+    Activations* slot = &ck->slots[m % ck->n_slots];
     dataloader_load(loader, batch);  // every stage reads the ids it needs
     device_event_wait(&slot->ids_copied);  // (the copies from the slot's ids for micro-batch m - n_slots have run)
     memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
     memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
     char what[16];
     snprintf(what, sizeof(what), "act %d", m);
-    pipe_exchange(model->comm, model->tracer, pending, model->first ? NULL : slot->encoded, s - 1, (size_t)B * T * model->config.C, what);
+    if (pending) pipe_exchange(model->comm, model->tracer, pending, ck->first ? NULL : slot->encoded, ring_prev(&model->place), (size_t)B * T * model->config.C, what);
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     model->loss_dest = defer_loss ? model->step_losses.means + m : NULL;
     float loss = gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     model->loss_dest = NULL;
     trace_add(model->tracer, "forward", "F", m, t0);
-    if (!model->last) {
-        *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = s + 1, .shared = model->rematerialize};
+    if (pending && !ck->last) {
+        *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = ring_next(&model->place), .shared = model->rematerialize};
         memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
     }
     return loss;
@@ -926,23 +907,37 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
 // A backward action: the gradient of micro-batch m's output arrives from the next stage (into dresidual,
 // one buffer that every activation set shares), backward runs (after recomputing the forward when the
 // slots are rematerialized), and the input's gradient becomes the pending send to the previous stage.
+// (pending NULL: interleaved, the gradient is in dreceived, and dresidual is sent by the exchange after.)
 // `communicate`: this is the step's last micro-batch, whose backward reduces the gradients (see
 // gpt2_backward).
 static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
-    int s = model->place.pp_rank;
-    Activations* slot = &model->slots[m % model->n_slots];
+    Chunk* ck = model->chunk;
+    Activations* slot = &ck->slots[m % ck->n_slots];
     char what[16];
     snprintf(what, sizeof(what), "grad %d", m);
-    pipe_exchange(model->comm, model->tracer, pending, model->last ? NULL : slot->dresidual, s + 1, (size_t)B * T * model->config.C, what);
+    size_t n = (size_t)B * T * model->config.C;
+    if (pending) pipe_exchange(model->comm, model->tracer, pending, ck->last ? NULL : slot->dresidual, ring_next(&model->place), n, what);
+    else if (!ck->last) device_copy(slot->dresidual, slot->dreceived, n * sizeof(floatX));
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     gpt2_backward(model, a, B, T, communicate);
     trace_add(model->tracer, "backward", "B", m, t0);
-    if (!model->first) {
-        *pending = (PendingSend){.buf = a->dresidual, .peer = s - 1, .shared = 1};
+    if (pending && !ck->first) {
+        *pending = (PendingSend){.buf = a->dresidual, .peer = ring_prev(&model->place), .shared = 1};
         memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
     }
+}
+
+// The buffer of a message of the interleaved schedule's exchanges (pipe_sendrecv, llmc/pipeline.h): an
+// activation goes out of its slot's stage output and into the slot's input; a gradient out of its chunk's
+// dresidual (its backward has just run) and into the chunk's dreceived (copied to dresidual at its turn).
+static floatX* message_buffer(GPT2* model, const PipeMessage* msg, int received, int B, int T) {
+    if (msg->peer < 0) return NULL;
+    model->chunk = &model->chunks[msg->chunk];
+    Activations* a = &model->chunk->slots[msg->micro % model->chunk->n_slots];
+    if (msg->backward) return received ? a->dreceived : a->dresidual;
+    return received ? a->encoded : stage_output(model, a, B, T);
 }
 
 // PP: wte is tied, the first stage's embedding and the last stage's classifier both use it, so its
@@ -967,21 +962,29 @@ static void sum_tied_embedding_grads(GPT2* model) {
 static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
     Comm* comm = model->comm;
     const Placement* pl = &model->place;
-    PipeAction* actions = (PipeAction*)malloc_check(2 * M * sizeof(PipeAction));
-    pipeline_schedule(schedule, pl->pp, pl->pp_rank, M, actions);
-    PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0, .what = ""};
+    PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * model->n_chunks + 2) * sizeof(PipeStep));
+    int n = pipeline_plan(schedule, pl->pp, pl->pp_rank, M, model->n_chunks, steps);
+    PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0, .what = ""};  // (GPipe, 1F1B: exchanges in the actions)
+    PendingSend* exchange_first = schedule == SCHEDULE_INTERLEAVED ? NULL : &pending;
     double loss = 0.0, t_start = wall_seconds();
     int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
     if (defer_loss) step_losses_reserve(&model->step_losses, M);
-    for (int i = 0; i < 2 * M; i++) {
-        int m = actions[i].micro;
+    for (int i = 0; i < n; i++) {
+        if (steps[i].exchange) {  // interleaved
+            floatX* send = message_buffer(model, &steps[i].send, 0, loader->B, loader->T);
+            pipe_sendrecv(comm, model->tracer, &steps[i], send, message_buffer(model, &steps[i].recv, 1, loader->B, loader->T),
+                          (size_t)loader->B * loader->T * model->config.C);
+            continue;
+        }
+        int m = steps[i].action.micro;
+        model->chunk = &model->chunks[steps[i].action.chunk];
         long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
-        if (!actions[i].backward) loss += schedule_forward(model, loader, &pending, m, batch, dloss, defer_loss);
-        else schedule_backward(model, &pending, m, loader->B, loader->T, dloss, m == M - 1);
+        if (!steps[i].action.backward) loss += schedule_forward(model, loader, exchange_first, m, batch, dloss, defer_loss);
+        else schedule_backward(model, exchange_first, m, loader->B, loader->T, dloss, m == M - 1);  // (a chunk's last backward)
     }
     pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
-    free(actions);
+    free(steps);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
     sum_tied_embedding_grads(model);
     if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, defer_loss ? M : 0), 0.0f;
@@ -1034,26 +1037,32 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);  // only now: the new one is complete
 }
 
-// The activations of a forward-only pass (evaluation, sampling): the first slot, or with
-// rematerialization the one full work set (the stage input arrives in it).
+// The activations of a forward-only pass (evaluation, sampling) of the current chunk: the first slot,
+// or with rematerialization the one full work set (the stage input arrives in it).
 static Activations* forward_only_activations(GPT2* model) {
-    return model->rematerialize ? &model->work : &model->slots[0];
+    return model->rematerialize ? &model->chunk->work : &model->chunk->slots[0];
 }
 
-// Forward-only through the pipeline (evaluation, sampling): receive this stage's input (B, T, C) from
-// the previous stage, forward, send the output to the next. Each transfer is waited for: nothing
-// overlaps outside training. Returns gpt2_forward's loss (the last stage's; 0 on the others).
-static float forward_through_stages(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T) {
+// Forward-only through the pipeline (evaluation, sampling), chunk after chunk of this stage: receive the
+// chunk's input (B, T, C) from the previous stage, forward, send the output to the next. Each transfer is
+// waited for: nothing overlaps outside training. Leaves the stage's last chunk current (the last stage's
+// holds the logits). Returns gpt2_forward's loss (the last stage's; 0 on the others).
+static float forward_through_stages(GPT2* model, const int* inputs, const int* targets, int B, int T) {
     Comm* comm = model->comm;
     size_t n = (size_t)B * T * model->config.C;
-    if (!model->first) {
-        comm_recv(comm, &comm->pp_group, a->encoded, n, DT_FLOATX, comm->pp_rank - 1);
-        comm_join(comm);
-    }
-    float loss = gpt2_forward(model, a, inputs, targets, B, T, 0.0f);
-    if (!model->last) {
-        comm_send(comm, &comm->pp_group, stage_output(model, a, B, T), n, DT_FLOATX, comm->pp_rank + 1);
-        comm_join(comm);
+    float loss = 0.0f;
+    for (int v = 0; v < model->n_chunks; v++) {
+        model->chunk = &model->chunks[v];
+        Activations* a = forward_only_activations(model);
+        if (!model->chunk->first) {
+            comm_recv(comm, &comm->pp_group, a->encoded, n, DT_FLOATX, ring_prev(&model->place));
+            comm_join(comm);
+        }
+        loss = gpt2_forward(model, a, inputs, targets, B, T, 0.0f);
+        if (!model->chunk->last) {
+            comm_send(comm, &comm->pp_group, stage_output(model, a, B, T), n, DT_FLOATX, ring_next(&model->place));
+            comm_join(comm);
+        }
     }
     return loss;
 }
@@ -1063,11 +1072,10 @@ static float forward_through_stages(GPT2* model, Activations* a, const int* inpu
 static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     Comm* comm = model->comm;
     long long n = val->n_batches < max_batches ? val->n_batches : max_batches;
-    Activations* a = forward_only_activations(model);
     double sum = 0.0;
     for (long long i = 0; i < n; i++) {
         dataloader_load(val, i * model->place.dp + model->place.dp_rank);
-        sum += forward_through_stages(model, a, val->inputs, val->targets, val->B, val->T);
+        sum += forward_through_stages(model, val->inputs, val->targets, val->B, val->T);
     }
     double mean = model->last ? sum / n : 0.0;
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
@@ -1085,12 +1093,11 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     int per_forward = model->B * model->T / rows.Te;
     int* bin = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
     int* btg = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
-    Activations* a = forward_only_activations(model);
     double forwards = (rows.n_rows + per_forward - 1) / per_forward;  // every DP rank runs as many (ZeRO-3 gathers in each)
     comm_all_reduce_host(comm, &comm->dp_group, &forwards, 1, REDUCE_MAX);
     for (int r0 = 0; r0 < (int)forwards * per_forward; r0 += per_forward) {
         eval_pack(&rows, r0, per_forward, bin, btg);  // (rows past this rank's: zeros, not counted)
-        forward_through_stages(model, a, bin, btg, per_forward, rows.Te);
+        forward_through_stages(model, bin, btg, per_forward, rows.Te);
         if (model->last) eval_row_means(&rows, r0, per_forward, model->host_losses);
     }
     double counts[2] = {0.0, 0.0};  // right, examples (the last stage's; the others add zeros)
@@ -1120,7 +1127,6 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
     float* sorted = (float*)malloc_check(c->Vp * sizeof(float));
     floatX* row = (floatX*)malloc_check(c->Vp * sizeof(floatX));
     floatX* gathered = (floatX*)device_malloc(c->Vp * sizeof(floatX));  // [TP rank 0's ids | 1's | ...]
-    Activations* a = forward_only_activations(model);
     seq[0] = tok->eot;
     if (print) printf("sample: ");
     for (int t = 1; t <= sc->n_prompt; t++) {
@@ -1128,15 +1134,12 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
         if (print) print_sampled_token(tok, seq[t]);
     }
     for (int t = 1 + sc->n_prompt; t < T; t++) {
-        forward_through_stages(model, a, seq, NULL, 1, t);  // PP: the last stage has the logits
+        forward_through_stages(model, seq, NULL, 1, t);  // PP: the last stage has the logits
+        Activations* a = forward_only_activations(model);  // (its last chunk's)
         int next = c->V - 1;
         float r = rng_uniform(rng);  // every rank draws, so all generators stay in step
-        if (model->last) {
-            device_copy(gathered + (size_t)model->place.tp_rank * Vpl, a->logits + (size_t)(t - 1) * Vpl, Vpl * sizeof(floatX));
-            comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
-            comm_join(comm);
-            copy_to_host(row, gathered, c->Vp * sizeof(floatX));
-            for (int i = 0; i < c->V; i++) logits[i] = floatX_to_float(row[i]);
+        if (model->last) {  // TP: each rank has its rows of the vocabulary
+            vocab_parallel_logits_row(comm, a->logits + (size_t)(t - 1) * Vpl, c->Vp, c->V, gathered, row, logits);
             next = draw_token(sc, logits, c->V, r, probs, sorted);
         }
         double shared = model->last ? next : 0.0;  // the last stage tells the others
@@ -1165,7 +1168,7 @@ static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
-static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int segment, int rematerialize,
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, const int* n_slots, int recompute, int segment, int rematerialize,
                             int phases, size_t elem_bytes, const KernelChoice* kernels) {
     GPT2 model;
     Comm single = comm_single();
@@ -1173,7 +1176,7 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     gpt2_build_as(&model, c, &single, pl, &dry, kernels);
     model.recompute = recompute;
     model.recompute_segment = segment;
-    gpt2_allocate_activations(&model, B, T, n_slots, rematerialize);
+    allocate_stage_activations(&model, B, T, n_slots, rematerialize);
     MemoryPlan p = model_memory(&model, elem_bytes);
     if (plan_is_cpu(elem_bytes) && phases >= 0)
         p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model), pl, phases,
@@ -1223,11 +1226,9 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
     GPT2* model = &run->model;
-    int* stage_first = (int*)malloc_check((comm->pp + 1) * sizeof(int));  // first layer of each pipeline stage
-    pipeline_split(config->L, comm->pp, tc->pp_split, stage_first);
     Placement place = {.zero = tc->zero, .dp = comm->dp, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
-                       .pp = comm->pp, .pp_rank = comm->pp_rank, .l0 = stage_first[comm->pp_rank], .l1 = stage_first[comm->pp_rank + 1]};
-    free(stage_first);
+                       .pp = comm->pp, .pp_rank = comm->pp_rank};
+    place_layers(&place, config->L, tc->pp_split, tc->virtual_stages);  // the stage's layers, or its chunks
     if (tc->kernels.flash_attention) attention_flash_validate(config->C, config->NH, sizeof(floatX), 0);
     gpt2_build(model, config, comm, &place, &tc->kernels);
     model->recompute = tc->recompute;
@@ -1266,7 +1267,7 @@ static void print_run_summary(const Training* run) {
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
         MemoryPlan p = model_memory(model, sizeof(floatX));
-        print_stage_memory(&p, comm->pp_rank, model->place.l0, model->place.l1, model->n_slots);
+        print_stage_memory(&p, &model->place, stage_slots(tc, comm->pp_rank).n);
     }
 }
 
@@ -1294,8 +1295,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
     // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
-    int n_slots = pipeline_slots(tc->pipe_schedule, comm->pp, comm->pp_rank, tc->grad_accum);
-    gpt2_allocate_activations(&run->model, tc->B, tc->T, n_slots, tc->rematerialize);
+    allocate_stage_activations(&run->model, tc->B, tc->T, stage_slots(tc, comm->pp_rank).n, tc->rematerialize);
     if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
@@ -1412,7 +1412,7 @@ static void report_step(Training* run, long long step, const StepResult* r) {
 #ifndef LLMC_CPU
     if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
         run->memory_reported = 1;
-        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, run->model.n_slots, tc->recompute, tc->recompute_segment,
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, stage_slots(tc, run->comm->pp_rank).n, tc->recompute, tc->recompute_segment,
                                  tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
         print_device_memory_vs_plan(&p, run->comm);
@@ -1436,7 +1436,7 @@ static void training_finish(Training* run) {
         save_final_model(run->comm, tc, &model->config, buf);
         free(buf);
     }
-    if (tc->trace) trace_finish(&run->tracer, tc->trace, tc->pipe_schedule == SCHEDULE_GPIPE ? "gpipe" : "1f1b", tc->grad_accum, run->comm);
+    if (tc->trace) trace_finish(&run->tracer, tc->trace, schedule_flag(tc->pipe_schedule), tc->grad_accum, tc->virtual_stages, run->comm);
     free(run->tracer.events);
     logger_close(&run->logger);
     run_inputs_free(&run->in, tc);

@@ -49,7 +49,8 @@ static void print_usage(void) {
         "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
         "  --pp P                pipeline stages (P <= L)             [1]\n"
         "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
-        "  --schedule S          gpipe | 1f1b                         [gpipe]\n"
+        "  --schedule S          gpipe | 1f1b | interleaved           [gpipe]\n"
+        "  --virtual-stages V    interleaved: chunks of layers per stage (2..8; M a multiple of P)\n"
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
         "  --print-schedule      print every stage's schedule for --pp, --micro-batches, --schedule\n"
@@ -189,9 +190,11 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
     else if (!strcmp(f, "--schedule")) {
-        if (strcmp(v, "gpipe") && strcmp(v, "1f1b")) fatal("--schedule must be gpipe or 1f1b, got '%s'", v);
-        tc->pipe_schedule = strcmp(v, "gpipe") == 0 ? SCHEDULE_GPIPE : SCHEDULE_1F1B;
-    } else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
+        if (strcmp(v, "gpipe") && strcmp(v, "1f1b") && strcmp(v, "interleaved"))
+            fatal("--schedule must be gpipe, 1f1b or interleaved, got '%s'", v);
+        tc->pipe_schedule = !strcmp(v, "gpipe") ? SCHEDULE_GPIPE : !strcmp(v, "1f1b") ? SCHEDULE_1F1B : SCHEDULE_INTERLEAVED;
+    } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES);
+    else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--trace")) tc->trace = v;
     else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
@@ -307,6 +310,21 @@ static int parse_testing_flag(TrainConfig* tc, const char* f, const char* v) {
     return 1;
 }
 
+// --schedule interleaved --virtual-stages V: what it needs, and what it does not do
+static void check_interleaved_flags(const TrainConfig* tc) {
+    int interleaved = tc->pipe_schedule == SCHEDULE_INTERLEAVED, V = tc->virtual_stages;
+    if (!interleaved && V > 1) fatal("--virtual-stages %d needs --schedule interleaved", V);
+    if (!interleaved) return;
+    if (V < 2) fatal("--schedule interleaved needs --virtual-stages 2 or more (with one chunk per stage it is 1F1B)");
+    if (tc->pp < 2) fatal("--schedule interleaved needs --pp > 1");
+    if (tc->rematerialize)
+        fatal("--pp-rematerialize with --schedule interleaved is not supported: a forward's output is sent after the next "
+              "backward, which would have rematerialized into the same work set");
+    if (tc->grad_accum % tc->pp != 0)
+        fatal("--schedule interleaved: %d micro-batches is not a multiple of --pp %d (the schedule sends the micro-batches through "
+              "each chunk in groups of P)", tc->grad_accum, tc->pp);
+}
+
 // What one flag means depends on another: conflicts, --micro-batches turned into B and grad_accum, the
 // checkpoint folder of a resumed run, and a model from the command line's sizes.
 static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
@@ -329,6 +347,7 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
         fatal("--zero 3 with --pp is not supported: every micro-batch in flight would gather each of the stage's layers again "
               "for its forward and its backward; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
+    check_interleaved_flags(tc);
     if (tc->recompute_segment > 1 && tc->recompute != 3)
         fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their checkpoints)",
               tc->recompute_segment);
@@ -338,7 +357,7 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
     if (tc->print_schedule && (tc->pp > MAX_PRINTED_STAGES || tc->grad_accum > MAX_PRINTED_MICRO_BATCHES))
         fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)", MAX_PRINTED_STAGES,
               MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
-    if (tc->plan && (long long)tc->pp * tc->grad_accum > MAX_PLANNED_ACTIONS)
+    if (tc->plan && (long long)tc->pp * tc->grad_accum * tc->virtual_stages > MAX_PLANNED_ACTIONS)
         fatal("--plan: --pp %d x %d micro-batches is more than the %d stage micro-batches it plans (a pipeline of that many "
               "micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, MAX_PLANNED_ACTIONS);
     char why[256];
@@ -415,7 +434,7 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
 // whether one ran.
 static int run_tool(const TrainConfig* tc, PlanRank plan_rank) {
     if (tc->encode_file) encode_file(tc);
-    else if (tc->print_schedule) pipeline_print_schedule(tc->pipe_schedule, tc->pp, tc->grad_accum);
+    else if (tc->print_schedule) pipeline_print_schedule(tc->pipe_schedule, tc->pp, tc->grad_accum, tc->virtual_stages);
     else if (tc->plan) print_plan(plan_rank, tc, tc->plan_precision ? tc->plan_precision : BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32",
                                   tc->device_memory);
     else return 0;

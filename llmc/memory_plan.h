@@ -14,7 +14,7 @@
 #include "device.h"           // KernelChoice
 #include "model_file.h"       // GPT2Config, model_file_read, validate_config
 #include "param_layout.h"     // Placement
-#include "pipeline.h"         // pipeline_split, pipeline_slots
+#include "pipeline.h"         // pipeline_slots
 #include "run_config.h"       // TrainConfig
 #include "tensor_parallel.h"  // validate_tp
 
@@ -99,38 +99,64 @@ static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int
     return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
 }
 
-// One rank's plan for micro-batches of (B, T), n_slots activation sets and elements of elem_bytes: the
-// model built dry (train_gpt.cu's plan_rank). `phases` (PLAN_*): what the run does besides training, for
-// the CPU target's host copies (<0: not counted).
-typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, int n_slots, int recompute, int segment, int rematerialize,
-                               int phases, size_t elem_bytes, const KernelChoice* kernels);
+// One rank's plan for micro-batches of (B, T), n_slots[v] activation sets for its chunk v (llmc/pipeline.h;
+// one chunk but with --virtual-stages) and elements of elem_bytes: the model built dry (train_gpt.cu's
+// plan_rank). `phases` (PLAN_*): what the run does besides training, for the CPU target's host copies
+// (<0: not counted).
+typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, const int* n_slots, int recompute, int segment,
+                               int rematerialize, int phases, size_t elem_bytes, const KernelChoice* kernels);
+
+// The activation sets of each of stage s's chunks under the run's schedule: one per micro-batch it holds
+// at once (one without pipelining)
+typedef struct {
+    int n[MAX_VIRTUAL_STAGES];  // [chunk]
+} StageSlots;
+static StageSlots stage_slots(const TrainConfig* tc, int s) {
+    StageSlots slots;
+    for (int v = 0; v < tc->virtual_stages; v++) slots.n[v] = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum, tc->virtual_stages, v);
+    return slots;
+}
+
+// "layers 0-1" of a stage, or of each of its chunks with --virtual-stages ("layers 0-1, 4-5"), numbers
+// `width` wide, and its activation slots ("2", or by chunk "3+2"). Returns the slots' total.
+static int describe_stage(const Placement* pl, const int* n_slots, int width, char* layers, char* slots, size_t n) {
+    int used = snprintf(layers, n, "layers"), used_slots = 0, total = 0;
+    for (int v = 0; v < num_chunks(pl); v++) {
+        int l0, l1;
+        chunk_layers(pl, v, &l0, &l1);
+        used += snprintf(layers + used, n - used, "%s %*d-%*d", v > 0 ? "," : "", width, l0, width, l1 - 1);
+        used_slots += snprintf(slots + used_slots, n - used_slots, "%s%d", v > 0 ? "+" : "", n_slots[v]);
+        total += n_slots[v];
+    }
+    return total;
+}
 
 // The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
 // micro-batch of B sequences with elements of `elem_bytes`; returns the largest total.
 static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp, int B, size_t elem_bytes, int print) {
-    int* first = (int*)malloc_check((tc->pp + 1) * sizeof(int));
-    pipeline_split(c->L, tc->pp, tc->pp_split, first);
     size_t worst = 0;
     for (int s = 0; s < tc->pp; s++) {
-        Placement pl = {.zero = tc->zero, .dp = dp, .tp = tc->tp, .pp = tc->pp, .pp_rank = s, .l0 = first[s], .l1 = first[s + 1]};
-        int slots = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum);
+        Placement pl = {.zero = tc->zero, .dp = dp, .tp = tc->tp, .pp = tc->pp, .pp_rank = s};
+        place_layers(&pl, c->L, tc->pp_split, tc->virtual_stages);
+        StageSlots slots = stage_slots(tc, s);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots.n, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
                                  &tc->kernels);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;
         if (print) {
             const double G = 1073741824.0;
-            printf("  stage %2d (layers %2d-%2d): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
-                   "(%d slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
-                   s, first[s], first[s + 1] - 1, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slots,
-                   slots > 1 ? "s" : " ", p.workspace / G, p.comm / G, p.kernel_scratch / G);
+            char layers[256], slot_s[256];
+            int total_slots = describe_stage(&pl, slots.n, 2, layers, slot_s, sizeof(layers));
+            printf("  stage %2d (%s): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
+                   "(%s slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
+                   s, layers, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slot_s, total_slots > 1 ? "s" : " ",
+                   p.workspace / G, p.comm / G, p.kernel_scratch / G);
             if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
             printf(" | total %7.3f GiB\n", total / G);
         }
     }
-    free(first);
     return worst;
 }
 
@@ -167,7 +193,7 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
     if (tc->recompute_segment > 1) snprintf(segment, sizeof(segment), " (segments of %d layers)", tc->recompute_segment);
     printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d%s, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
            dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
-           tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : " (1F1B)") : "");
+           tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : tc->pipe_schedule == SCHEDULE_1F1B ? " (1F1B)" : " (interleaved)") : "");
     plan_stages(plan_rank, &c, tc, dp, tc->B, elem_bytes, 1);
     if (tc->recompute == 3) print_best_segment(plan_rank, &c, tc, dp, elem_bytes);
     if (device_memory > 0) {
@@ -184,11 +210,13 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
 }
 
 // The start-up line of a pipeline stage's memory per rank (what its model allocated, and the kernels' scratch)
-static void print_stage_memory(const MemoryPlan* p, int stage, int l0, int l1, int n_slots) {
+static void print_stage_memory(const MemoryPlan* p, const Placement* pl, const int* n_slots) {
     const double M = 1048576.0;
-    printf("memory of stage %d (layers %d-%d) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
-           "activations %.2f (%d micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
-           stage, l0, l1 - 1, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, n_slots, n_slots > 1 ? "s" : "",
+    char layers[256], slots[256];
+    int total = describe_stage(pl, n_slots, 0, layers, slots, sizeof(layers));
+    printf("memory of stage %d (%s) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
+           "activations %.2f (%s micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
+           pl->pp_rank, layers, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, slots, total > 1 ? "s" : "",
            p->workspace / M, p->comm / M, p->kernel_scratch / M, plan_total(p) / M);
 }
 

@@ -9,15 +9,17 @@
  *   bucket 0: wte wpe | bucket 1: layer 0's 12 tensors | ... | bucket L: layer L-1's | bucket L+1: lnfw lnfb
  *
  * A rank holds only what its place in the dp x tp x pp grid gives it (Placement): its pipeline stage's
- * tensors (the first stage the embeddings, the last the final LayerNorm, both the tied wte) and, with
- * tensor parallelism, its slice of the split ones (llmc/tensor_parallel.h). The file order (tensor by
- * tensor, all layers of one tensor together) is used only when reading and writing files.
+ * tensors (the first stage the embeddings, the last the final LayerNorm, both the tied wte; with
+ * --virtual-stages the layers of its V chunks, which are not consecutive) and, with tensor parallelism,
+ * its slice of the split ones (llmc/tensor_parallel.h). The file order (tensor by tensor, all layers of
+ * one tensor together) is used only when reading and writing files.
  */
 #pragma once
 
 #include "common.h"           // round_up, malloc_check
 #include "device.h"           // copy_to_host
 #include "model_file.h"       // GPT2Config, FileTensor (WTE ...), file_tensor_numel
+#include "pipeline.h"         // MAX_VIRTUAL_STAGES, pipeline_chunks
 #include "tensor_parallel.h"  // TensorShape, local_shape, Run, tensor_runs
 #include "zero.h"             // Bucket
 
@@ -53,11 +55,30 @@ typedef struct {
     int tp, tp_rank;     // tensor parallelism: slice tp_rank of the split tensors
     int pp, pp_rank;     // pipeline parallelism: this stage owns layers [l0, l1)
     int l0, l1;
+    int V;               // --virtual-stages: V > 1 chunks of layers [vl0[v], vl1[v]) instead (0 or 1: [l0, l1))
+    int vl0[MAX_VIRTUAL_STAGES], vl1[MAX_VIRTUAL_STAGES];
 } Placement;
 
 static Placement placement_single(const GPT2Config* c) { return (Placement){.dp = 1, .tp = 1, .pp = 1, .l1 = c->L}; }
+
+// Stage pp_rank's layers as the pipeline cuts L of them (--pp-split, --virtual-stages V): [l0, l1), or V chunks
+static void place_layers(Placement* p, int L, const char* split, int V) {
+    p->V = V;
+    pipeline_chunks(L, p->pp, V, split, p->pp_rank, p->vl0, p->vl1);
+    p->l0 = p->vl0[0], p->l1 = p->vl1[0];
+}
+
+// The chunks of layers a stage holds (1 but with --virtual-stages): chunk v is [*l0, *l1)
+static int num_chunks(const Placement* p) { return p->V > 1 ? p->V : 1; }
+static void chunk_layers(const Placement* p, int v, int* l0, int* l1) {
+    *l0 = p->V > 1 ? p->vl0[v] : p->l0;
+    *l1 = p->V > 1 ? p->vl1[v] : p->l1;
+}
 static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
 static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
+// the stages before and after this one on the ring of stages (the interleaved schedule goes round it)
+static int ring_prev(const Placement* p) { return (p->pp_rank + p->pp - 1) % p->pp; }
+static int ring_next(const Placement* p) { return (p->pp_rank + 1) % p->pp; }
 
 // Which tensors a pipeline stage holds: the first stage the embeddings, the last the final LayerNorm,
 // both the tied wte, each its own layers.
@@ -65,7 +86,12 @@ static int stage_has(const Placement* p, int kind, int layer) {
     if (kind == WTE) return is_first_stage(p) || is_last_stage(p);
     if (kind == WPE) return is_first_stage(p);
     if (kind == LNFW || kind == LNFB) return is_last_stage(p);
-    return layer >= p->l0 && layer < p->l1;
+    for (int v = 0; v < num_chunks(p); v++) {
+        int l0, l1;
+        chunk_layers(p, v, &l0, &l1);
+        if (layer >= l0 && layer < l1) return 1;
+    }
+    return 0;
 }
 
 // the i-th tensor in memory order (wte, wpe, layer 0's 12 tensors, ..., layer L-1's, lnfw, lnfb), and

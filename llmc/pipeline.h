@@ -13,14 +13,29 @@
  *          every stage keeps the activations of all M micro-batches
  *   1F1B   warm-up: min(P-s-1, M) forwards, then alternate one forward and one backward, then the
  *          remaining backwards; stage s keeps at most min(P-s, M) micro-batches of activations
+ *   interleaved 1F1B (--virtual-stages V, Megatron's PTD-P): the layers are cut into P*V chunks and
+ *          stage s holds V of them, chunks s, s+P, ..., s+(V-1)P (virtual stage v*P + s is its chunk v).
+ *          A micro-batch goes round the ring of stages V times, so each chunk is 1/V of a stage's work
+ *          and the fill and drain of the pipeline (the bubble) take 1/V of the time. Stage s runs its
+ *          M*V forwards in groups of P micro-batches per chunk (chunk 0 for micro-batches 0..P-1, chunk
+ *          1 for the same, ..., then the next P micro-batches), its backwards in the same order with
+ *          the chunks reversed; warm-up 2(P-s-1) + (V-1)P forwards, then one forward and one backward
+ *          alternately, then the remaining backwards. M must be a multiple of P.
  *
- *   stage 0   F0 F1 F2 F3 .  .  .  B0 .  B1 .  B2 .  B3                        (GPipe, P=2, M=4)
+ *   GPipe, P=2, M=4 (a backward takes twice a forward's time):
+ *   stage 0   F0 F1 F2 F3 .  .  .  B0 .  B1 .  B2 .  B3
  *   stage 1   .  F0 F1 F2 F3 B0 .  B1 .  B2 .  B3 .
- * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for either schedule.
+ *   interleaved, P=2, M=2, V=2 (F1.0: micro-batch 1's forward in chunk 0, half a stage's layers):
+ *   stage 0   F0.0 F1.0 F0.1 F1.1 .    .    B0.1 .    .    B1.1 .    B0.0 .    B1.0 .
+ *   stage 1   .    F0.0 F1.0 F0.1 B0.1 .    F1.1 B1.1 .    B0.0 .    B1.0 .    .    .
+ * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for GPipe or 1F1B, and
+ * (P-1)/(V*M+P-1) for the interleaved schedule (a chunk's forward taking one slot): 3 of 15 slots above.
  *
  * The schedule is a list of actions; train_gpt.cu executes it (pipeline_step). Its messages go through
  * pipe_exchange (below), which pairs each send with the receive that follows it when both go to the same
- * neighbour, so two neighbours never both block in a send.
+ * neighbour, so two neighbours never both block in a send. Messages between stages are not tagged: on
+ * each (sender, receiver) pair they are matched in the order they were sent, which the schedules keep
+ * (tests/pipeline_parallel.sh checks it on --print-schedule's messages).
  */
 #pragma once
 
@@ -28,14 +43,21 @@
 #include "common.h"  // fatal, check_internal, malloc_check, calloc_check
 #include "trace.h"   // trace_now_us, trace_add
 
-typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B } Schedule;
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED } Schedule;
+
+enum { MAX_VIRTUAL_STAGES = 8 };  // --virtual-stages: chunks per stage
+
+static const char* schedule_name(Schedule s) { return s == SCHEDULE_GPIPE ? "GPipe" : s == SCHEDULE_1F1B ? "1F1B" : "interleaved 1F1B"; }
+static const char* schedule_flag(Schedule s) { return s == SCHEDULE_GPIPE ? "gpipe" : s == SCHEDULE_1F1B ? "1f1b" : "interleaved"; }  // --schedule
 
 typedef struct {
     int backward;  // 0: forward, 1: backward
     int micro;     // micro-batch index
+    int chunk;     // which of the stage's chunks (0 but for the interleaved schedule)
 } PipeAction;
 
-// First layer of each stage (first[P] = L). split: "a,b,c" layer counts, or NULL for as even as possible.
+// First layer of each of the P stages (first[P] = L); with virtual stages P is P*V, the chunks.
+// split: "a,b,c" layer counts, or NULL for as even as possible.
 static void pipeline_split(int L, int P, const char* split, int* first) {
     if (P > L) fatal("--pp %d: more pipeline stages than the %d layers", P, L);
     first[0] = 0;
@@ -57,41 +79,169 @@ static void pipeline_split(int L, int P, const char* split, int* first) {
         first[s + 1] = first[s] + (int)n;
         p = end;
         if (s < P - 1) {
-            if (*p != ',') fatal("--pp-split '%s': expected %d layer counts (one per stage)", split, P);
+            if (*p != ',') fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)", split, P);
             p++;
         }
     }
-    if (*p != '\0') fatal("--pp-split '%s': expected %d layer counts (one per stage)", split, P);
+    if (*p != '\0') fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)", split, P);
     if (first[P] != L) fatal("--pp-split '%s' covers %d layers, the model has %d", split, first[P], L);
 }
 
-// The 2M actions of stage s, in order. Returns the number of activation slots the stage needs.
-static int pipeline_schedule(Schedule sched, int P, int s, int M, PipeAction* actions) {
-    int n = 0;
-    if (sched == SCHEDULE_GPIPE) {
-        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){.backward = 0, .micro = m};
-        for (int m = 0; m < M; m++) actions[n++] = (PipeAction){.backward = 1, .micro = m};
-        return M;
-    }
-    int warmup = P - s - 1 < M ? P - s - 1 : M;
-    int f = 0, b = 0;
-    for (; f < warmup; f++) actions[n++] = (PipeAction){.backward = 0, .micro = f};
-    while (f < M) {  // steady state: one forward, one backward
-        actions[n++] = (PipeAction){.backward = 0, .micro = f++};
-        actions[n++] = (PipeAction){.backward = 1, .micro = b++};
-    }
-    while (b < M) actions[n++] = (PipeAction){.backward = 1, .micro = b++};  // cool-down
-    return warmup + 1 < M ? warmup + 1 : M;
+// Stage s's chunks of layers: chunk v is virtual stage v*P + s of the P*V (V = 1: the stage itself),
+// layers [l0[v], l1[v]).
+static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* l0, int* l1) {
+    if (P * V > L && V > 1) fatal("--pp %d x --virtual-stages %d: more chunks than the %d layers", P, V, L);
+    int* first = (int*)malloc_check((P * V + 1) * sizeof(int));
+    pipeline_split(L, P * V, split, first);
+    for (int v = 0; v < V; v++) l0[v] = first[v * P + s], l1[v] = first[v * P + s + 1];
+    free(first);
 }
 
-// The activation slots stage s of P keeps for M micro-batches: one without pipelining (the plain step),
-// else as many as its schedule keeps in flight
-static int pipeline_slots(Schedule sched, int P, int s, int M) {
+// ----------------------------------------------------------------------------------------------------
+// the schedules: a stage's actions, and for the interleaved schedule the exchanges between them
+//
+// GPipe and 1F1B exchange before each action: the previous action's output goes out, paired with this
+// action's input when both go to the same neighbour (pipe_exchange, below). Around a ring of stages that
+// rule deadlocks: a send that must wait for its receiver (NCCL's always do, MPI's beyond a small size)
+// can face a receiver that is itself waiting in a send to someone else. So the interleaved schedule
+// exchanges as Megatron's does, after its actions: after a warm-up forward, its output is sent and the
+// next forward's input received; after each steady-state pair (a forward, then a backward) the forward's
+// output and the backward's input gradient are sent and the next forward's input and the next backward's
+// output gradient received; after a cool-down backward, its input gradient is sent and the next one's
+// received. Each exchange is two sendrecvs, the activations' (to the next stage, from the previous)
+// before the gradients' (to the previous, from the next), on every stage in the same order, so every
+// send meets its receive (tests/pipeline_parallel.sh runs every stage's printed exchanges as blocking
+// operations and checks that they all complete, each message received in the order it was sent).
+
+// A message of an exchange: micro-batch `micro`'s activation (backward 0) or gradient (1), sent from or
+// received into chunk `chunk` of this stage; peer: the other stage (-1: no message)
+typedef struct {
+    int peer, backward, micro, chunk;
+} PipeMessage;
+
+// A step of a stage's schedule: an action, or (interleaved) an exchange of a send and a receive posted
+// together (one sendrecv; either may be absent)
+typedef struct {
+    int exchange;  // 0: the action, 1: the exchange
+    PipeAction action;
+    PipeMessage send, recv;
+} PipeStep;
+
+// The interleaved schedule's k-th forward (or backward) of a stage: micro-batches in groups of P, each
+// group through chunk 0, 1, ..., V-1 (backward: V-1, ..., 0)
+static PipeAction interleaved_action(int backward, int k, int P, int V) {
+    int chunk = (k % (P * V)) / P;
+    return (PipeAction){.backward = backward, .micro = k / (P * V) * P + k % P, .chunk = backward ? V - 1 - chunk : chunk};
+}
+
+// The neighbours of chunk `chunk` of stage s of P (V chunks each) on the ring of stages: where its forward
+// input comes from (and its input gradient goes), and where its output goes (and its output gradient
+// comes from); -1 at the ends of the virtual pipeline (the first chunk of stage 0, the last of stage P-1)
+static int pipe_prev(int P, int V, int s, int chunk) { return s == 0 && chunk == 0 ? -1 : (s + P - 1) % P; }
+static int pipe_next(int P, int V, int s, int chunk) { return s == P - 1 && chunk == V - 1 ? -1 : (s + 1) % P; }
+
+// The message action a of stage s receives (its input, or its output's gradient), or sends (its output,
+// or its input's gradient); peer -1 at the ends of the pipeline
+static PipeMessage received_by(PipeAction a, int P, int V, int s) {
+    int peer = a.backward ? pipe_next(P, V, s, a.chunk) : pipe_prev(P, V, s, a.chunk);
+    return (PipeMessage){.peer = peer, .backward = a.backward, .micro = a.micro, .chunk = a.chunk};
+}
+static PipeMessage sent_by(PipeAction a, int P, int V, int s) {
+    int peer = a.backward ? pipe_prev(P, V, s, a.chunk) : pipe_next(P, V, s, a.chunk);
+    return (PipeMessage){.peer = peer, .backward = a.backward, .micro = a.micro, .chunk = a.chunk};
+}
+
+static PipeStep action_step(PipeAction a) {
+    PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
+    return (PipeStep){.exchange = 0, .action = a, .send = none, .recv = none};
+}
+
+// Appends an exchange: the activations' sendrecv, then the gradients' (each only if it has a message)
+static int add_exchange(PipeStep* steps, int n, PipeMessage send_act, PipeMessage recv_act, PipeMessage send_grad, PipeMessage recv_grad) {
+    if (send_act.peer >= 0 || recv_act.peer >= 0) steps[n++] = (PipeStep){.exchange = 1, .action = {0, 0, 0}, .send = send_act, .recv = recv_act};
+    if (send_grad.peer >= 0 || recv_grad.peer >= 0)
+        steps[n++] = (PipeStep){.exchange = 1, .action = {0, 0, 0}, .send = send_grad, .recv = recv_grad};
+    return n;
+}
+
+// The steps of stage s (of P, M micro-batches, V chunks per stage: 1 but for the interleaved schedule),
+// in order: its 2MV actions and, interleaved, the exchanges between them. `steps` holds 6MV + 2. Returns
+// their number.
+static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* steps) {
+    PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
+    int n = 0;
+    if (sched == SCHEDULE_GPIPE) {
+        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.backward = 0, .micro = m, .chunk = 0});
+        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.backward = 1, .micro = m, .chunk = 0});
+        return n;
+    }
+    if (sched == SCHEDULE_1F1B) {
+        int warmup = P - s - 1 < M ? P - s - 1 : M;
+        int f = 0, b = 0;
+        for (; f < warmup; f++) steps[n++] = action_step((PipeAction){.backward = 0, .micro = f, .chunk = 0});
+        while (f < M) {  // steady state: one forward, one backward
+            steps[n++] = action_step((PipeAction){.backward = 0, .micro = f++, .chunk = 0});
+            steps[n++] = action_step((PipeAction){.backward = 1, .micro = b++, .chunk = 0});
+        }
+        while (b < M) steps[n++] = action_step((PipeAction){.backward = 1, .micro = b++, .chunk = 0});  // cool-down
+        return n;
+    }
+    // Interleaved: the M*V forwards in the order of interleaved_action, and the backwards likewise:
+    // warm-up forwards, enough that the first backward's gradient (from the last virtual stage) is on its
+    // way when the stage turns to it; then a forward and a backward alternately; then the remaining
+    // backwards. An exchange follows each warm-up forward, each pair and each cool-down backward.
+    int total = M * V, warmup = 2 * (P - s - 1) + (V - 1) * P;
+    if (warmup > total) warmup = total;
+#define F(k) interleaved_action(0, k, P, V)
+#define B(k) interleaved_action(1, k, P, V)
+    n = add_exchange(steps, n, none, received_by(F(0), P, V, s), none, none);
+    for (int k = 0; k < warmup; k++) {  // the last warm-up exchange also receives the first backward's gradient
+        steps[n++] = action_step(F(k));
+        n = add_exchange(steps, n, sent_by(F(k), P, V, s), k + 1 < total ? received_by(F(k + 1), P, V, s) : none, none,
+                         k == warmup - 1 && warmup < total ? received_by(B(0), P, V, s) : none);
+    }
+    for (int k = 0; k < total - warmup; k++) {  // steady state
+        steps[n++] = action_step(F(k + warmup));
+        steps[n++] = action_step(B(k));
+        n = add_exchange(steps, n, sent_by(F(k + warmup), P, V, s),
+                         k + warmup + 1 < total ? received_by(F(k + warmup + 1), P, V, s) : none, sent_by(B(k), P, V, s),
+                         received_by(B(k + 1), P, V, s));
+    }
+    if (warmup == total) n = add_exchange(steps, n, none, none, none, received_by(B(0), P, V, s));
+    for (int k = total - warmup; k < total; k++) {  // cool-down
+        steps[n++] = action_step(B(k));
+        n = add_exchange(steps, n, none, none, sent_by(B(k), P, V, s), k + 1 < total ? received_by(B(k + 1), P, V, s) : none);
+    }
+#undef F
+#undef B
+    return n;
+}
+
+// The 2MV actions of stage s, in order (its plan without the exchanges). Returns their number.
+static int pipeline_schedule(Schedule sched, int P, int s, int M, int V, PipeAction* actions) {
+    PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * V + 2) * sizeof(PipeStep));
+    int n = pipeline_plan(sched, P, s, M, V, steps), k = 0;
+    for (int i = 0; i < n; i++)
+        if (!steps[i].exchange) actions[k++] = steps[i].action;
+    free(steps);
+    return k;
+}
+
+// The activation slots chunk `chunk` of stage s keeps for M micro-batches: one without pipelining (the
+// plain step), else the most micro-batches its schedule holds at once (forwards done minus backwards
+// done). Each chunk runs its forwards and its backwards in micro-batch order, so the ones it holds are
+// consecutive and micro-batch m can use slot m mod slots.
+static int pipeline_slots(Schedule sched, int P, int s, int M, int V, int chunk) {
     if (P == 1) return 1;
-    PipeAction* actions = (PipeAction*)malloc_check(2 * (size_t)M * sizeof(PipeAction));
-    int slots = pipeline_schedule(sched, P, s, M, actions);
+    PipeAction* actions = (PipeAction*)malloc_check(2 * (size_t)M * V * sizeof(PipeAction));
+    int n = pipeline_schedule(sched, P, s, M, V, actions), held = 0, most = 0;
+    for (int i = 0; i < n; i++) {
+        if (actions[i].chunk != chunk) continue;
+        held += actions[i].backward ? -1 : 1;
+        most = held > most ? held : most;
+    }
     free(actions);
-    return slots;
+    return most;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -139,93 +289,155 @@ static void pipe_exchange(Comm* c, Tracer* tr, PendingSend* pending, floatX* rec
     pending->peer = -1;
 }
 
+// An exchange of the interleaved schedule: its send (from send_buf) and its receive (into recv_buf) as one
+// sendrecv, or the one there is, waited for; traced as "send act 3, recv grad 2"
+static void pipe_sendrecv(Comm* c, Tracer* tr, const PipeStep* st, const floatX* send_buf, floatX* recv_buf, size_t n) {
+    double t0 = trace_now_us(tr);
+    if (send_buf && recv_buf) comm_sendrecv(c, &c->pp_group, send_buf, st->send.peer, recv_buf, st->recv.peer, n, DT_FLOATX);
+    else if (send_buf) comm_send(c, &c->pp_group, send_buf, n, DT_FLOATX, st->send.peer);
+    else comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, st->recv.peer);
+    comm_join(c);
+    char send_s[24] = "", recv_s[24] = "", name[52];
+    if (send_buf) snprintf(send_s, sizeof(send_s), "send %s %d", st->send.backward ? "grad" : "act", st->send.micro);
+    if (recv_buf) snprintf(recv_s, sizeof(recv_s), "recv %s %d", st->recv.backward ? "grad" : "act", st->recv.micro);
+    snprintf(name, sizeof(name), "%s%s%s", send_s, send_buf && recv_buf ? ", " : "", recv_s);
+    trace_add(tr, send_buf && recv_buf ? "sendrecv" : send_buf ? "send" : "recv", name, -1, t0);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // --print-schedule: the schedule of every stage, before running it
 
-// The messages before an action, as pipeline_step exchanges them (through pipe_exchange, above): the
-// send left over from the previous action goes out first, and when the action receives from the same
-// neighbour the two travel as one send-receive. "a3>1": micro-batch 3's activation sent to stage 1;
-// "g3<2": its gradient received from stage 2.
-static void print_messages(int pending, int pending_peer, int recv, int recv_peer) {
-    char send_s[32] = "", recv_s[32] = "";
-    if (pending_peer >= 0) snprintf(send_s, sizeof(send_s), "%c%d>%d", pending < 0 ? 'g' : 'a', pending < 0 ? -pending - 1 : pending, pending_peer);
-    if (recv_peer >= 0) snprintf(recv_s, sizeof(recv_s), "%c%d<%d", recv < 0 ? 'g' : 'a', recv < 0 ? -recv - 1 : recv, recv_peer);
-    if (pending_peer >= 0 && recv_peer >= 0 && pending_peer == recv_peer) printf(" sendrecv %s %s |", send_s, recv_s);
+// A message of stage s as --print-schedule names it: 'a' (activation) or 'g' (gradient), the micro-batch,
+// and with virtual stages the sending chunk ("a3.1": micro-batch 3's activation out of chunk 1; a
+// message received from stage P-1 by stage 0, or back, crosses to the next chunk, or the one before)
+static void message_label(PipeMessage m, int received, int P, int V, int s, char* out, size_t n) {
+    char kind = m.backward ? 'g' : 'a';
+    int chunk = !received ? m.chunk : m.chunk + (m.backward ? (s == P - 1) : -(s == 0));
+    if (V > 1) snprintf(out, n, "%c%d.%d", kind, m.micro, chunk);
+    else snprintf(out, n, "%c%d", kind, m.micro);
+}
+
+// An exchange of stage s, as pipeline_step makes it: one sendrecv when `paired` (GPipe and 1F1B pair a
+// send and a receive with the same neighbour, pipe_exchange; the interleaved schedule pairs them all),
+// else the send, then the receive. "a3>1": micro-batch 3's activation sent to stage 1; "g3<2": its
+// gradient received from stage 2.
+static void print_exchange(PipeMessage send, PipeMessage recv, int paired, int P, int V, int s) {
+    char send_s[48] = "", recv_s[48] = "", label[24];
+    message_label(send, 0, P, V, s, label, sizeof(label));
+    if (send.peer >= 0) snprintf(send_s, sizeof(send_s), "%s>%d", label, send.peer);
+    message_label(recv, 1, P, V, s, label, sizeof(label));
+    if (recv.peer >= 0) snprintf(recv_s, sizeof(recv_s), "%s<%d", label, recv.peer);
+    if (send.peer >= 0 && recv.peer >= 0 && paired) printf(" sendrecv %s %s |", send_s, recv_s);
     else {
-        if (pending_peer >= 0) printf(" send %s |", send_s);
-        if (recv_peer >= 0) printf(" recv %s |", recv_s);
+        if (send.peer >= 0) printf(" send %s |", send_s);
+        if (recv.peer >= 0) printf(" recv %s |", recv_s);
     }
 }
 
-// Prints, for P stages and M micro-batches: a timeline (one column a time slot, a forward taking one
-// slot and a backward two, each action starting when its stage is free and its input has arrived), and
-// each stage's actions with the messages between them, so the sends and receives can be paired by eye.
-static void pipeline_print_schedule(Schedule sched, int P, int M) {
-    PipeAction* acts = (PipeAction*)malloc_check((size_t)P * 2 * M * sizeof(PipeAction));
-    int* slots = (int*)malloc_check(P * sizeof(int));
-    int* f_end = (int*)malloc_check((size_t)P * M * sizeof(int));  // [stage][micro] when its forward ends
-    int* b_end = (int*)malloc_check((size_t)P * M * sizeof(int));
-    int* start = (int*)malloc_check((size_t)P * 2 * M * sizeof(int));
-    for (int s = 0; s < P; s++) slots[s] = pipeline_schedule(sched, P, s, M, acts + (size_t)s * 2 * M);
-    for (int i = 0; i < P * M; i++) f_end[i] = b_end[i] = -1;
+// Prints, for P stages, M micro-batches and V chunks per stage (1 but for the interleaved schedule): a
+// timeline (one column a time slot, a chunk's forward taking one slot and its backward two, each action
+// starting when its stage is free and its input has arrived), and each stage's actions with the messages
+// between them, so the sends and receives can be paired by eye; then the bubble: the idle slots, against
+// the schedule's formula.
+static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
+    int per = 2 * M * V;  // actions per stage
+    PipeAction* acts = (PipeAction*)malloc_check((size_t)P * per * sizeof(PipeAction));
+    int* f_end = (int*)malloc_check((size_t)P * V * M * sizeof(int));  // [virtual stage][micro] when its forward ends
+    int* b_end = (int*)malloc_check((size_t)P * V * M * sizeof(int));
+    int* start = (int*)malloc_check((size_t)P * per * sizeof(int));
+    PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * V + 2) * sizeof(PipeStep));
+    PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
+    for (int s = 0; s < P; s++) pipeline_schedule(sched, P, s, M, V, acts + (size_t)s * per);
+    for (int i = 0; i < P * V * M; i++) f_end[i] = b_end[i] = -1;
     // timeline: sweep until every action is placed (an action waits for the one before it on its stage
-    // and for its input: the forward of the stage before, or the backward of the stage after)
+    // and for its input: the forward of the virtual stage before, or the backward of the one after)
     int* next = (int*)calloc_check(P * sizeof(int));
     int* free_at = (int*)calloc_check(P * sizeof(int));
-    int placed = 0, width = 0;
-    while (placed < P * 2 * M) {
+    int placed = 0, width = 0, last_vs = P * V - 1;
+    while (placed < P * per) {
         int placed_before = placed;
         for (int s = 0; s < P; s++) {
-            if (next[s] == 2 * M) continue;
-            PipeAction a = acts[(size_t)s * 2 * M + next[s]];
-            int ready = a.backward ? (s == P - 1 ? f_end[s * M + a.micro] : b_end[(s + 1) * M + a.micro])
-                                   : (s == 0 ? 0 : f_end[(s - 1) * M + a.micro]);
+            if (next[s] == per) continue;
+            PipeAction a = acts[(size_t)s * per + next[s]];
+            int vs = a.chunk * P + s;  // its virtual stage
+            int ready = a.backward ? (vs == last_vs ? f_end[vs * M + a.micro] : b_end[(vs + 1) * M + a.micro])
+                                   : (vs == 0 ? 0 : f_end[(vs - 1) * M + a.micro]);
             if (ready < 0) continue;  // its input is not computed yet
             int t = ready > free_at[s] ? ready : free_at[s];
-            start[(size_t)s * 2 * M + next[s]] = t;
+            start[(size_t)s * per + next[s]] = t;
             free_at[s] = t + (a.backward ? 2 : 1);
-            (a.backward ? b_end : f_end)[s * M + a.micro] = free_at[s];
+            (a.backward ? b_end : f_end)[vs * M + a.micro] = free_at[s];
             width = free_at[s] > width ? free_at[s] : width;
             next[s]++, placed++;
         }
         check_internal(placed > placed_before, "the pipeline schedule waits on itself");
     }
-    printf("pipeline schedule %s: %d stage%s, %d micro-batch%s per step\n", sched == SCHEDULE_GPIPE ? "GPipe" : "1F1B", P,
-           P > 1 ? "s" : "", M, M > 1 ? "es" : "");
-    printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
-    int digits = 2;  // every slot is 2 + digits characters wide (4 up to 100 micro-batches), so columns align
+    printf("pipeline schedule %s: %d stage%s, %d micro-batch%s per step", schedule_name(sched), P, P > 1 ? "s" : "", M, M > 1 ? "es" : "");
+    if (V > 1) printf(", %d chunks per stage (stage s holds virtual stages s, s+%d, ...)", V, P);
+    printf("\n");
+    if (V > 1) printf("timeline (a chunk's forward takes one slot, its backward two: Bm.c ==, micro-batch m in chunk c; '.' idle):\n");
+    else printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
+    int digits = 2;  // a slot is 2 + digits characters wide (4 up to 100 micro-batches; 2 more for ".c"), so columns align
     for (int m = 100; m < M; m *= 10) digits++;
+    int cell = digits + 1 + (V > 1 ? 2 : 0);  // what follows a slot's space
     for (int s = 0; s < P; s++) {
         printf("  stage %2d |", s);
         int t = 0;
-        for (int i = 0; i < 2 * M; i++) {
-            PipeAction a = acts[(size_t)s * 2 * M + i];
-            for (; t < start[(size_t)s * 2 * M + i]; t++) printf(" %-*s", digits + 1, ".");
-            printf(" %c%-*d", a.backward ? 'B' : 'F', digits, a.micro);
-            if (a.backward) printf(" %-*s", digits + 1, "==");
+        for (int i = 0; i < per; i++) {
+            PipeAction a = acts[(size_t)s * per + i];
+            for (; t < start[(size_t)s * per + i]; t++) printf(" %-*s", cell, ".");
+            char label[24];
+            if (V > 1) snprintf(label, sizeof(label), "%c%d.%d", a.backward ? 'B' : 'F', a.micro, a.chunk);
+            else snprintf(label, sizeof(label), "%c%d", a.backward ? 'B' : 'F', a.micro);
+            printf(" %-*s", cell, label);
+            if (a.backward) printf(" %-*s", cell, "==");
             t += a.backward ? 2 : 1;
         }
-        for (; t < width; t++) printf(" %-*s", digits + 1, ".");
+        for (; t < width; t++) printf(" %-*s", cell, ".");
         printf("\n");
     }
-    printf("actions and messages of each stage, in order (a3>1: micro-batch 3's activation sent to stage 1;\n"
-           "g3<2: its gradient received from stage 2; a send and a receive with the same neighbour go as one sendrecv):\n");
+    if (V > 1)
+        printf("actions and messages of each stage, in order (a3.1>2: micro-batch 3's activation out of chunk 1 sent to stage 2;\n"
+               "g3.1<2: its gradient out of chunk 1 of stage 2 received; an exchange's send and receive go as one sendrecv):\n");
+    else
+        printf("actions and messages of each stage, in order (a3>1: micro-batch 3's activation sent to stage 1;\n"
+               "g3<2: its gradient received from stage 2; a send and a receive with the same neighbour go as one sendrecv):\n");
     for (int s = 0; s < P; s++) {
-        printf("  stage %2d (%d activation slot%s) |", s, slots[s], slots[s] > 1 ? "s" : "");
-        int pending = 0, pending_peer = -1;  // pending >= 0: activation of that micro-batch; < 0: gradient of -pending-1
-        for (int i = 0; i < 2 * M; i++) {
-            PipeAction a = acts[(size_t)s * 2 * M + i];
-            int recv_peer = a.backward ? (s < P - 1 ? s + 1 : -1) : (s > 0 ? s - 1 : -1);
-            print_messages(pending, pending_peer, a.backward ? -a.micro - 1 : a.micro, recv_peer);
-            printf(" %c%d |", a.backward ? 'B' : 'F', a.micro);
-            pending = a.backward ? -a.micro - 1 : a.micro;
-            pending_peer = a.backward ? (s > 0 ? s - 1 : -1) : (s < P - 1 ? s + 1 : -1);
+        printf("  stage %2d (", s);  // "2 activation slots", or by chunk "4+2 activation slots"
+        int total = 0;
+        for (int v = 0; v < V; v++) {
+            int slots = pipeline_slots(sched, P, s, M, V, v);
+            printf("%s%d", v > 0 ? "+" : "", slots);
+            total += slots;
         }
-        print_messages(pending, pending_peer, 0, -1);
+        printf(" activation slot%s%s) |", total > 1 ? "s" : "", V > 1 ? " by chunk" : "");
+        int n = pipeline_plan(sched, P, s, M, V, steps);
+        PipeMessage pending = none;  // GPipe, 1F1B: the output of the action before, sent before the next
+        for (int i = 0; i < n; i++) {
+            PipeStep st = steps[i];
+            if (st.exchange) {  // interleaved
+                print_exchange(st.send, st.recv, 1, P, V, s);
+                continue;
+            }
+            PipeAction a = st.action;
+            if (sched != SCHEDULE_INTERLEAVED) {
+                PipeMessage recv = received_by(a, P, V, s);
+                print_exchange(pending, recv, pending.peer == recv.peer, P, V, s);
+                pending = sent_by(a, P, V, s);
+            }
+            if (V > 1) printf(" %c%d.%d |", a.backward ? 'B' : 'F', a.micro, a.chunk);
+            else printf(" %c%d |", a.backward ? 'B' : 'F', a.micro);
+        }
+        print_exchange(pending, none, 0, P, V, s);
         printf("\n");
     }
-    // the bubble: every stage is busy 3M of the step's `width` slots (a forward 1, a backward 2)
-    printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(M+P-1) = %.1f%%\n", width - 3 * M, width,
-           100.0 * (width - 3 * M) / width, 100.0 * (P - 1) / (M + P - 1));
-    free(acts), free(slots), free(f_end), free(b_end), free(start), free(next), free(free_at);
+    // the bubble: every stage is busy 3MV of the step's `width` slots (a forward 1, a backward 2)
+    int busy = 3 * M * V;
+    if (V > 1)
+        printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(V*M+P-1) = %.1f%%\n", width - busy, width,
+               100.0 * (width - busy) / width, 100.0 * (P - 1) / (V * M + P - 1));
+    else
+        printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(M+P-1) = %.1f%%\n", width - busy, width,
+               100.0 * (width - busy) / width, 100.0 * (P - 1) / (M + P - 1));
+    free(acts), free(f_end), free(b_end), free(start), free(next), free(free_at), free(steps);
 }

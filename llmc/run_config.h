@@ -37,7 +37,8 @@ typedef struct {
     int tp;              // tensor-parallel ranks
     int pp;              // pipeline stages
     const char* pp_split;  // layers per stage "a,b,c", or NULL: as even as possible
-    Schedule pipe_schedule;  // GPipe or 1F1B
+    Schedule pipe_schedule;  // GPipe, 1F1B or interleaved 1F1B
+    int virtual_stages;    // --virtual-stages V: chunks per stage (interleaved; 1 otherwise)
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
     int recompute;         // --recompute 0..3 (train_gpt.cu: RecomputeKeeps)
     int recompute_segment; // --recompute-segment K: with --recompute 3, layers per segment (1: a checkpoint per layer)
@@ -118,6 +119,7 @@ static void default_train_config(TrainConfig* tc) {
     tc->recompute_segment = 1;
     tc->pp = 1;
     tc->pipe_schedule = SCHEDULE_GPIPE;
+    tc->virtual_stages = 1;
     tc->trace_steps = 2;
     tc->fault = fault_plan_none();
     tc->stochastic_rounding = BF16_BUILD;
@@ -159,8 +161,8 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_int(&a, "--grad-accum / --micro-batches", tc->grad_accum);
     agree_int(&a, "the grid (--dp, --tp, --pp)", (long long)comm->dp * 1000003 * 1000003 + comm->tp * 1000003 + comm->pp);
     agree_int(&a, "--zero", tc->zero);
-    long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, 0};
-    agree_bytes(&a, "the pipeline settings (--pp-split, --schedule, --pp-rematerialize)", pipe, sizeof(pipe), tc->pp_split);
+    long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, tc->virtual_stages};
+    agree_bytes(&a, "the pipeline settings (--pp-split, --schedule, --pp-rematerialize, --virtual-stages)", pipe, sizeof(pipe), tc->pp_split);
     agree_int(&a, "--recompute", tc->recompute);
     agree_int(&a, "--recompute-segment", tc->recompute_segment);
     agree_int(&a, "--seed", (long long)tc->seed);

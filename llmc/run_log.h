@@ -8,7 +8,7 @@
 
 #include "comm.h"        // Comm, ENGINE_*
 #include "dataloader.h"  // DataLoader
-#include "pipeline.h"    // SCHEDULE_GPIPE
+#include "pipeline.h"    // schedule_name
 #include "device.h"      // device_name, TARGET_NAME, PRECISION_NAME
 #include "logger.h"      // Logger, logger_config_begin, json_string
 #include "run_config.h"  // TrainConfig
@@ -73,9 +73,11 @@ static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2
     if (train)
         printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train->total_tokens, train->n_batches,
                tc->shuffle ? "on" : "off");
-    if (comm->pp > 1)
-        printf("pipeline: %d stages, schedule %s, %d micro-batches%s\n", comm->pp, tc->pipe_schedule == SCHEDULE_GPIPE ? "GPipe" : "1F1B",
-               tc->grad_accum, tc->rematerialize ? ", activations rematerialized in backward" : "");
+    if (comm->pp > 1) {
+        printf("pipeline: %d stages, schedule %s, %d micro-batches", comm->pp, schedule_name(tc->pipe_schedule), tc->grad_accum);
+        if (tc->virtual_stages > 1) printf(", %d chunks of layers per stage", tc->virtual_stages);
+        printf("%s\n", tc->rematerialize ? ", activations rematerialized in backward" : "");
+    }
 }
 
 // The log (--log, main rank), continued on resume from start_step, and its configuration record

@@ -301,6 +301,18 @@ static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* 
     encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, slice.start, slice.rows, scratch, staging, fused);
 }
 
+// One position's logits for sampling: this rank's Vp/tp vocabulary rows (mine, on the device) all-gathered
+// over the TP group, and the V real ones as floats on the host (logits). gathered (Vp, device) and row
+// (Vp, host) are the caller's scratch.
+static void vocab_parallel_logits_row(Comm* comm, const floatX* mine, int Vp, int V, floatX* gathered, floatX* row, float* logits) {
+    int Vpl = Vp / comm->tp;
+    device_copy(gathered + (size_t)comm->tp_rank * Vpl, mine, Vpl * sizeof(floatX));
+    comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
+    comm_join(comm);
+    copy_to_host(row, gathered, Vp * sizeof(floatX));
+    for (int i = 0; i < V; i++) logits[i] = floatX_to_float(row[i]);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // out (N, C) = a + b + bias (C): the residual add of a row-parallel layer, whose bias is added once,
 // after the all-reduce of the partial outputs b

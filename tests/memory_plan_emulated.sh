@@ -8,7 +8,7 @@
 # more). On a real GPU D also holds the CUDA context, so this check is for the emulation only. What is
 # allocated and freed within a step is not seen. Cases: each precision, --fused-kernels 1, --attention
 # flash, recompute levels, gradient accumulation, FP16 (whose first steps the loss scaler skips), and 2
-# ranks (each checked) of ZeRO-1, ZeRO-2, ZeRO-3, TP and PP.
+# ranks (each checked) of ZeRO-1, ZeRO-2, ZeRO-3, TP, PP and interleaved PP.
 # usage: tests/memory_plan_emulated.sh [build/emu]   (build/emu-{fp32,bf16,fp16}/train_gpt)
 set -u
 EMU=${1:-build/emu}
@@ -52,5 +52,6 @@ check 2 bf16 --zero 2 --grad-accum 2
 check 2 bf16 --zero 3 --grad-accum 2 --attention flash --recompute 3 --recompute-segment 2
 check 2 fp32 --tp 2
 check 2 fp32 --pp 2 --micro-batches 2
+check 2 bf16 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4  # (each stage's 2 chunks)
 [ $fails -eq 0 ] || { echo "memory_plan_emulated: $fails FAILED"; exit 1; }
 echo "memory_plan_emulated: all passed"

@@ -7,7 +7,8 @@
 #   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1, 2 and 3 (reduce-scatter, all-gather; at
 #      ZeRO-3 per layer into two slots, 3 layers, the main stream waiting on the gathers' events),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
-#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; every run must say "engine NCCL";
+#      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; interleaved PP 3, and in the
+#      2 x 2 x 2 grid; every run must say "engine NCCL";
 #      a final model written slower than --comm-timeout (the other ranks wait under --io-timeout)
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
 #      (llmc/comm/rendezvous.h), and through a file in a shared folder (--nccl-id-dir); and over TCP with the
@@ -88,7 +89,14 @@ done
 # (its forward outputs are sent from the shared work set, which the next forward overwrites: the send
 # must be waited for, as the emulated stream reads the buffer only when it runs the send)
 nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --schedule 1f1b --pp-rematerialize 1 --batch-size 4 --micro-batches 2
-reference --batch-size 8 --micro-batches 4
+# interleaved (its exchanges round the ring of stages, every send waiting for its receive): 3 stages of
+# 2 chunks of 1 layer, and in the 3D grid 2 stages of 2 chunks (--pp-split 1,1,1,3 of 6 layers)
+reference --batch-size 6 --micro-batches 6 --layers 6
+nccl_run "pp=3 M=6 interleaved V=2" 3 --pp 3 --schedule interleaved --virtual-stages 2 --batch-size 6 --micro-batches 6 --layers 6
+reference --batch-size 8 --micro-batches 4 --layers 6
+nccl_run "2x2x2 ZeRO-1 interleaved V=2" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 1,1,1,3 \
+    --batch-size 4 --micro-batches 4 --layers 6
+reference --batch-size 8 --micro-batches 4  # (also the size of the model the slow save below must write)
 nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
 
 # the final model written slowly (--save-model, 6 s) under --comm-timeout 3: the other rank went on to

@@ -4,17 +4,26 @@
 #      layers (divisible by none of them): 10 steps equal the single-rank run of the same batch (every
 #      loss to 1e-5 relative, final parameters to 1e-5 relative norm); also an explicit --pp-split and
 #      rematerialization (in the MPI engine's strict mode, lib.sh, a forward output sent
-#      from the rematerialized work set without waiting for the send gives wrong losses)
-#   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run; resuming
-#      that grid from a checkpoint is bit-exact; so is --fused-kernels 1 (device-side losses) against 0
+#      from the rematerialized work set without waiting for the send gives wrong losses); the
+#      interleaved schedule with pp in {2,3,4} x V in {2,3} x M in {P, 2P} on L=12 layers (cut into P*V
+#      chunks, unevenly for P*V = 8, 9), with --pp-split of the chunks, recomputation, loss scaling,
+#      validation and sampling
+#   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run, with 1F1B
+#      and interleaved; resuming that grid from a checkpoint is bit-exact, and an interleaved
+#      checkpoint resumes on one rank and on 3 stages of 1F1B; --fused-kernels 1 (device-side losses)
+#      gives the bits of 0
 #   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans on one
 #      clock (every message ends on its receiver after it began on its sender), communication on a lane
-#      of its own (with dp x tp x pp: DP reductions, TP f/g), and the bubble printed
-#   4. --print-schedule: the GPipe timeline equals the diagram in llmc/pipeline.h, a 1F1B case equals
-#      the messages worked out by hand, every printed send has its receive, the bubble line gives
-#      3(P-1) idle slots of 3(M+P-1)
+#      of its own (with dp x tp x pp: DP reductions, TP f/g), and the bubble printed (1F1B, GPipe,
+#      interleaved, whose messages go round the ring of stages)
+#   4. --print-schedule: the GPipe and interleaved timelines equal the diagrams in llmc/pipeline.h, a
+#      1F1B case equals the messages worked out by hand; every stage's printed exchanges, run as
+#      blocking operations (a send completes only with its receive, as NCCL's do), all complete with
+#      each message received in the order it was sent (all three schedules, P 2..4, M and V); the bubble
+#      line gives 3(P-1) idle slots of 3(M+P-1), and of 3(VM+P-1) interleaved
 #   5. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
-#      the micro-batches, ZeRO-2 with pipelining
+#      the micro-batches, ZeRO-2 with pipelining; interleaved with M not a multiple of P, with one chunk,
+#      without --pp, with --pp-rematerialize, with more chunks than layers, --virtual-stages alone
 # usage: tests/pipeline_parallel.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -45,12 +54,90 @@ for M in 1 4 7; do
     fi
 done
 
+# interleaved: L=12 layers so that P*V chunks fit (P=4, V=3: one layer each); M a multiple of P
+IL=(--layers 12 --val-every 0)
+for P in 2 3 4; do
+    for M in $P $((2 * P)); do
+        "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size $((b * M)) --micro-batches $M --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
+        for V in 2 3; do
+            run $P --pp $P --schedule interleaved --virtual-stages $V "${IL[@]}" --batch-size $((b * M)) --micro-batches $M \
+                --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+            compare "interleaved pp=$P V=$V M=$M" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+        done
+    done
+done
+# (M=4 for the rest: the last reference above is P=4, M=8)
+"$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
+run 2 --pp 2 --schedule interleaved --virtual-stages 2 --pp-split 1,5,2,4 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+compare "interleaved pp=2 V=2 --pp-split 1,5,2,4" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+for R in "--recompute 2" "--recompute 3 --recompute-segment 2"; do
+    # shellcheck disable=SC2086  # (R is two or four words)
+    run 2 --pp 2 --schedule interleaved --virtual-stages 3 $R "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+    compare "interleaved pp=2 V=3 $R" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+done
+# a fixed loss scale multiplies every gradient by 1024 and the update divides it out: the same run
+"$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --loss-scale 1024 --log "$TMP/refs.jsonl" --save-model "$TMP/refs.bin" >/dev/null
+run 2 --pp 2 --schedule interleaved --virtual-stages 2 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+compare "interleaved pp=2 V=2 --loss-scale 1024" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/refs.jsonl" "$TMP/refs.bin"
+# validation (forward only, chunk after chunk round the ring): every step's validation loss equal to 1e-5
+"$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3 >"$TMP/val1.out"
+run 4 --pp 4 --schedule interleaved --virtual-stages 2 "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3
+if "$PY" - "$TMP/val1.out" "$TMP/run.out" <<'PYEOF'
+import re, sys
+a, b = ([float(x) for x in re.findall(r"step \d+: val loss ([0-9.]+)", open(p).read())] for p in sys.argv[1:3])
+ok = len(a) == 6 and len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) + 1e-4 for x, y in zip(a, b))
+print(f"  {'ok  ' if ok else 'FAIL'}  interleaved pp=4 V=2: {len(b)} validation losses equal the single rank's ({a[-1] if a else '-'} at the end; "
+      "printed to 4 decimals, so equal to 1e-4)")
+sys.exit(0 if ok else 1)
+PYEOF
+then :; else fails=$((fails + 1)); fi
+
+# sampling (forward only through the chunks, the last stage's last chunk drawing): the default data and
+# tokenizer, the same sample as one rank's
+SAMPLE=(--layers 4 --channels 32 --heads 4 --max-seq-len 64 --seq-len 64 --steps 2 --val-every 0 --sample-every 2 --sample-len 16
+        --batch-size 4 --micro-batches 2 --seed 7)
+"$BIN" "${SAMPLE[@]}" >"$TMP/sample1.out" 2>&1
+timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${SAMPLE[@]}" --pp 2 --schedule interleaved --virtual-stages 2 >"$TMP/sample2.out" 2>&1
+if grep -aq "^sample: " "$TMP/sample1.out" && [ "$(grep -a "^sample: " "$TMP/sample1.out")" = "$(grep -a "^sample: " "$TMP/sample2.out")" ]; then
+    echo "  ok    interleaved pp=2 V=2: the sample equals one rank's"
+else echo "  FAIL  interleaved pp=2 V=2 sample:"; grep -a "^sample: \|^error" "$TMP/sample1.out" "$TMP/sample2.out"; fails=$((fails + 1)); fi
+
 echo "2. dp x tp x pp = 2 x 2 x 2"
 "$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref3d.jsonl" --save-model "$TMP/ref3d.bin" >/dev/null
 for Z in 0 1; do
     run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule 1f1b --batch-size 4 --micro-batches 4 --log "$TMP/3d.jsonl" --save-model "$TMP/3d.bin"
     compare "2x2x2, ZeRO-$Z" "$TMP/3d.jsonl" "$TMP/3d.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
 done
+# interleaved (2 chunks of 2, 1 and 1 layers per stage: --pp-split 2,1,1,1 of L=5) in the 3D grid
+for Z in 0 1; do
+    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
+        --log "$TMP/3di.jsonl" --save-model "$TMP/3di.bin"
+    compare "2x2x2 interleaved V=2, ZeRO-$Z" "$TMP/3di.jsonl" "$TMP/3di.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
+done
+# --fused-kernels 1: the last stage's losses stay on the device (its last chunk's forwards) and are
+# fetched once; on the CPU target the same bits as without
+run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
+    --fused-kernels 1 --log "$TMP/3dif.jsonl" --save-model "$TMP/3dif.bin"
+if gpu_target; then
+    compare "2x2x2 interleaved, --fused-kernels 1 (GPU)" "$TMP/3dif.jsonl" "$TMP/3dif.bin" "$TMP/3di.jsonl" "$TMP/3di.bin"
+elif cmp -s "$TMP/3di.bin" "$TMP/3dif.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3di.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3dif.jsonl")" ] &&
+    [ "$(grep -c '"loss"' "$TMP/3dif.jsonl")" -eq 10 ]; then
+    echo "  ok    2x2x2 interleaved ZeRO-1 with --fused-kernels 1: the same 10 losses and final model, bit for bit"
+else
+    echo "  FAIL  2x2x2 interleaved ZeRO-1 with --fused-kernels 1 differs from the run without"; fails=$((fails + 1))
+fi
+# an interleaved checkpoint (its stages' shards) resumes bit-exact on its grid, and on other grids: one
+# rank, and 3 stages of 1F1B, each to the suite's tolerance of the uninterrupted single-rank run
+INT3D=(--dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --batch-size 4 --micro-batches 4)
+run 8 "${INT3D[@]}" --stop-after 5 --checkpoint-dir "$TMP/cki"
+run 8 "${INT3D[@]}" --resume "$TMP/cki" --save-model "$TMP/3dir.bin" --log "$TMP/3dir.jsonl"
+run 8 "${INT3D[@]}" --save-model "$TMP/3dis.bin"
+if cmp -s "$TMP/3dis.bin" "$TMP/3dir.bin"; then echo "  ok    2x2x2 interleaved ZeRO-1 resumed at step 5: final model byte-identical"
+else echo "  FAIL  2x2x2 interleaved ZeRO-1 resumed at step 5: final model differs"; fails=$((fails + 1)); fi
+"$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --resume "$TMP/cki" --checkpoint-dir "$TMP/ck1" --log "$TMP/r1.jsonl" --save-model "$TMP/r1.bin" >/dev/null
+compare "interleaved checkpoint on 1 rank" "$TMP/r1.jsonl" "$TMP/r1.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin" 6
+run 3 --pp 3 --schedule 1f1b --batch-size 8 --micro-batches 4 --resume "$TMP/cki" --checkpoint-dir "$TMP/ck3" --log "$TMP/r3.jsonl" --save-model "$TMP/r3.bin"
+compare "interleaved checkpoint on pp=3 1f1b" "$TMP/r3.jsonl" "$TMP/r3.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin" 6
 # --fused-kernels 1 keeps each micro-step's mean loss on the device and fetches the step's losses in one
 # copy at its end (1F1B: the last stage interleaves forwards and backwards); the CPU target must give the
 # same bits as the run above, the GPU target (whose fused kernels sum in another order) the same run to
@@ -74,7 +161,9 @@ echo "3. trace"
 # Each rank's spans are on its own clock: they must share one origin (llmc/trace.h), or a receive seems
 # to end before its send began. Every message, "act m" (forward) or "grad m" (backward), the k-th of its
 # name in the traced steps, must end on the receiving stage after it started on the sending stage, in
-# both directions (so a shift of either rank's clock is caught). Lanes: compute (tid 0), communication
+# both directions (so a shift of either rank's clock is caught). The sending stage is the one before
+# (activations) or after (gradients) on the ring of stages: the interleaved schedule's messages go from
+# the last stage to the first, and back. Lanes: compute (tid 0), communication
 # (tid 1); a 2x2x2 trace has the data-parallel reductions and the tensor-parallel f/g sums on the latter.
 check_trace() {  # NAME TRACE.json PP-ONLY(1|0) STRIDE (ranks from one stage to the next: dp x tp)
     "$PY" - "$@" <<'PYEOF'
@@ -96,7 +185,8 @@ for e in sorted(events, key=lambda e: e["ts"]):
         (sends if kind == "send" else recvs)[(e["pid"], what)].append(e)
 pairs = 0
 for (pid, what), rs in recvs.items():
-    ss = sends[(pid - stride if what.startswith("act") else pid + stride, what)]  # the previous / next stage
+    n_ranks = len({e["pid"] for e in events})
+    ss = sends[((pid - stride if what.startswith("act") else pid + stride) % n_ranks, what)]  # the previous / next stage
     if len(ss) != len(rs): bad.append(f"rank {pid}: {len(rs)} receives of '{what}', {len(ss)} sends"); continue
     for s, r in zip(ss, rs):
         pairs += 1
@@ -118,6 +208,9 @@ for c in gpipe:0 1f1b:-2.5; do
     grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
     check_trace "pp=2 $S, clock skew $skew s" "$TMP/trace_$S.json" 1 1 || fails=$((fails + 1))
 done
+run 3 --pp 3 --schedule interleaved --virtual-stages 2 --layers 6 --batch-size 6 --micro-batches 3 --steps 3 --trace "$TMP/trace_int.json" --fault-clock-skew 0.5
+grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
+check_trace "pp=3 interleaved V=2, clock skew 0.5 s" "$TMP/trace_int.json" 1 1 || fails=$((fails + 1))
 run 8 --dp 2 --tp 2 --pp 2 --schedule 1f1b --batch-size 4 --micro-batches 4 --steps 3 --trace "$TMP/trace3d.json" --fault-clock-skew 0.25
 check_trace "2x2x2 1f1b, clock skew 0.25 s per rank" "$TMP/trace3d.json" 0 4 || fails=$((fails + 1))
 cp "$TMP/trace_gpipe.json" "$TMP/trace.json"
@@ -129,12 +222,18 @@ fi
 echo "4. --print-schedule"
 # the GPipe timeline for P=2, M=4 equals the hand-drawn one in llmc/pipeline.h's header (where a
 # backward's second slot is drawn '.': compare with '==' as '.', spaces squeezed, trailing idle dropped)
+# (likewise the interleaved one for P=2, M=2, V=2)
 norm() { sed -e 's/==/./g' -e 's/  */ /g' -e 's/\( \.\)* *$//'; }
-"$BIN" --print-schedule --pp 2 --batch-size 4 --micro-batches 4 >"$TMP/sched.out" 2>&1
-got=$(grep '^  stage  [01] |' "$TMP/sched.out" | sed 's/^  stage  \([01]\) |/stage \1/' | norm)
-want=$(sed -n 's/^ \*   \(stage [01]\)   \(.*\)/\1 \2/p' llmc/pipeline.h | sed 's/ *(GPipe.*//' | norm)
-if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "  ok    GPipe P=2 M=4 timeline equals the diagram in llmc/pipeline.h"
-else echo "  FAIL  GPipe P=2 M=4 timeline:"; echo "$got"; echo "  want:"; echo "$want"; fails=$((fails + 1)); fi
+for c in "GPipe, P=2, M=4:--schedule gpipe --batch-size 4 --micro-batches 4" \
+         "interleaved, P=2, M=2, V=2:--schedule interleaved --virtual-stages 2 --batch-size 2 --micro-batches 2"; do
+    title=${c%%:*}
+    # shellcheck disable=SC2086  # (the flags are words)
+    "$BIN" --print-schedule --pp 2 ${c#*:} >"$TMP/sched.out" 2>&1
+    got=$(grep '^  stage  [01] |' "$TMP/sched.out" | sed 's/^  stage  \([01]\) |/stage \1/' | norm)
+    want=$(grep -F -A2 " *   $title" llmc/pipeline.h | sed -n 's/^ \*   \(stage [01]\)   \(.*\)/\1 \2/p' | norm)
+    if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "  ok    $title timeline equals the diagram in llmc/pipeline.h"
+    else echo "  FAIL  $title timeline:"; echo "$got"; echo "  want:"; echo "$want"; fails=$((fails + 1)); fi
+done
 # the timeline is a grid: slot t of every stage starts at the same column, so in GPipe micro-batch m's
 # forward on stage s sits in slot s + m (M=12 has two-digit ids, M=101 three-digit ones)
 for M in 12 101; do
@@ -160,34 +259,91 @@ if grep -qF "stage  0 (2 activation slots) | F0 | send a0>1 | F1 | sendrecv a1>1
     && grep -qF "stage  1 (1 activation slot) | recv a0<0 | F0 | B0 | sendrecv g0>0 a1<0 | F1 | B1 | send g1>0 |" "$TMP/sched.out"; then
     echo "  ok    1F1B P=2 M=2 actions and messages as worked out by hand"
 else echo "  FAIL  1F1B P=2 M=2 actions and messages:"; cat "$TMP/sched.out"; fails=$((fails + 1)); fi
-# every message printed as sent from stage s to k is printed as received by k from s, once, for P 2..4,
-# M 1..7, both schedules
+# Every stage's printed actions and exchanges, run as blocking operations: a send completes only together
+# with the receive that takes it (as NCCL's do, and MPI's beyond its eager size; a sendrecv when both its
+# halves have), and each receive must take the message its sender sent next to it. All of them must
+# complete: no stage waits forever, every message printed as sent is received, once, in the order sent
+# (messages between two stages are not tagged). Timed (a forward 1, a backward 2, a message 0), the
+# stages must also be idle exactly the fraction the printed formula gives: where the exchanges stand
+# adds no wait to the schedule's bubble. GPipe and 1F1B for P 2..4, M 1, 4, 7; interleaved for P 2..4,
+# V 2, 3, M P..3P.
+check_exchanges() {  # SCHEDULE-OUTPUT
+    "$PY" - "$1" <<'PYEOF'
+import re, sys
+text = open(sys.argv[1]).read()
+ops = {}
+for line in text.splitlines():
+    m = re.match(r"  stage +(\d+) \(", line)
+    if not m: continue
+    seq = []
+    for cell in line.split("|")[1:]:
+        words = cell.split()
+        if not words: continue
+        if re.fullmatch(r"[FB]\d+(\.\d+)?", words[0]):  # an action: its time
+            seq.append(["compute", 1 if words[0][0] == "F" else 2])
+            continue
+        halves = [None, None]  # [send (peer, message), receive (peer, message)]
+        for w in words[1:]:
+            label, op, peer = re.fullmatch(r"([ag]\d+(?:\.\d+)?)([<>])(\d+)", w).groups()
+            halves[op == "<"] = (int(peer), label)
+        seq.append(["exchange"] + halves)
+    ops[int(m.group(1))] = seq
+formula = re.search(r"\(P-1\)/\((?:V\*)?M\+P-1\) = ([0-9.]+)%", text)
+if not ops or not formula: print("no schedule printed"); sys.exit(1)
+at, clock, busy = {s: 0 for s in ops}, {s: 0 for s in ops}, {s: 0 for s in ops}
+met = {s: [None, None] for s in ops}  # when the current exchange's send / receive met its peer's
+def current(s): return ops[s][at[s]] if at[s] < len(ops[s]) else ["done"]
+while any(at[s] < len(ops[s]) for s in ops):
+    moved = False
+    for s in ops:  # actions run
+        while current(s)[0] == "compute":
+            clock[s] += current(s)[1]; busy[s] += current(s)[1]; at[s] += 1; moved = True
+    for s in ops:  # a send meets the receive its peer is waiting in
+        if current(s)[0] == "exchange" and current(s)[1] and met[s][0] is None:
+            peer, label = current(s)[1]
+            theirs = current(peer)
+            if theirs[0] == "exchange" and theirs[2] and theirs[2][0] == s and met[peer][1] is None:
+                if theirs[2][1] != label: print(f"stage {peer} receives {theirs[2][1]} from stage {s}, which sends {label}"); sys.exit(1)
+                met[s][0] = met[peer][1] = max(clock[s], clock[peer])
+                moved = True
+    for s in ops:  # an exchange both of whose halves have met is complete
+        c = current(s)
+        if c[0] == "exchange" and (not c[1] or met[s][0] is not None) and (not c[2] or met[s][1] is not None):
+            clock[s] = max([clock[s]] + [t for t in met[s] if t is not None])
+            met[s], at[s], moved = [None, None], at[s] + 1, True
+    if not moved:
+        print("deadlock: " + "; ".join(f"stage {s} waits in {current(s)}" for s in ops if at[s] < len(ops[s]))); sys.exit(1)
+width = max(clock.values())
+idle = 100.0 * (1 - sum(busy.values()) / (width * len(ops)))
+if f"{idle:.1f}" != formula.group(1): print(f"idle {idle:.1f}% when sends wait for their receives, the formula {formula.group(1)}%"); sys.exit(1)
+PYEOF
+}
 before=$fails
 for S in gpipe 1f1b; do for P in 2 3 4; do for M in 1 4 7; do
     "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule $S >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
-    "$PY" - "$TMP/sched.out" <<'PYEOF' || { echo "  FAIL  --print-schedule $S P=$P M=$M: unpaired messages"; fails=$((fails + 1)); }
-import re, sys, collections
-sent, recv = collections.Counter(), collections.Counter()
-for line in open(sys.argv[1]):
-    m = re.match(r"  stage +(\d+) \(", line)
-    if not m: continue
-    s = int(m.group(1))
-    for kind, micro, op, peer in re.findall(r"([ag])(\d+)([<>])(\d+)", line):
-        (sent if op == ">" else recv)[(kind, micro, s, int(peer)) if op == ">" else (kind, micro, int(peer), s)] += 1
-sys.exit(0 if sent and sent == recv and max(sent.values()) == 1 else 1)
-PYEOF
+    check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule $S P=$P M=$M"; fails=$((fails + 1)); }
 done; done; done
-[ $fails -eq $before ] && echo "  ok    every printed send has its receive: gpipe and 1f1b, P 2..4, M 1, 4, 7"
+for P in 2 3 4; do for V in 2 3; do for M in $P $((2 * P)) $((3 * P)); do
+    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule interleaved --virtual-stages $V >"$TMP/sched.out" 2>&1 \
+        || echo "exit $?" >>"$TMP/sched.out"
+    check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule interleaved P=$P V=$V M=$M"; fails=$((fails + 1)); }
+done; done; done
+[ $fails -eq $before ] && echo "  ok    every stage's exchanges complete as blocking operations, each message received once and in order, idle the formula's fraction: gpipe and 1f1b (P 2..4, M 1, 4, 7), interleaved (P 2..4, V 2, 3, M P, 2P, 3P)"
 
-# the closing bubble line: with a forward one slot and a backward two, both schedules leave every
-# stage idle 3(P-1) of 3(M+P-1) slots
-for c in gpipe:2:4 1f1b:4:8 gpipe:3:1 1f1b:3:7; do
-    IFS=: read -r S P M <<< "$c"
-    got=$("$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule $S | tail -n 1)
-    pct=$(awk -v p="$P" -v m="$M" 'BEGIN { printf "%.1f", 100 * (p - 1) / (m + p - 1) }')
-    want="bubble: every stage is idle $((3 * (P - 1))) of the step's $((3 * (M + P - 1))) slots, $pct%; (P-1)/(M+P-1) = $pct%"
-    if [ "$got" = "$want" ]; then echo "  ok    $S P=$P M=$M: $got"
-    else echo "  FAIL  $S P=$P M=$M: '$got', want '$want'"; fails=$((fails + 1)); fi
+# the closing bubble line: with a forward one slot and a backward two, GPipe and 1F1B leave every stage
+# idle 3(P-1) of 3(M+P-1) slots; the interleaved schedule, whose actions are a chunk's (1/V of a stage's
+# layers), 3(P-1) of 3(VM+P-1)
+for c in gpipe:2:4:1 1f1b:4:8:1 gpipe:3:1:1 1f1b:3:7:1 gpipe:4:8:1 interleaved:4:8:2 interleaved:2:4:3 interleaved:3:9:2 interleaved:4:4:3; do
+    IFS=: read -r S P M V <<< "$c"
+    flags=(--schedule "$S")
+    [ "$V" -gt 1 ] && flags+=(--virtual-stages "$V")
+    got=$("$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M "${flags[@]}" | tail -n 1)
+    pct=$(awk -v p="$P" -v m="$M" -v v="$V" 'BEGIN { printf "%.1f", 100 * (p - 1) / (v * m + p - 1) }')
+    formula="(P-1)/(M+P-1)"
+    [ "$V" -gt 1 ] && formula="(P-1)/(V*M+P-1)"
+    want="bubble: every stage is idle $((3 * (P - 1))) of the step's $((3 * (V * M + P - 1))) slots, $pct%; $formula = $pct%"
+    if [ "$got" = "$want" ]; then echo "  ok    $S P=$P M=$M V=$V: $got"
+    else echo "  FAIL  $S P=$P M=$M V=$V: '$got', want '$want'"; fails=$((fails + 1)); fi
 done
 
 echo "5. bad configurations"
@@ -201,6 +357,14 @@ expect_mpi_error "--pp-split 7,4294967294" "add up to more than the model's 5 la
 expect_mpi_error "--pp-split 4294967298,3" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 4294967298,3
 expect_mpi_error "--pp-split 99999999999999999999,1" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 99999999999999999999,1
 expect_mpi_error "--pp-split +2,3" "expected 2 positive layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split +2,3
+INT=(--schedule interleaved --virtual-stages 2)
+expect_mpi_error "interleaved, M not a multiple of P" "3 micro-batches is not a multiple of --pp 2" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --batch-size 6 --micro-batches 3
+expect_mpi_error "interleaved, one chunk" "needs --virtual-stages 2 or more" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule interleaved --batch-size 2 --micro-batches 2
+expect_mpi_error "interleaved without --pp" "--schedule interleaved needs --pp > 1" 1 "$BIN" "${COMMON[@]}" "${INT[@]}"
+expect_mpi_error "interleaved, --pp-rematerialize" "--pp-rematerialize with --schedule interleaved is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --pp-rematerialize 1 --batch-size 2 --micro-batches 2
+expect_mpi_error "interleaved, 6 chunks of 5 layers" "--pp 3 x --virtual-stages 2: more chunks than the 5 layers" 3 "$BIN" "${COMMON[@]}" --pp 3 "${INT[@]}" --batch-size 3 --micro-batches 3
+expect_mpi_error "--virtual-stages with 1f1b" "--virtual-stages 2 needs --schedule interleaved" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule 1f1b --virtual-stages 2
+expect_mpi_error "interleaved --pp-split of 2 stages, not 4 chunks" "expected 4 layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --pp-split 2,3 --batch-size 2 --micro-batches 2
 
 if [ $fails -ne 0 ]; then echo "pipeline_parallel: $fails FAILED"; exit 1; fi
 echo "pipeline_parallel: all passed"
