@@ -18,7 +18,7 @@
  *      forward and backward actions, with the sends and receives between stages)
  *   8. checkpoints, evaluation and sampling, 9. the memory plan (--plan), 10. the training loop, 11. main
  * Every layer's math lives in llmc/<layer>.h, CPU reference and CUDA kernels side by side; each kind of
- * parallelism has its own header (comm, zero, tensor_parallel, pipeline) and "DP:", "TP:", "PP:"
+ * parallelism has its own header (comm, zero, zero3, tensor_parallel, pipeline) and "DP:", "TP:", "PP:"
  * comments mark where the model code calls into it.
  */
 // the layers: CPU reference and CUDA kernels side by side
@@ -37,7 +37,7 @@
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
 #include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
-#include "llmc/pipeline.h"         // Schedule, pipeline_schedule: GPipe and 1F1B
+#include "llmc/pipeline.h"         // Schedule, pipeline_plan, pipe_sendrecv: GPipe, 1F1B, interleaved
 #include "llmc/tensor_parallel.h"  // f and g, the vocabulary-parallel embedding and loss
 #include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
 #include "llmc/zero3.h"            // Zero3Params: ZeRO-3, the parameters sharded and gathered per layer
@@ -188,11 +188,11 @@ typedef struct {
     int first, last;        // this is the first / last pipeline stage (both without pipelining)
     Chunk chunks[MAX_VIRTUAL_STAGES];  // (n_chunks) this rank's layers: its stage, or with --virtual-stages its chunks
     Chunk* chunk;           // the chunk forward and backward work on (the pipeline step selects it per action)
-    ZeroPlan zero;          // which part of each bucket's optimizer state (and at stage 2, gradients) is ours
+    ZeroPlan zero;          // which part of each bucket's optimizer state (and from stage 2, gradients) is ours
     floatX* params_memory;  // (layout.total) what forward and backward read, whole; NULL at stage 3
     Zero3Params zero3;      // stage 3: the parameter shard and the buffer layers are gathered into (llmc/zero3.h)
-    floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stage 2
-    Zero2Grads zero2;       // stage 2: the gradient shard and the workspace backward writes (llmc/zero.h)
+    floatX* grads_memory;   // (layout.total) stages 0 and 1; NULL at stages 2 and 3
+    Zero2Grads zero2;       // stages 2, 3: the gradient shard and the workspace backward writes (llmc/zero.h)
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
@@ -318,9 +318,9 @@ static floatX* owned_grads(GPT2* model, int b) {
 // parameters from a host float array in file order: the floatX copy (whole; ZeRO-3: our chunks), our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
-    float* shard = (float*)malloc_check(model->zero.shard_total * sizeof(float));
+    float* shard = model->zero.stage == 3 || !master_is_params(model) ? (float*)malloc_check(model->zero.shard_total * sizeof(float)) : NULL;
     file_order_to_layout(&model->layout, model->place.tp_rank, file_order, mem);
-    shard_from_layout(&model->zero, mem, shard);
+    if (shard) shard_from_layout(&model->zero, mem, shard);
     if (model->zero.stage == 3) upload_floats(model->zero3.shard, shard, model->zero.shard_total);
     else upload_floats(model->params_memory, mem, model->layout.total);
     if (!master_is_params(model)) copy_to_device(model->master, shard, model->zero.shard_total * sizeof(float));
@@ -344,7 +344,7 @@ static void gpt2_set_optimizer_state(GPT2* model, const float* m_file, const flo
 }
 
 // The fp32 master weights, whole, in file order (collective: every rank must call it). The owned
-// chunks of the master shards are all-gathered across the DP group (stages 1 and 2), then the TP slices
+// chunks of the master shards are all-gathered across the DP group (stages 1 to 3), then the TP slices
 // across the TP group, then the pipeline stages' tensors are summed across the PP group.
 static void gpt2_export_master(GPT2* model, float* file_order) {
     const ZeroPlan* z = &model->zero;
@@ -641,7 +641,7 @@ static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const 
 // 5. backward
 
 // Clears the gradients at the start of an optimizer step (the accumulated ones: the full buffer at
-// stages 0 and 1, the shard at stage 2).
+// stages 0 and 1, the shard at stages 2 and 3).
 static void gpt2_zero_grad(GPT2* model) {
     if (model->grads_memory) device_memset_zero(model->grads_memory, model->layout.total * sizeof(floatX));
     zero2_begin_step(&model->zero2);
@@ -656,7 +656,7 @@ static floatX* backward_grads(GPT2* model, int b) {
 }
 
 // Bucket b's gradients are final for this micro-step: start their reduction across the DP group
-// (all-reduce, or reduce-scatter at ZeRO 1 and 2; see llmc/zero.h). On the GPU with NCCL this runs on
+// (all-reduce, or reduce-scatter at ZeRO 1 to 3; see llmc/zero.h). On the GPU with NCCL this runs on
 // the communication stream while backward continues with the layers below.
 static void gradients_ready(GPT2* model, int b, int communicate) {
     if (!communicate || model->layout.buckets[b].size == 0 || (model->place.dp == 1 && model->zero.stage < 2)) return;
@@ -678,7 +678,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     Weights* g = &model->grads;
     KernelScratch* ks = &model->kernel_scratch;
     int fused = model->kernels.fused, flash = model->kernels.flash_attention;
-    communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2: in every micro-step
+    communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2, 3: in every micro-step
     zero2_begin_micro_step(&model->zero2);
     if (model->chunk->last) {
         // classifier: the fused kernel already turned logits into dlogits
@@ -844,7 +844,7 @@ static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, 
         loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
         trace_add(model->tracer, "forward", "F", m, t0);
         t0 = trace_now_us(model->tracer);
-        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces (ZeRO-2: each)
+        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces (ZeRO-2, 3: each)
         trace_add(model->tracer, "backward", "B", m, t0);
     }
     model->loss_dest = NULL;
@@ -1179,7 +1179,7 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     allocate_stage_activations(&model, B, T, n_slots, rematerialize);
     MemoryPlan p = model_memory(&model, elem_bytes);
     if (plan_is_cpu(elem_bytes) && phases >= 0)
-        p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model), pl, phases,
+        p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model) || pl->zero == 3, pl, phases,
                                   p.activations + p.kernel_scratch);
     gpt2_free(&model);
     return p;

@@ -55,7 +55,8 @@ enum { PLAN_RESUMES = 1, PLAN_SAVES_MODEL = 2, PLAN_CHECKPOINTS = 4 };
 // gpt2_set_parameters, load_checkpoint, gpt2_export_master, save_checkpoint), while the model's buffers
 // are allocated: the extra at the peak, beyond plan_total's other categories. Loading happens before
 // the activations and kernel scratch exist, saving after. n: the model's parameters; total: the elements
-// of the rank's flat buffer; shard: of its optimizer shard; separate_master: an fp32 master copy is kept.
+// of the rank's flat buffer; shard: of its optimizer shard; separate_master: an fp32 master copy is kept
+// (or, at ZeRO-3, the parameters are uploaded as a shard: the load makes the shard's host copy either way).
 static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separate_master, const Placement* pl, int phases,
                                size_t acts_and_scratch) {
     size_t tp = pl->tp, master = separate_master ? shard : 0;
@@ -87,7 +88,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     // device (llmc/global_norm.h: 2 ints a range, and one; a range per tensor owned, at most 12 a layer and
     // 4) and the step report's 6 floats (llmc/step_report.h)
     if (kernels->fused)
-        reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4 + (2 * (12 * (size_t)(pl->l1 - pl->l0) + 4) + 1) * 4 + 6 * 4;
+        reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
     size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }

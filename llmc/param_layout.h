@@ -74,6 +74,11 @@ static void chunk_layers(const Placement* p, int v, int* l0, int* l1) {
     *l0 = p->V > 1 ? p->vl0[v] : p->l0;
     *l1 = p->V > 1 ? p->vl1[v] : p->l1;
 }
+static int stage_layer_count(const Placement* p) {  // over all its chunks
+    int n = 0, l0, l1;
+    for (int v = 0; v < num_chunks(p); v++) chunk_layers(p, v, &l0, &l1), n += l1 - l0;
+    return n;
+}
 static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
 static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
 // the stages before and after this one on the ring of stages (the interleaved schedule goes round it)

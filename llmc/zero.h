@@ -236,7 +236,7 @@ static void zero2_end_micro_step(Zero2Grads* w) {
 // the communication of one bucket, called as soon as backward has finished its gradients
 
 // grads: the bucket's full gradient (in the gradient buffer at stages 0 and 1, in the workspace at
-// stage 2, whose reduced chunks land in w->incoming).
+// stages 2 and 3, whose reduced chunks land in w->incoming).
 static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, int b, floatX* grads) {
     size_t chunk = z->buckets[b].size / z->D;
     switch (z->stage) {

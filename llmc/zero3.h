@@ -31,7 +31,7 @@
  * Backward begins with the last two layers still gathered (no gather for them), and then gathers again in
  * reverse order. Each gather into a slot is queued after the work already queued on the main stream, so
  * it overwrites the slot only once the layer that used it is done. The next micro-step's forward finds
- * layers 0 and 1 still gathered. Recomputation (llmc/train_gpt.cu §2) re-gathers what it recomputes:
+ * layers 0 and 1 still gathered. Recomputation (llmc/recompute.h) re-gathers what it recomputes:
  * every use of a layer asks for it (zero3_need_layer), which gathers if it is not there.
  *
  * What the trainer calls (all do nothing below stage 3):

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # fused_emulated.sh: the GPU target's --fused-kernels path on the CPU emulation of CUDA (make emulated),
 # against the unfused run of the same binary, every loss (and logged gradient norm) to 1e-5 relative and
-# the final parameters to 1e-5 relative norm (the fused kernels sum in other orders: ~1e-7 in FP32,
-# measured at most 2e-6 in FP16 here, where both runs round alike).
+# the final parameters to 1e-5 relative norm in FP32 (the fused kernels sum in other orders: ~1e-7); FP16
+# to 1e-3 (part 2, where it is justified).
 # 1. Its token ids go to the device from pinned host buffers without waiting (llmc/device.h,
 #    copy_host_buffer_to_device), and the emulation reads such a buffer only when the stream gets to the
 #    copy (dev/emulate/README.md). A host that rewrote the ids of a micro-batch before their copy had run
 #    would train on the wrong tokens: so a run with gradient accumulation (several micro-batches through
-#    one activation set) and with a pipeline (slots) must equal the unfused run.
+#    one activation set) and with pipelines (slots; 1F1B, and interleaved with 2 chunks per stage) must
+#    equal the unfused run.
 # 2. Its optimizer step has no wait before AdamW (llmc/step_report.h): norm, clip factor and the skip
 #    verdict are computed on the device and summed across ranks by device collectives. With a
 #    --grad-clip small enough that every step is clipped (it moves the losses by ~6e-5 relative, six
 #    times the tolerance), on one rank, with dp 2 (ZeRO-1 on the NCCL engine, ZeRO-0 on the MPI engine)
-#    and tp 2 (the split tensors' sum; part 1's pipeline has the stages' sum); then (given the FP16
+#    ZeRO-3 (3 layers: the gather slots reused, and marked stale after a device-decided step) and tp 2
+#    (the split tensors' sum; part 1's pipelines have the stages' sum); then (given the FP16
 #    binary) with dynamic loss scaling from a scale that overflows the first steps, growing every 3 clean
 #    steps, and an inf injected at step 9 (at dp 2 ZeRO-0 on rank 1 only, so that only the max over the
-#    world makes rank 0 skip it too): the same steps skipped at the same scales (the log's skip records,
-#    exactly).
+#    world makes rank 0 skip it too; and at dp 2 ZeRO-3): the same steps skipped at the same scales (the
+#    log's skip records, exactly; step 9 among them).
 # 3. Without loss scaling an inf gradient ends the run at that step with the unfused run's line ("the
 #    step was not applied"), with the same checkpoints (on one rank, and dp 2 ZeRO-1 on NCCL).
 # On a GPU, scripts/check_gpu.sh runs it on build/gpu-fp32/train_gpt (parts 1 to 3, FP32; the two ranks
@@ -31,7 +33,8 @@ source "$(dirname "$0")/lib.sh"
 use_small_run
 export OMP_NUM_THREADS=1
 echo "1. the token ids from pinned memory: gradient accumulation, a pipeline"
-for par in "1|--batch-size 4 --grad-accum 3" "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule 1f1b"; do
+for par in "1|--batch-size 4 --grad-accum 3" "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule 1f1b" \
+    "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4"; do
     np=${par%%|*} args=${par#*|}
     # shellcheck disable=SC2086
     run "$np" $args --steps 4 --fused-kernels 0 --log "$TMP/plain.jsonl" --save-model "$TMP/plain.bin"
@@ -65,7 +68,9 @@ norm_err = max(abs(f[s][1] - p[s][1]) / p[s][1] for s in p)
 x, y = np.fromfile(f"{d}/fused.bin", "<f4", offset=1024), np.fromfile(f"{d}/plain.bin", "<f4", offset=1024)
 param_err = float(np.linalg.norm(x - y) / np.linalg.norm(y))
 clipped = all(n > 10 * clip for _, n in p.values())
-ok = max(loss_err, norm_err, param_err) <= tol and f_skips == p_skips and clipped
+must_skip = "FP16" in name  # the scaled cases overflow at their start and at the injected step 9
+skips_ok = f_skips == p_skips and (not must_skip or 9 in [s for s, _ in p_skips])
+ok = max(loss_err, norm_err, param_err) <= tol and skips_ok and clipped
 print(f"  {'ok  ' if ok else 'FAIL'}  {name:30s} losses {loss_err:.1e}, norms {norm_err:.1e}, params {param_err:.1e} (tolerance {tol:g}); "
       f"{'clipped' if clipped else 'NOT clipped'}; skipped (step, scale): {f_skips}{'' if f_skips == p_skips else f', unfused {p_skips}'}")
 sys.exit(0 if ok else 1)
@@ -81,6 +86,7 @@ update 1 "clipped, 1 rank" --batch-size 4 --grad-accum 2 --steps 6 --grad-clip $
 EMU_DEVICES=2 update 2 "clipped, dp 2 ZeRO-1 NCCL" --batch-size 2 --zero 1 --steps 6 --grad-clip $CLIP
 if emulated && ! grep -q "engine NCCL" "$TMP/run.out"; then echo "  FAIL  dp 2 ZeRO-1 did not run on the NCCL engine"; fails=$((fails + 1)); fi
 update 2 "clipped, dp 2 ZeRO-0 MPI" --batch-size 2 --steps 6 --grad-clip $CLIP
+EMU_DEVICES=2 update 2 "clipped, dp 2 ZeRO-3 NCCL" --batch-size 2 --layers 3 --zero 3 --steps 6 --grad-clip $CLIP
 EMU_DEVICES=2 update 2 "clipped, tp 2 NCCL" --batch-size 4 --tp 2 --steps 6 --grad-clip $CLIP
 if [ -n "$BIN_FP16" ]; then
     # FP16: the gradients are rounded to fp16 (2^-11 relative) at different places by the fused kernels,
@@ -89,6 +95,7 @@ if [ -n "$BIN_FP16" ]; then
     SCALING=(--steps 12 --grad-clip $CLIP --loss-scale dynamic --loss-scale-init 1048576 --loss-scale-interval 3 --fault-inf-step 9)
     update 1 "FP16 scaled, 1 rank" --batch-size 4 "${SCALING[@]}" --fault-inf-rank 0
     EMU_DEVICES=2 update 2 "FP16 scaled, dp 2 ZeRO-0 NCCL" --batch-size 2 "${SCALING[@]}" --fault-inf-rank 1
+    EMU_DEVICES=2 update 2 "FP16 scaled, dp 2 ZeRO-3 NCCL" --batch-size 2 --layers 3 --zero 3 "${SCALING[@]}" --fault-inf-rank 1
 fi
 echo "3. an inf gradient without loss scaling: the run ends with the unfused run's line, the step not applied"
 BIN=$BIN_FP32 CASES=("1|0" "2|1")  # NP|ZeRO stage (at dp 2 the norm is summed over both ranks: both see the inf)
