@@ -358,8 +358,8 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
         fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)", MAX_PRINTED_STAGES,
               MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
     if (tc->plan && (long long)tc->pp * tc->grad_accum * tc->virtual_stages > MAX_PLANNED_ACTIONS)
-        fatal("--plan: --pp %d x %d micro-batches is more than the %d stage micro-batches it plans (a pipeline of that many "
-              "micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, MAX_PLANNED_ACTIONS);
+        fatal("--plan: --pp %d x %d micro-batches x %d chunks is more than the %d stage micro-batches it plans (a pipeline of that "
+              "many micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, tc->virtual_stages, MAX_PLANNED_ACTIONS);
     char why[256];
     if (loss_scaler_settings_error(&tc->scaler, why, sizeof(why))) fatal("%s", why);
     fault_plan_check(&tc->fault, tc->steps);

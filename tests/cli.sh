@@ -96,7 +96,7 @@ OMP_NUM_THREADS=100000 expect_error "OMP_NUM_THREADS=100000" "OMP_NUM_THREADS=10
 # of memory until killed
 expect_error "--print-schedule huge" "--print-schedule prints at most 64 stages and 1024 micro-batches" --print-schedule --pp 256 \
     --batch-size 4096 --micro-batches 4096
-expect_error "--plan, --pp x micro-batches huge" "--plan: --pp 4096 x 1048576 micro-batches is more than" --plan --layers 4096 --channels 64 \
+expect_error "--plan, --pp x micro-batches huge" "--plan: --pp 4096 x 1048576 micro-batches x 1 chunks is more than" --plan --layers 4096 --channels 64 \
     --heads 1 --pp 4096 --batch-size 1048576 --micro-batches 1048576
 # the plan counts, it does not allocate: B = T = 2^20 (4 TiB of host token ids per micro-batch) is planned
 timeout 60 "$BIN" --plan --layers 4 --channels 64 --heads 1 --max-seq-len 1048576 --seq-len 1048576 --batch-size 1048576 >"$TMP/out" 2>&1
