@@ -725,9 +725,9 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp,
                                           &ks->encoder, &ks->encoder_host, fused);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
-    // the embedding bucket waits for the tied-wte sum between first and last stage when pipelining
-    if (model->place.pp == 1) gradients_ready(model, 0, communicate);
-    comm_join(model->comm);
+    if (model->place.pp == 1) gradients_ready(model, 0, communicate);  // (pipelining: after the tied-wte sum, pipeline_step)
+    if (model->report.on && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);  // fused: the host goes on
+    else comm_join(model->comm);
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
 }
 

@@ -46,12 +46,12 @@
  *     llmc/pipeline.h pipe_exchange (PP only): comm_join after a receive, a send-receive and a send from a
  *         shared buffer. The receives could become comm_main_waits; the sends would need an event before
  *         their buffer's next writer.
- *     train_gpt.cu gpt2_backward, last line: comm_join. With DP, on the micro-batch that reduces the
- *         gradients (at ZeRO-2 every one), it waits for the reductions, i.e. for the whole backward: the
- *         one drain left before the update (without DP the streams are idle and it returns at once). Could
- *         go: comm_main_waits(dp_group), ZeRO-2's accumulation after it on the stream.
+ *     train_gpt.cu gpt2_backward, last lines: with one stage, comm_main_waits(dp_group): the main stream,
+ *         not the host, waits for the DP reductions (ZeRO-2/3's accumulation of the reduced chunks follows
+ *         on the stream), so the host goes on to queue the next micro-batch or the update: no drain. With
+ *         PP it stays comm_join, a drain (the pipeline's sends may still read their buffers).
  *     train_gpt.cu pipeline_step, sum_tied_embedding_grads (PP only): comm_join after the last exchange,
- *         after the tied wte's sum and after its bucket's reduction: as gpt2_backward's.
+ *         after the tied wte's sum and after its bucket's reduction: as gpt2_backward's with PP.
  *   per step
  *     train_gpt.cu gpt2_update: comm_join after zero_gather_params. AdamW is queued by then, so the GPU
  *         does not idle: with ZeRO the host waits for the parameters' all-gather, without it for the

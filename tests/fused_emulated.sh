@@ -13,7 +13,9 @@
 #    verdict are computed on the device and summed across ranks by device collectives. With a
 #    --grad-clip small enough that every step is clipped (it moves the losses by ~6e-5 relative, six
 #    times the tolerance), on one rank, with dp 2 (ZeRO-1 on the NCCL engine, ZeRO-0 on the MPI engine)
-#    ZeRO-3 (3 layers: the gather slots reused, and marked stale after a device-decided step) and tp 2
+#    ZeRO-3 (3 layers: the gather slots reused, and marked stale after a device-decided step; with gradient
+#    accumulation, whose reduced chunks are added up on the stream after each micro-batch's reductions,
+#    which only the main stream waits for) and tp 2
 #    (the split tensors' sum; part 1's pipelines have the stages' sum); then (given the FP16
 #    binary) with dynamic loss scaling from a scale that overflows the first steps, growing every 3 clean
 #    steps, and an inf injected at step 9 (at dp 2 ZeRO-0 on rank 1 only, so that only the max over the
@@ -86,7 +88,7 @@ update 1 "clipped, 1 rank" --batch-size 4 --grad-accum 2 --steps 6 --grad-clip $
 EMU_DEVICES=2 update 2 "clipped, dp 2 ZeRO-1 NCCL" --batch-size 2 --zero 1 --steps 6 --grad-clip $CLIP
 if emulated && ! grep -q "engine NCCL" "$TMP/run.out"; then echo "  FAIL  dp 2 ZeRO-1 did not run on the NCCL engine"; fails=$((fails + 1)); fi
 update 2 "clipped, dp 2 ZeRO-0 MPI" --batch-size 2 --steps 6 --grad-clip $CLIP
-EMU_DEVICES=2 update 2 "clipped, dp 2 ZeRO-3 NCCL" --batch-size 2 --layers 3 --zero 3 --steps 6 --grad-clip $CLIP
+EMU_DEVICES=2 update 2 "clipped, dp 2 ZeRO-3 NCCL, accum 2" --batch-size 2 --grad-accum 2 --layers 3 --zero 3 --steps 6 --grad-clip $CLIP
 EMU_DEVICES=2 update 2 "clipped, tp 2 NCCL" --batch-size 4 --tp 2 --steps 6 --grad-clip $CLIP
 if [ -n "$BIN_FP16" ]; then
     # FP16: the gradients are rounded to fp16 (2^-11 relative) at different places by the fused kernels,
