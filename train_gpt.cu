@@ -262,7 +262,7 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     gpt2_init_norm_parts(model);
-    model->report.on = kernels->fused && !TARGET_IS_CPU;
+    model->report.on = comm->kernels_wait = kernels->fused && !TARGET_IS_CPU;  // (TP's sums: comm_join_for_kernels)
 }
 
 // For real runs and tests: builds for this build's precision, allocating everything.

@@ -91,6 +91,13 @@ static void comm_main_waits(Comm* c, Group* g) {
     mpi_flush_group(c, g);
 }
 
+// The wait before what only kernels read (a tensor-parallel sum): with c->kernels_wait the main stream's
+// (comm_main_waits), otherwise the host's too (comm_join_group), as the CPU target's loops need.
+static void comm_join_for_kernels(Comm* c, Group* g) {
+    if (c->kernels_wait) comm_main_waits(c, g);
+    else comm_join_group(c, g);
+}
+
 static void comm_all_reduce(Comm* c, Group* g, void* buf, size_t n, DType t, ReduceOp op) {
     if (g->size <= 1) return;
     comm_post(c, (CommOp){.kind = OP_ALL_REDUCE, .g = g, .send = buf, .recv = buf, .n = n, .t = t, .op = op,

@@ -40,9 +40,9 @@
  *         drain. Could go with two pinned buffers per set, used in turn.
  *     llmc/encoder.h encoder_backward: host_staging_get's event wait (llmc/device.h), the same for the
  *         token grouping's pinned buffer. Could go the same way, or with the grouping made on the device.
- *     llmc/tensor_parallel.h tp_sum, vocab_parallel_cross_entropy (TP only): comm_join_group after each
- *         TP all-reduce: a drain per collective, several per layer. Could go: comm_main_waits, since only
- *         kernels read the sums.
+ *     llmc/tensor_parallel.h tp_sum, vocab_parallel_cross_entropy (TP only): after each TP all-reduce
+ *         only the main stream waits (comm_join_for_kernels, Comm.kernels_wait), since only kernels read
+ *         the sums: no drain.
  *     llmc/pipeline.h pipe_exchange (PP only): comm_join after a receive, a send-receive and a send from a
  *         shared buffer. The receives could become comm_main_waits; the sends would need an event before
  *         their buffer's next writer.

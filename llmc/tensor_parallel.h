@@ -54,7 +54,7 @@ static void tp_sum(Comm* comm, Tracer* tr, const char* name, floatX* x, size_t n
     if (comm->tp_group.size == 1) return;
     double t0 = trace_now_us(tr);
     comm_all_reduce(comm, &comm->tp_group, x, n, DT_FLOATX, REDUCE_SUM);
-    comm_join_group(comm, &comm->tp_group);
+    comm_join_for_kernels(comm, &comm->tp_group);
     trace_add(tr, "tp", name, -1, t0);
 }
 
@@ -263,7 +263,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
     launchCheck();
 #endif
     comm_all_reduce(comm, &comm->tp_group, m, N, DT_FLOAT, REDUCE_MAX);
-    comm_join_group(comm, &comm->tp_group);
+    comm_join_for_kernels(comm, &comm->tp_group);
 #ifdef LLMC_CPU
     vocab_ce_sum_cpu(st, logits, m, targets, N, Vl, start, V);
 #else
@@ -271,7 +271,7 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
     launchCheck();
 #endif
     comm_all_reduce(comm, &comm->tp_group, st, 2 * (size_t)N, DT_FLOAT, REDUCE_SUM);
-    comm_join_group(comm, &comm->tp_group);
+    comm_join_for_kernels(comm, &comm->tp_group);
 #ifdef LLMC_CPU
     vocab_ce_finish_cpu(logits, losses, m, st, targets, dloss, N, Vl, start, V);
 #else

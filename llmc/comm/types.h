@@ -91,6 +91,7 @@ typedef struct {
     struct Staging* staging;   // its pinned slots and copy streams (staging.h)
     HostScratch host_copy[2];  // MPI engine on the GPU, not chunked: the operation's host copies (mpi_run_host_copy)
     CommStats stats;
+    int kernels_wait;  // --fused-kernels on the GPU: what only kernels read next, only the main stream waits for
 #ifdef HAVE_NCCL
     cudaEvent_t event;    // orders an operation after the main stream's work
     cudaEvent_t* timing;  // while counting: a start and an end event around each operation since the last join
