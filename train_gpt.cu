@@ -726,7 +726,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
                                           &ks->encoder, &ks->encoder_host, fused);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);  // (pipelining: after the tied-wte sum, pipeline_step)
-    if (model->report.on && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);  // fused: the host goes on
+    if (model->comm->kernels_wait && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);  // fused: host goes on
     else comm_join(model->comm);
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
 }

@@ -78,6 +78,12 @@ run trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16
 # the loss on the CPU emulation); and the same traced pipeline, whose last line gives the engine's GB/s
 # beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
 for t in "${DP_SUITES[@]}"; do run "${t}_fp32_staged" env LLMC_MPI_STAGE_BYTES=8388608 bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+# ZeRO-3's BF16 path (the parameter shard updated in place, layers gathered per use): the same reduced chunks
+# and updates as ZeRO-2, so the same model file byte for byte (tests/nccl_emulated.sh checks it emulated)
+run dp_bf16_zero3_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --steps 4 --val-every 0 --sample-every 0'; \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 2 --save-model $OUT/zero2.bin && \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 3 --save-model $OUT/zero3.bin && \
+    cmp $OUT/zero2.bin $OUT/zero3.bin && echo 'ZeRO-3 = ZeRO-2, byte for byte'"
 run dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
     \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/whole.bin && \
     LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/staged.bin && \
