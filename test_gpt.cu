@@ -637,7 +637,8 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
 // allocate exactly what the plan says, category by category, and nothing outside those categories
 // (the device allocation counter moves by the plan's total). A grid of dp, tp, pp, ZeRO stage,
 // recomputation, rematerialization, batch, and interleaved chunks (pp 2 with 2 chunks per stage of
-// 2 and 1 slots: the chunks' activations, each with its own workspace and received-gradient buffer).
+// 2 and 1 slots: the chunks' activations, each with its own workspace and received-gradient buffer);
+// pipelined with B = 1 also ZB-H1's 2 sets of output gradients for deferred weight gradients.
 static void test_memory_plan(const KernelChoice* kernels) {
     printf("memory plan = measured allocation (L=4 C=48 NH=12 V=700), grid of configurations\n");
     GPT2Config c = {.maxT = 16, .V = 700, .Vp = 768, .L = 4, .NH = 12, .C = 48};
@@ -654,13 +655,14 @@ static void test_memory_plan(const KernelChoice* kernels) {
                                 for (int st = 0; st < pp; st++) {
                                     Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st};
                                     place_layers(&pl, c.L, NULL, chunks);
-                                    int slots[2] = {pp > 1 ? 2 : 1, 1}, remat = pp > 1 && B == 3 && chunks == 1;
-                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
+                                    StageSlots slots = {{pp > 1 ? 2 : 1, 1}, pp > 1 && B == 1 ? 2 : 0};  // (douts: ZB-H1's)
+                                    int remat = pp > 1 && B == 3 && chunks == 1;
+                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, &slots, R, K, remat, -1, sizeof(floatX), kernels);
                                     size_t before = device_allocated_bytes;
                                     GPT2 model;
                                     gpt2_build(&model, &c, single_rank(), &pl, kernels);
                                     model.recompute = R, model.recompute_segment = K;
-                                    allocate_stage_activations(&model, B, 16, slots, remat);
+                                    allocate_stage_activations(&model, B, 16, &slots, remat);
                                     size_t measured = device_allocated_bytes - before;
                                     int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
                                              plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
@@ -688,7 +690,8 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
     // this run's kernels, with classic and with flash attention (the model is built with flash)
     KernelChoice classic_kernels = {.fused = kernels->fused, .flash_attention = 0, .cpu_blas = kernels->cpu_blas};
     KernelChoice flash_kernels = {.fused = kernels->fused, .flash_attention = 1, .cpu_blas = kernels->cpu_blas};
-    int bad = 0, T = 16, one = 1;
+    int bad = 0, T = 16;
+    StageSlots one = {{1}, 0};
     for (int tp = 1; tp <= 2; tp++)
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {

@@ -171,8 +171,16 @@ typedef struct {
     Activations* slots;       // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;         // rematerialization: the one full set; slots then hold only stage inputs
     int n_slots;
+    floatX* douts;            // ZB-H1: (n_douts, L, B, T, 2C + 7C/tp) what each B kept for its deferred W (LayerDouts)
+    int n_douts;              // (0: none; set before the activations are allocated)
     void* acts_memory;        // the sets' one allocation
 } Chunk;
+
+// ZB-H1: the output gradients of a layer's four linear layers, which its B computes and its deferred W
+// reads: d(output) for fcproj and d(residual2) for attproj (B, T, C), dfch (B, T, 4C/tp), dqkv (B, T, 3C/tp)
+typedef struct {
+    floatX *doutput, *dresidual2, *dfch, *dqkv;
+} LayerDouts;
 
 // ----------------------------------------------------------------------------------------------------
 // 3. the model: build, parameters in and out, activations
@@ -200,6 +208,8 @@ typedef struct {
     Weights params, grads;
     int n_chunks, rematerialize;  // PP: rematerialize: the slots keep only each micro-batch's stage input (Chunk)
     int recompute;           // --recompute level: which layer activations backward recomputes (RecomputeKeeps)
+    int douts_set;           // ZB-H1: backward keeps the output gradients in this set of chunk->douts and leaves the
+                             // weight gradients to gpt2_backward_weights (-1: it computes them itself)
     int recompute_segment;   // --recompute-segment K: layers per segment at level 3 (0, 1: no segments)
     int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
     KernelScratch kernel_scratch;  // the layer launchers' buffers (allocated by the launchers, on first use)
@@ -226,6 +236,7 @@ static void gpt2_init_norm_parts(GPT2* model);
 static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const BuildMode* mode,
                           const KernelChoice* kernels) {
     memset(model, 0, sizeof(*model));
+    model->douts_set = -1;  // (backward computes its weight gradients itself)
     model->mode = *mode;
     model->kernels = *kernels;
     validate_config(c, "model");
@@ -403,7 +414,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     size_t set_bytes[2] = {0, 0};  // [input-only set, full set], each buffer rounded as allocate_buffers does
     ck->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
     Activations* sets = (Activations*)calloc_check(n_laid * sizeof(Activations));
-    BufferSpec* specs = (BufferSpec*)malloc_check((5 + 25 * n_laid) * sizeof(BufferSpec));
+    BufferSpec* specs = (BufferSpec*)malloc_check((6 + 25 * n_laid) * sizeof(BufferSpec));
     int n = 0;
     Activations shared;
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
@@ -411,6 +422,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dreceived, model->n_chunks > 1 ? BT * C * fx : 0};
+    specs[n++] = (BufferSpec){(void**)&ck->douts, ck->n_douts * L * BT * (2 * C + 7 * Cl) * fx};
     for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
         int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
@@ -463,11 +475,13 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     free(sets);
 }
 
-// The activations of every chunk of this rank's layers (the stage's one but with --virtual-stages): n_slots[v] sets for chunk v
-static void allocate_stage_activations(GPT2* model, int B, int T, const int* n_slots, int rematerialize) {
+// The activations of every chunk of this rank's layers (the stage's one but with --virtual-stages):
+// slots->n[v] sets for chunk v, and ZB-H1's slots->douts sets of output gradients
+static void allocate_stage_activations(GPT2* model, int B, int T, const StageSlots* slots, int rematerialize) {
     for (int v = 0; v < model->n_chunks; v++) {
         model->chunk = &model->chunks[v];
-        gpt2_allocate_activations(model, B, T, n_slots[v], rematerialize);
+        model->chunk->n_douts = slots->douts;
+        gpt2_allocate_activations(model, B, T, slots->n[v], rematerialize);
     }
 }
 
@@ -506,6 +520,14 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.output = layer_output(model, a, li, B, T);
     la.scratch = a->scratch;
     return la;
+}
+
+// ZB-H1: layer li's output gradients in the set `set` of the chunk's douts (B, T)
+static LayerDouts layer_douts(const GPT2* model, int set, int li, int B, int T) {
+    const Chunk* ck = model->chunk;
+    size_t BT = (size_t)B * T, C = model->config.C, Cl = C / model->place.tp, L = ck->l1 - ck->l0;
+    floatX* p = ck->douts + ((size_t)set * L + li) * BT * (2 * C + 7 * Cl);
+    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C, .dqkv = p + BT * (2 * C + 4 * Cl)};
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -668,7 +690,12 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
 // Backward pass for the last gpt2_forward on the activation set a (which must have had targets and
 // dloss != 0). Gradients are accumulated (+=), so micro-steps of gradient accumulation simply add up.
 // `communicate`: reduce the gradients across the DP group as they become final (on the last
-// micro-step; at ZeRO-2 on every one).
+// micro-step; at ZeRO-2 on every one). Each linear layer's backward is two calls: B, the gradient of
+// its input, and W, those of its weight and bias, run right after it; or with ZB-H1 (model->douts_set
+// >= 0) W is left for gpt2_backward_weights, and B keeps the output gradients W will read. (The
+// classifier's and the embedding's weight gradients are not deferred: theirs is B x T x V, too big to
+// keep, and the embedding's is the last thing the stage computes anyway. The LayerNorms' and fc's bias
+// gradients come with the input gradients in one kernel, so they stay in B.)
 static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
     int L = c->L, C = c->C, tp = model->place.tp, l0 = model->chunk->l0, Ls = model->chunk->l1 - l0;
@@ -679,6 +706,8 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     KernelScratch* ks = &model->kernel_scratch;
     int fused = model->kernels.fused, flash = model->kernels.flash_attention;
     communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2, 3: in every micro-step
+    int defer = model->douts_set >= 0;
+    KernelChoice* kc = &model->kernels;
     zero2_begin_micro_step(&model->zero2);
     if (model->chunk->last) {
         // classifier: the fused kernel already turned logits into dlogits
@@ -701,23 +730,31 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         recompute_layer(model, &la, w, B, T);
         zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
 
+        // where the output gradients go: the shared work buffers, or (ZB-H1) the set its W will read
+        LayerDouts d = defer ? layer_douts(model, model->douts_set, li, B, T) : (LayerDouts){NULL, NULL, a->dwide, a->dwide};
+        if (defer) device_copy(d.doutput, a->dresidual, BT * C * sizeof(floatX));  // (layernorm_backward adds to dresidual)
+
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
-        matmul_backward_gelu(a->dwide, dw->fcprojw, dw->fcprojb, dw->fcb, a->dresidual, la.fch_gelu, la.fch, w->fcprojw, BT, 4 * Cl, C,
-                             &ks->matmul, &model->kernels);                                                                 // dfch =, dfcb +=
-        matmul_backward(a->scratch, dw->fcw, NULL, a->dwide, la.ln2, w->fcw, BT, C, 4 * Cl, &ks->matmul, &model->kernels);  // dln2 = (dfcb: above)
+        matmul_backward_gelu_input(d.dfch, dw->fcb, a->dresidual, la.fch, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, kc);  // dfch =, dfcb +=
+        if (!defer) matmul_backward_weight(dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, BT, 4 * Cl, C, &ks->matmul, kc);  // W
+        matmul_backward_input(a->scratch, d.dfch, w->fcw, BT, C, 4 * Cl, kc);  // dln2 =
+        if (!defer) matmul_backward_weight(dw->fcw, NULL, d.dfch, la.ln2, BT, C, 4 * Cl, &ks->matmul, kc);  // W (dfcb: above)
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
         layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual2 +=
+        if (defer) device_copy(d.dresidual2, a->dresidual, BT * C * sizeof(floatX));
         // attention block
-        matmul_backward(a->scratch, dw->attprojw, dw->attprojb, a->dresidual, la.atty, w->attprojw, BT, Cl, C, &ks->matmul, &model->kernels);  // datty =
-        if (flash) attention_backward_flash(a->dwide, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
-        else attention_backward(a->dwide, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention, &model->kernels);  // dqkv =
-        matmul_backward(a->scratch, dw->qkvw, dw->qkvb, a->dwide, la.ln1, w->qkvw, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // dln1 =
+        matmul_backward_input(a->scratch, a->dresidual, w->attprojw, BT, Cl, C, kc);  // datty =
+        if (!defer) matmul_backward_weight(dw->attprojw, dw->attprojb, a->dresidual, la.atty, BT, Cl, C, &ks->matmul, kc);  // W
+        if (flash) attention_backward_flash(d.dqkv, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
+        else attention_backward(d.dqkv, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention, kc);  // dqkv =
+        matmul_backward_input(a->scratch, d.dqkv, w->qkvw, BT, C, 3 * Cl, kc);  // dln1 =
+        if (!defer) matmul_backward_weight(dw->qkvw, dw->qkvb, d.dqkv, la.ln1, BT, C, 3 * Cl, &ks->matmul, kc);  // W
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
                            BT, C, &ks->layernorm, fused);                                                            // dresidual +=
-        gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
+        if (!defer) gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         zero2_layer_done(model->comm, &model->zero2, l);
     }
     if (model->chunk->first) {
@@ -729,6 +766,27 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     if (model->comm->kernels_wait && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);  // fused: host goes on
     else comm_join(model->comm);
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
+}
+
+// ZB-H1's W: the weight gradients of every layer of the chunk for the micro-batch whose activations are
+// in a and whose B kept its output gradients in douts set `set` (the halves gpt2_backward deferred).
+// `communicate`: the step's last micro-batch, after which each layer's gradients are final and its DP
+// reduction starts.
+static void gpt2_backward_weights(GPT2* model, const Activations* a, int set, int B, int T, int communicate) {
+    int tp = model->place.tp, C = model->config.C, Cl = C / tp, l0 = model->chunk->l0;
+    size_t BT = (size_t)B * T;
+    Scratch* ks = &model->kernel_scratch.matmul;
+    for (int li = model->chunk->l1 - l0 - 1; li >= 0; li--) {
+        LayerActs la = layer_acts(model, a, li, B, T);
+        LayerDouts d = layer_douts(model, set, li, B, T);
+        LayerWeights* dw = &model->grads.layers[l0 + li];
+        matmul_backward_weight(dw->fcprojw, dw->fcprojb, d.doutput, la.fch_gelu, BT, 4 * Cl, C, ks, &model->kernels);
+        matmul_backward_weight(dw->fcw, NULL, d.dfch, la.ln2, BT, C, 4 * Cl, ks, &model->kernels);
+        matmul_backward_weight(dw->attprojw, dw->attprojb, d.dresidual2, la.atty, BT, Cl, C, ks, &model->kernels);
+        matmul_backward_weight(dw->qkvw, dw->qkvb, d.dqkv, la.ln1, BT, C, 3 * Cl, ks, &model->kernels);
+        gradients_ready(model, 1 + l0 + li, communicate);
+    }
+    if (communicate) comm_join(model->comm);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -909,8 +967,8 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
 // slots are rematerialized), and the input's gradient becomes the pending send to the previous stage.
 // (pending NULL: interleaved, the gradient is in dreceived, and dresidual is sent by the exchange after.)
 // `communicate`: this is the step's last micro-batch, whose backward reduces the gradients (see
-// gpt2_backward).
-static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
+// gpt2_backward). ZB-H1 (`defer`): this is B, which keeps the output gradients for the W that follows.
+static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate, int defer) {
     Chunk* ck = model->chunk;
     Activations* slot = &ck->slots[m % ck->n_slots];
     char what[16];
@@ -921,12 +979,23 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
+    model->douts_set = defer ? m % ck->n_douts : -1;
     gpt2_backward(model, a, B, T, communicate);
+    model->douts_set = -1;
     trace_add(model->tracer, "backward", "B", m, t0);
     if (pending && !ck->first) {
         *pending = (PendingSend){.buf = a->dresidual, .peer = ring_prev(&model->place), .shared = 1};
         memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
     }
+}
+
+// ZB-H1's W action: micro-batch m's weight gradients, from its slot's activations and the output gradients
+// its B kept. `communicate`: the step's last micro-batch (each layer's reduction starts as it is done).
+static void schedule_weights(GPT2* model, int m, int B, int T, int communicate) {
+    Chunk* ck = model->chunk;
+    double t0 = trace_now_us(model->tracer);
+    gpt2_backward_weights(model, &ck->slots[m % ck->n_slots], m % ck->n_douts, B, T, communicate);
+    trace_add(model->tracer, "backward", "W", m, t0);
 }
 
 // The buffer of a message of the interleaved schedule's exchanges (pipe_sendrecv, llmc/pipeline.h): an
@@ -979,8 +1048,14 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
         int m = steps[i].action.micro;
         model->chunk = &model->chunks[steps[i].action.chunk];
         long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
-        if (!steps[i].action.backward) loss += schedule_forward(model, loader, exchange_first, m, batch, dloss, defer_loss);
-        else schedule_backward(model, exchange_first, m, loader->B, loader->T, dloss, m == M - 1);  // (a chunk's last backward)
+        int kind = steps[i].action.kind, zb = schedule == SCHEDULE_ZBH1;
+        if (kind == PIPE_F) loss += schedule_forward(model, loader, exchange_first, m, batch, dloss, defer_loss);
+        else if (kind == PIPE_B) schedule_backward(model, exchange_first, m, loader->B, loader->T, dloss, m == M - 1, zb);  // (a chunk's last)
+        else {  // ZB-H1's W (its send first, if it goes alone: send_before_weights)
+            if (send_before_weights(steps, n, i, pl->pp, pl->pp_rank))
+                pipe_exchange(comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
+            schedule_weights(model, m, loader->B, loader->T, m == M - 1);
+        }
     }
     pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
@@ -1168,7 +1243,7 @@ static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
-static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, const int* n_slots, int recompute, int segment, int rematerialize,
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, const StageSlots* slots, int recompute, int segment, int rematerialize,
                             int phases, size_t elem_bytes, const KernelChoice* kernels) {
     GPT2 model;
     Comm single = comm_single();
@@ -1176,7 +1251,7 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     gpt2_build_as(&model, c, &single, pl, &dry, kernels);
     model.recompute = recompute;
     model.recompute_segment = segment;
-    allocate_stage_activations(&model, B, T, n_slots, rematerialize);
+    allocate_stage_activations(&model, B, T, slots, rematerialize);
     MemoryPlan p = model_memory(&model, elem_bytes);
     if (plan_is_cpu(elem_bytes) && phases >= 0)
         p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model) || pl->zero == 3, pl, phases,
@@ -1295,7 +1370,8 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
     // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
-    allocate_stage_activations(&run->model, tc->B, tc->T, stage_slots(tc, comm->pp_rank).n, tc->rematerialize);
+    StageSlots slots = stage_slots(tc, comm->pp_rank);
+    allocate_stage_activations(&run->model, tc->B, tc->T, &slots, tc->rematerialize);
     if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
@@ -1412,7 +1488,8 @@ static void report_step(Training* run, long long step, const StepResult* r) {
 #ifndef LLMC_CPU
     if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
         run->memory_reported = 1;
-        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, stage_slots(tc, run->comm->pp_rank).n, tc->recompute, tc->recompute_segment,
+        StageSlots slots = stage_slots(tc, run->comm->pp_rank);
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, &slots, tc->recompute, tc->recompute_segment,
                                  tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
         print_device_memory_vs_plan(&p, run->comm);

@@ -49,7 +49,7 @@ static void print_usage(void) {
         "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
         "  --pp P                pipeline stages (P <= L)             [1]\n"
         "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
-        "  --schedule S          gpipe | 1f1b | interleaved           [gpipe]\n"
+        "  --schedule S          gpipe | 1f1b | interleaved | zb-h1   [gpipe]\n"
         "  --virtual-stages V    interleaved: chunks of layers per stage (2..8; M a multiple of P)\n"
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
@@ -190,9 +190,11 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
     else if (!strcmp(f, "--schedule")) {
-        if (strcmp(v, "gpipe") && strcmp(v, "1f1b") && strcmp(v, "interleaved"))
-            fatal("--schedule must be gpipe, 1f1b or interleaved, got '%s'", v);
-        tc->pipe_schedule = !strcmp(v, "gpipe") ? SCHEDULE_GPIPE : !strcmp(v, "1f1b") ? SCHEDULE_1F1B : SCHEDULE_INTERLEAVED;
+        Schedule all[] = {SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1};
+        int known = 0;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(v, schedule_flag(all[i]))) tc->pipe_schedule = all[i], known = 1;
+        if (!known) fatal("--schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", v);
     } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES);
     else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
@@ -325,6 +327,18 @@ static void check_interleaved_flags(const TrainConfig* tc) {
               "each chunk in groups of P)", tc->grad_accum, tc->pp);
 }
 
+// --schedule zb-h1: what it needs, and what it does not do
+static void check_zero_bubble_flags(const TrainConfig* tc) {
+    if (tc->pipe_schedule != SCHEDULE_ZBH1) return;
+    if (tc->pp < 2) fatal("--schedule zb-h1 needs --pp > 1");
+    if (tc->grad_accum < tc->pp)
+        fatal("--schedule zb-h1: %d micro-batches, fewer than --pp %d (the deferred weight gradients fill the pipeline's drain only "
+              "when every stage has a micro-batch in flight)", tc->grad_accum, tc->pp);
+    if (tc->recompute || tc->rematerialize)
+        fatal("--schedule zb-h1 with %s is not supported: a deferred weight gradient reads the layer's activations after its "
+              "backward, which recomputes them into a work set the next action overwrites", tc->recompute ? "--recompute" : "--pp-rematerialize");
+}
+
 // What one flag means depends on another: conflicts, --micro-batches turned into B and grad_accum, the
 // checkpoint folder of a resumed run, and a model from the command line's sizes.
 static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
@@ -348,6 +362,7 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
               "for its forward and its backward; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
     check_interleaved_flags(tc);
+    check_zero_bubble_flags(tc);
     if (tc->recompute_segment > 1 && tc->recompute != 3)
         fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their checkpoints)",
               tc->recompute_segment);

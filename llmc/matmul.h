@@ -5,6 +5,8 @@
  *   backward: dinp (N,IC)    = dout (N,OC) . weight (OC,IC)                  (=  : overwritten)
  *             dweight (OC,IC) += dout^T (OC,N) . inp (N,IC)                  (+= : gradient accumulation)
  *             dbias (OC)      += column sums of dout
+ *   (matmul_backward_input makes dinp, matmul_backward_weight dweight and dbias: the pipeline's ZB-H1
+ *   schedule runs the second later; matmul_backward is the two in a row)
  *
  * GPU: cuBLASLt (bias fused as an epilogue in forward; fp32 accumulation; true FP32, no TF32, in the
  * FP32 build). CPU (--cpu-matmul, KernelChoice.cpu_blas): OpenBLAS's cblas_sgemm, the CPU's analog of
@@ -22,7 +24,7 @@
  * of making it per call, and lets cuBLASLt's epilogues do what otherwise takes a pass over memory of its own:
  *   bias gradient      dbias = column sums of dout, read while the dweight product reads dout (BGRADB)
  *   GELU after fc      matmul_forward_gelu:  pre = inp . weight^T + bias, out = gelu(pre), one pass (GELU_AUX_BIAS)
- *   GELU before fcproj matmul_backward_gelu: dpre = (dout . weight) * gelu'(pre), and fc's bias gradient as
+ *   GELU before fcproj matmul_backward_gelu_input: dpre = (dout . weight) * gelu'(pre), and fc's bias gradient as
  *                      its column sums, in the dinp product (DGELU_BGRAD)
  *   residual add       matmul_forward_residual: the residual stream read as the product's C (beta = 1)
  * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and residual_forward adds it.
@@ -130,9 +132,13 @@ static void bias_backward_cpu(float* __restrict dbias, const float* __restrict d
     }
 }
 
-static void matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                const float* weight, int N, int IC, int OC, Scratch* scratch) {
+// A linear layer's backward in its two halves: the input's gradient (what the layer below waits for) and
+// the weight's and bias's (what only the optimizer waits for; ZB-H1 defers it)
+static void matmul_backward_input_cpu(float* dinp, const float* dout, const float* weight, int N, int IC, int OC) {
     gemm_cpu(dinp, dout, weight, N, IC, OC, 0);  // (N,OC) . (OC,IC)
+}
+static void matmul_backward_weight_cpu(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC,
+                                       Scratch* scratch) {
     float* doutT = (float*)scratch_get(scratch, (size_t)N * OC * sizeof(float));
     transpose_cpu(doutT, dout, N, OC);  // (OC, N)
     gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
@@ -148,9 +154,10 @@ static void matmul_forward_blas(float* out, const float* inp, const float* weigh
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
     if (bias != NULL) bias_add_cpu(out, bias, N, OC);
 }
-static void matmul_backward_blas(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                                 int N, int IC, int OC) {
+static void matmul_backward_input_blas(float* dinp, const float* dout, const float* weight, int N, int IC, int OC) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+}
+static void matmul_backward_weight_blas(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (dbias != NULL) bias_backward_cpu(dbias, dout, N, OC);
 }
@@ -159,7 +166,10 @@ static const int cpu_blas_linked = 0;  // (KernelChoice.cpu_blas is refused at t
 static void matmul_forward_blas(float*, const float*, const float*, const float*, int, int, int) {
     fatal("internal: the CPU BLAS path in a build without a BLAS");
 }
-static void matmul_backward_blas(float*, float*, float*, const float*, const float*, const float*, int, int, int) {
+static void matmul_backward_input_blas(float*, const float*, const float*, int, int, int) {
+    fatal("internal: the CPU BLAS path in a build without a BLAS");
+}
+static void matmul_backward_weight_blas(float*, float*, const float*, const float*, int, int, int) {
     fatal("internal: the CPU BLAS path in a build without a BLAS");
 }
 #endif
@@ -170,10 +180,14 @@ static void matmul_forward_host(float* out, const float* inp, const float* weigh
     if (k->cpu_blas) matmul_forward_blas(out, inp, weight, bias, N, IC, OC);
     else matmul_forward_cpu(out, inp, weight, bias, N, IC, OC, scratch);
 }
-static void matmul_backward_host(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                                 int N, int IC, int OC, Scratch* scratch, const KernelChoice* k) {
-    if (k->cpu_blas) matmul_backward_blas(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
-    else matmul_backward_cpu(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
+static void matmul_backward_input_host(float* dinp, const float* dout, const float* weight, int N, int IC, int OC, const KernelChoice* k) {
+    if (k->cpu_blas) matmul_backward_input_blas(dinp, dout, weight, N, IC, OC);
+    else matmul_backward_input_cpu(dinp, dout, weight, N, IC, OC);
+}
+static void matmul_backward_weight_host(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC,
+                                        Scratch* scratch, const KernelChoice* k) {
+    if (k->cpu_blas) matmul_backward_weight_blas(dweight, dbias, dout, inp, N, IC, OC);
+    else matmul_backward_weight_cpu(dweight, dbias, dout, inp, N, IC, OC, scratch);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -443,17 +457,32 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
 #endif
 }
 
-// `scratch`: the CPU reference's transposed operand; on the GPU the bias gradient's partial sums
+// A linear layer's backward is two products, named apart because the pipeline's ZB-H1 schedule runs them
+// apart: the input's gradient dinp (N,IC) = dout (N,OC) . weight (OC,IC), which the layer below (and the
+// previous stage) waits for, and the weight's, dweight (OC,IC) += dout^T . inp, with dbias (OC) += column
+// sums of dout, which only the optimizer waits for. `scratch`: the CPU reference's transposed operand; on
+// the GPU the bias gradient's partial sums.
+static void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int IC, int OC,
+                                  const KernelChoice* kernels) {
+#ifdef LLMC_CPU
+    matmul_backward_input_host(dinp, dout, weight, N, IC, OC, kernels);
+#else
+    // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
+    matmul_cublaslt(dinp, weight, dout, IC, N, OC, false, false, false, kernels->fused);
+#endif
+}
+static void matmul_backward_weight(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N, int IC, int OC,
+                                   Scratch* scratch, const KernelChoice* kernels) {
+#ifdef LLMC_CPU
+    matmul_backward_weight_host(dweight, dbias, dout, inp, N, IC, OC, scratch, kernels);
+#else
+    matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, kernels->fused);
+#endif
+}
 static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                             const floatX* weight, int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
-#ifdef LLMC_CPU
-    matmul_backward_host(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, kernels);
-#else
-    int fused = kernels->fused;
-    // dinp^T (IC,N) = weight^T (IC,OC) . dout^T (OC,N)
-    matmul_cublaslt(dinp, weight, dout, IC, N, OC, false, false, false, fused);
-    matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
-#endif
+    matmul_backward_input(dinp, dout, weight, N, IC, OC, kernels);
+    matmul_backward_weight(dweight, dbias, dout, inp, N, IC, OC, scratch, kernels);
 }
 
 // A projection into the residual stream: out (N,OC) = residual + inp . weight^T + bias. With --fused-kernels
@@ -491,15 +520,16 @@ static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, con
     gelu_forward(out, pre, (size_t)N * OC, fused);
 }
 
-// Backward of a linear layer whose input was gelu(pre) (the MLP's fcproj, after matmul_forward_gelu):
-// matmul_backward, then through GELU: dpre (N,IC) = (dout . weight) * gelu'(pre), and dbias_pre (IC) +=
-// column sums of dpre, the bias gradient of the layer that made pre (so that layer's matmul_backward
-// gets no dbias). With --fused-kernels on the GPU the dinp product does both in its epilogue.
-static void matmul_backward_gelu(floatX* dpre, floatX* dweight, floatX* dbias, floatX* dbias_pre, const floatX* dout, const floatX* inp,
-                                 const floatX* pre, const floatX* weight, int N, int IC, int OC, Scratch* scratch,
-                                 const KernelChoice* kernels) {
+// The input half of the backward of a linear layer whose input was gelu(pre) (the MLP's fcproj, after
+// matmul_forward_gelu), carried on through GELU: dpre (N,IC) = (dout . weight) * gelu'(pre), and
+// dbias_pre (IC) += column sums of dpre, the bias gradient of the layer that made pre (so that layer's
+// matmul_backward_weight gets no dbias). With --fused-kernels on the GPU the dinp product does both in
+// its epilogue. The weight half is matmul_backward_weight, as for any linear layer.
+static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const floatX* dout, const floatX* pre, const floatX* weight,
+                                       int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
-    matmul_backward_host(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, kernels);
+    (void)scratch;
+    matmul_backward_input_host(dpre, dout, weight, N, IC, OC, kernels);
     gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC);
     bias_backward_cpu(dbias_pre, dpre, N, IC);
 #else
@@ -507,10 +537,9 @@ static void matmul_backward_gelu(floatX* dpre, floatX* dweight, floatX* dbias, f
     floatX* grad = fused ? (floatX*)scratch_get(scratch, (size_t)IC * sizeof(floatX)) : NULL;
     if (fused && IC % 8 == 0 && matmul_cublaslt(dpre, weight, dout, IC, N, OC, false, false, false, fused, EPI_DGELU_BGRAD, grad, pre)) {
         bias_accumulate(dbias_pre, grad, IC);
-        matmul_backward_weight_gpu(dweight, dbias, dout, inp, N, IC, OC, scratch, fused);
         return;
     }
-    matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch, kernels);
+    matmul_backward_input(dpre, dout, weight, N, IC, OC, kernels);
     gelu_backward(dpre, pre, dpre, (size_t)N * IC, fused);
     bias_backward_gpu(dbias_pre, dpre, N, IC, scratch, fused);
 #endif

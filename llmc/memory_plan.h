@@ -100,23 +100,24 @@ static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int
     return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
 }
 
-// One rank's plan for micro-batches of (B, T), n_slots[v] activation sets for its chunk v (llmc/pipeline.h;
-// one chunk but with --virtual-stages) and elements of elem_bytes: the model built dry (train_gpt.cu's
-// plan_rank). `phases` (PLAN_*): what the run does besides training, for the CPU target's host copies
-// (<0: not counted).
-typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, const int* n_slots, int recompute, int segment,
-                               int rematerialize, int phases, size_t elem_bytes, const KernelChoice* kernels);
-
 // The activation sets of each of stage s's chunks under the run's schedule: one per micro-batch it holds
-// at once (one without pipelining)
+// at once (one without pipelining); and ZB-H1's sets of output gradients kept for the deferred W's
 typedef struct {
     int n[MAX_VIRTUAL_STAGES];  // [chunk]
+    int douts;
 } StageSlots;
 static StageSlots stage_slots(const TrainConfig* tc, int s) {
     StageSlots slots;
     for (int v = 0; v < tc->virtual_stages; v++) slots.n[v] = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum, tc->virtual_stages, v);
+    slots.douts = pipeline_stash_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum);
     return slots;
 }
+
+// One rank's plan for micro-batches of (B, T), with the activation sets `slots` (above) and elements of
+// elem_bytes: the model built dry (train_gpt.cu's plan_rank). `phases` (PLAN_*): what the run does
+// besides training, for the CPU target's host copies (<0: not counted).
+typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, const StageSlots* slots, int recompute, int segment,
+                               int rematerialize, int phases, size_t elem_bytes, const KernelChoice* kernels);
 
 // "layers 0-1" of a stage, or of each of its chunks with --virtual-stages ("layers 0-1, 4-5"), numbers
 // `width` wide, and its activation slots ("2", or by chunk "3+2"). Returns the slots' total.
@@ -142,7 +143,7 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
         StageSlots slots = stage_slots(tc, s);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots.n, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, &slots, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
                                  &tc->kernels);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;

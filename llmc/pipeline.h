@@ -8,7 +8,8 @@
  * M micro-batches through the stages: activations (B,T,C) go forward by send/recv, their gradients come
  * back the same way, gradients accumulate over the M micro-batches, and the optimizer steps once.
  *
- * Schedules, for stage s of P (F = forward of a micro-batch, B = its backward):
+ * Schedules, for stage s of P (F = forward of a micro-batch, B = its backward; with ZB-H1 B is only the
+ * gradients of the inputs, W the weights' gradients, deferred):
  *   GPipe  F0 F1 ... F(M-1)  B0 B1 ... B(M-1)
  *          every stage keeps the activations of all M micro-batches
  *   1F1B   warm-up: min(P-s-1, M) forwards, then alternate one forward and one backward, then the
@@ -21,6 +22,12 @@
  *          1 for the same, ..., then the next P micro-batches), its backwards in the same order with
  *          the chunks reversed; warm-up 2(P-s-1) + (V-1)P forwards, then one forward and one backward
  *          alternately, then the remaining backwards. M must be a multiple of P.
+ *   ZB-H1  (zero bubble, Qi et al. 2023) 1F1B with each backward split in two: B, the gradients of the
+ *          layers' inputs, which the previous stage waits for, and W, the gradients of their weights,
+ *          which nothing waits for. Stage s runs 1F1B's forwards and B's, and the W of micro-batch b-s
+ *          right after the B of micro-batch b: the later stages, which 1F1B leaves idle at the end while
+ *          the gradients travel back, defer their W's into that time. Stage s holds P micro-batches of
+ *          activations (1F1B's stage 0 does too) and s+1 of the output gradients W needs. M >= P.
  *
  *   GPipe, P=2, M=4 (a backward takes twice a forward's time):
  *   stage 0   F0 F1 F2 F3 .  .  .  B0 .  B1 .  B2 .  B3
@@ -28,8 +35,12 @@
  *   interleaved, P=2, M=2, V=2 (F1.0: micro-batch 1's forward in chunk 0, half a stage's layers):
  *   stage 0   F0.0 F1.0 F0.1 F1.1 .    .    B0.1 .    .    B1.1 .    B0.0 .    B1.0 .
  *   stage 1   .    F0.0 F1.0 F0.1 B0.1 .    F1.1 B1.1 .    B0.0 .    B1.0 .    .    .
- * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for GPipe or 1F1B, and
- * (P-1)/(V*M+P-1) for the interleaved schedule (a chunk's forward taking one slot): 3 of 15 slots above.
+ *   ZB-H1, P=2, M=2 (F, B and W one slot each; W0 of stage 1 waits for its B1):
+ *   stage 0   F0 F1 .  B0 W0 B1 W1
+ *   stage 1   .  F0 B0 F1 B1 W0 W1
+ * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for GPipe or 1F1B,
+ * (P-1)/(V*M+P-1) for the interleaved schedule (a chunk's forward taking one slot): 3 of 15 slots above,
+ * and (P-1)/(3M+P-1) for ZB-H1 (F, B, W one slot each), a third of 1F1B's idle time.
  *
  * The schedule is a list of actions; train_gpt.cu executes it (pipeline_step). Its messages go through
  * pipe_exchange (below), which pairs each send with the receive that follows it when both go to the same
@@ -43,17 +54,25 @@
 #include "common.h"  // fatal, check_internal, malloc_check, calloc_check
 #include "trace.h"   // trace_now_us, trace_add
 
-typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED } Schedule;
+typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1 } Schedule;
 
 enum { MAX_VIRTUAL_STAGES = 8 };  // --virtual-stages: chunks per stage
 
-static const char* schedule_name(Schedule s) { return s == SCHEDULE_GPIPE ? "GPipe" : s == SCHEDULE_1F1B ? "1F1B" : "interleaved 1F1B"; }
-static const char* schedule_flag(Schedule s) { return s == SCHEDULE_GPIPE ? "gpipe" : s == SCHEDULE_1F1B ? "1f1b" : "interleaved"; }  // --schedule
+static const char* schedule_name(Schedule s) {
+    return s == SCHEDULE_GPIPE ? "GPipe" : s == SCHEDULE_1F1B ? "1F1B" : s == SCHEDULE_ZBH1 ? "ZB-H1" : "interleaved 1F1B";
+}
+static const char* schedule_flag(Schedule s) {  // --schedule
+    return s == SCHEDULE_GPIPE ? "gpipe" : s == SCHEDULE_1F1B ? "1f1b" : s == SCHEDULE_ZBH1 ? "zb-h1" : "interleaved";
+}
+
+// What an action does: a forward (F), a backward (B: with ZB-H1 the inputs' gradients only; otherwise the
+// weights' too), or ZB-H1's deferred weight gradients (W)
+enum { PIPE_F, PIPE_B, PIPE_W };
 
 typedef struct {
-    int backward;  // 0: forward, 1: backward
-    int micro;     // micro-batch index
-    int chunk;     // which of the stage's chunks (0 but for the interleaved schedule)
+    int kind;   // PIPE_F, PIPE_B or PIPE_W
+    int micro;  // micro-batch index
+    int chunk;  // which of the stage's chunks (0 but for the interleaved schedule)
 } PipeAction;
 
 // First layer of each of the P stages (first[P] = L); with virtual stages P is P*V, the chunks.
@@ -131,7 +150,7 @@ typedef struct {
 // group through chunk 0, 1, ..., V-1 (backward: V-1, ..., 0)
 static PipeAction interleaved_action(int backward, int k, int P, int V) {
     int chunk = (k % (P * V)) / P;
-    return (PipeAction){.backward = backward, .micro = k / (P * V) * P + k % P, .chunk = backward ? V - 1 - chunk : chunk};
+    return (PipeAction){.kind = backward ? PIPE_B : PIPE_F, .micro = k / (P * V) * P + k % P, .chunk = backward ? V - 1 - chunk : chunk};
 }
 
 // The neighbours of chunk `chunk` of stage s of P (V chunks each) on the ring of stages: where its forward
@@ -141,14 +160,14 @@ static int pipe_prev(int P, int V, int s, int chunk) { return s == 0 && chunk ==
 static int pipe_next(int P, int V, int s, int chunk) { return s == P - 1 && chunk == V - 1 ? -1 : (s + 1) % P; }
 
 // The message action a of stage s receives (its input, or its output's gradient), or sends (its output,
-// or its input's gradient); peer -1 at the ends of the pipeline
+// or its input's gradient); peer -1 at the ends of the pipeline, and for a W, which has no messages
 static PipeMessage received_by(PipeAction a, int P, int V, int s) {
-    int peer = a.backward ? pipe_next(P, V, s, a.chunk) : pipe_prev(P, V, s, a.chunk);
-    return (PipeMessage){.peer = peer, .backward = a.backward, .micro = a.micro, .chunk = a.chunk};
+    int b = a.kind == PIPE_B, peer = a.kind == PIPE_W ? -1 : b ? pipe_next(P, V, s, a.chunk) : pipe_prev(P, V, s, a.chunk);
+    return (PipeMessage){.peer = peer, .backward = b, .micro = a.micro, .chunk = a.chunk};
 }
 static PipeMessage sent_by(PipeAction a, int P, int V, int s) {
-    int peer = a.backward ? pipe_prev(P, V, s, a.chunk) : pipe_next(P, V, s, a.chunk);
-    return (PipeMessage){.peer = peer, .backward = a.backward, .micro = a.micro, .chunk = a.chunk};
+    int b = a.kind == PIPE_B, peer = a.kind == PIPE_W ? -1 : b ? pipe_prev(P, V, s, a.chunk) : pipe_next(P, V, s, a.chunk);
+    return (PipeMessage){.peer = peer, .backward = b, .micro = a.micro, .chunk = a.chunk};
 }
 
 static PipeStep action_step(PipeAction a) {
@@ -158,32 +177,36 @@ static PipeStep action_step(PipeAction a) {
 
 // Appends an exchange: the activations' sendrecv, then the gradients' (each only if it has a message)
 static int add_exchange(PipeStep* steps, int n, PipeMessage send_act, PipeMessage recv_act, PipeMessage send_grad, PipeMessage recv_grad) {
-    if (send_act.peer >= 0 || recv_act.peer >= 0) steps[n++] = (PipeStep){.exchange = 1, .action = {0, 0, 0}, .send = send_act, .recv = recv_act};
+    if (send_act.peer >= 0 || recv_act.peer >= 0) steps[n++] = (PipeStep){.exchange = 1, .action = {PIPE_F, 0, 0}, .send = send_act, .recv = recv_act};
     if (send_grad.peer >= 0 || recv_grad.peer >= 0)
-        steps[n++] = (PipeStep){.exchange = 1, .action = {0, 0, 0}, .send = send_grad, .recv = recv_grad};
+        steps[n++] = (PipeStep){.exchange = 1, .action = {PIPE_F, 0, 0}, .send = send_grad, .recv = recv_grad};
     return n;
 }
 
 // The steps of stage s (of P, M micro-batches, V chunks per stage: 1 but for the interleaved schedule),
-// in order: its 2MV actions and, interleaved, the exchanges between them. `steps` holds 6MV + 2. Returns
-// their number.
+// in order: its 2MV actions (ZB-H1: 3M) and, interleaved, the exchanges between them. `steps` holds
+// 6MV + 2. Returns their number.
 static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* steps) {
     PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
     int n = 0;
     if (sched == SCHEDULE_GPIPE) {
-        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.backward = 0, .micro = m, .chunk = 0});
-        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.backward = 1, .micro = m, .chunk = 0});
+        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = m, .chunk = 0});
+        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.kind = PIPE_B, .micro = m, .chunk = 0});
         return n;
     }
-    if (sched == SCHEDULE_1F1B) {
-        int warmup = P - s - 1 < M ? P - s - 1 : M;
-        int f = 0, b = 0;
-        for (; f < warmup; f++) steps[n++] = action_step((PipeAction){.backward = 0, .micro = f, .chunk = 0});
-        while (f < M) {  // steady state: one forward, one backward
-            steps[n++] = action_step((PipeAction){.backward = 0, .micro = f++, .chunk = 0});
-            steps[n++] = action_step((PipeAction){.backward = 1, .micro = b++, .chunk = 0});
+    if (sched == SCHEDULE_1F1B || sched == SCHEDULE_ZBH1) {
+        // ZB-H1: 1F1B's forwards and backwards (B), and after the backward of micro-batch b the W of
+        // micro-batch b-s: stage s keeps s W's deferred, and runs them at the end
+        int warmup = P - s - 1 < M ? P - s - 1 : M, defer = sched == SCHEDULE_ZBH1 ? s : M;
+        int f = 0, b = 0, w = 0;
+        for (; f < warmup; f++) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = f, .chunk = 0});
+        while (b < M) {  // steady state: one forward, one backward; then the cool-down's backwards
+            if (f < M) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = f++, .chunk = 0});
+            steps[n++] = action_step((PipeAction){.kind = PIPE_B, .micro = b++, .chunk = 0});
+            if (b - w > defer) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
         }
-        while (b < M) steps[n++] = action_step((PipeAction){.backward = 1, .micro = b++, .chunk = 0});  // cool-down
+        if (sched == SCHEDULE_ZBH1)
+            while (w < M) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
         return n;
     }
     // Interleaved: the M*V forwards in the order of interleaved_action, and the backwards likewise:
@@ -217,7 +240,24 @@ static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* s
     return n;
 }
 
-// The 2MV actions of stage s, in order (its plan without the exchanges). Returns their number.
+// How many actions a stage runs in one step: a forward and a backward per micro-batch and chunk (ZB-H1:
+// also a W per micro-batch)
+static int actions_per_stage(Schedule sched, int M, int V) { return sched == SCHEDULE_ZBH1 ? 3 * M : 2 * M * V; }
+
+// ZB-H1: before the W at steps[i], the send left from the action before (an input gradient) goes out,
+// unless the next forward or backward receives from the same neighbour: then they travel together as one
+// sendrecv after the W, as in 1F1B (the previous stage is busy until then anyway). A W never waits for a
+// message, so either way the send leaves before anything this stage waits for.
+static int send_before_weights(const PipeStep* steps, int n, int i, int P, int s) {
+    int before = i - 1, after = i + 1;
+    while (before >= 0 && steps[before].action.kind == PIPE_W) before--;
+    while (after < n && steps[after].action.kind == PIPE_W) after++;
+    int sent = before >= 0 ? sent_by(steps[before].action, P, 1, s).peer : -1;
+    int next = after < n ? received_by(steps[after].action, P, 1, s).peer : -1;
+    return sent >= 0 && sent != next;
+}
+
+// The actions of stage s, in order (its plan without the exchanges). Returns their number.
 static int pipeline_schedule(Schedule sched, int P, int s, int M, int V, PipeAction* actions) {
     PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * V + 2) * sizeof(PipeStep));
     int n = pipeline_plan(sched, P, s, M, V, steps), k = 0;
@@ -227,21 +267,33 @@ static int pipeline_schedule(Schedule sched, int P, int s, int M, int V, PipeAct
     return k;
 }
 
-// The activation slots chunk `chunk` of stage s keeps for M micro-batches: one without pipelining (the
-// plain step), else the most micro-batches its schedule holds at once (forwards done minus backwards
-// done). Each chunk runs its forwards and its backwards in micro-batch order, so the ones it holds are
-// consecutive and micro-batch m can use slot m mod slots.
-static int pipeline_slots(Schedule sched, int P, int s, int M, int V, int chunk) {
-    if (P == 1) return 1;
-    PipeAction* actions = (PipeAction*)malloc_check(2 * (size_t)M * V * sizeof(PipeAction));
+// The most micro-batches chunk `chunk` of stage s holds at once between an action of kind `from` and
+// one of kind `to`. Each chunk runs each kind of action in micro-batch order, so the ones it holds are
+// consecutive and micro-batch m can use slot m mod that number.
+static int pipeline_held(Schedule sched, int P, int s, int M, int V, int chunk, int from, int to) {
+    PipeAction* actions = (PipeAction*)malloc_check((size_t)actions_per_stage(sched, M, V) * sizeof(PipeAction));
     int n = pipeline_schedule(sched, P, s, M, V, actions), held = 0, most = 0;
     for (int i = 0; i < n; i++) {
         if (actions[i].chunk != chunk) continue;
-        held += actions[i].backward ? -1 : 1;
+        held += (actions[i].kind == from) - (actions[i].kind == to);
         most = held > most ? held : most;
     }
     free(actions);
     return most;
+}
+
+// The activation slots chunk `chunk` of stage s keeps for M micro-batches: one without pipelining (the
+// plain step), else the most micro-batches its schedule holds at once, from their forward to their last
+// use (the backward, or ZB-H1's W).
+static int pipeline_slots(Schedule sched, int P, int s, int M, int V, int chunk) {
+    if (P == 1) return 1;
+    return pipeline_held(sched, P, s, M, V, chunk, PIPE_F, sched == SCHEDULE_ZBH1 ? PIPE_W : PIPE_B);
+}
+
+// ZB-H1: the sets of output gradients stage s keeps for its deferred W's (each B's, until its W); 0 for
+// the other schedules, whose backward uses them at once
+static int pipeline_stash_slots(Schedule sched, int P, int s, int M) {
+    return P > 1 && sched == SCHEDULE_ZBH1 ? pipeline_held(sched, P, s, M, 1, 0, PIPE_B, PIPE_W) : 0;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -317,6 +369,13 @@ static void message_label(PipeMessage m, int received, int P, int V, int s, char
     else snprintf(out, n, "%c%d", kind, m.micro);
 }
 
+// "F3", "B3" or "W3" (micro-batch 3), with virtual stages "F3.1" (in chunk 1)
+static void action_label(PipeAction a, int V, char* out, size_t n) {
+    char kind = a.kind == PIPE_F ? 'F' : a.kind == PIPE_B ? 'B' : 'W';
+    if (V > 1) snprintf(out, n, "%c%d.%d", kind, a.micro, a.chunk);
+    else snprintf(out, n, "%c%d", kind, a.micro);
+}
+
 // An exchange of stage s, as pipeline_step makes it: one sendrecv when `paired` (GPipe and 1F1B pair a
 // send and a receive with the same neighbour, pipe_exchange; the interleaved schedule pairs them all),
 // else the send, then the receive. "a3>1": micro-batch 3's activation sent to stage 1; "g3<2": its
@@ -335,12 +394,13 @@ static void print_exchange(PipeMessage send, PipeMessage recv, int paired, int P
 }
 
 // Prints, for P stages, M micro-batches and V chunks per stage (1 but for the interleaved schedule): a
-// timeline (one column a time slot, a chunk's forward taking one slot and its backward two, each action
-// starting when its stage is free and its input has arrived), and each stage's actions with the messages
+// timeline (one column a time slot, a chunk's forward taking one slot and its backward two, or with ZB-H1
+// F, B and W one each; each action starting when its stage is free and its input has arrived, a W when
+// its B is done), and each stage's actions with the messages
 // between them, so the sends and receives can be paired by eye; then the bubble: the idle slots, against
 // the schedule's formula.
 static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
-    int per = 2 * M * V;  // actions per stage
+    int per = actions_per_stage(sched, M, V), zb = sched == SCHEDULE_ZBH1;
     PipeAction* acts = (PipeAction*)malloc_check((size_t)P * per * sizeof(PipeAction));
     int* f_end = (int*)malloc_check((size_t)P * V * M * sizeof(int));  // [virtual stage][micro] when its forward ends
     int* b_end = (int*)malloc_check((size_t)P * V * M * sizeof(int));
@@ -360,13 +420,14 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
             if (next[s] == per) continue;
             PipeAction a = acts[(size_t)s * per + next[s]];
             int vs = a.chunk * P + s;  // its virtual stage
-            int ready = a.backward ? (vs == last_vs ? f_end[vs * M + a.micro] : b_end[(vs + 1) * M + a.micro])
-                                   : (vs == 0 ? 0 : f_end[(vs - 1) * M + a.micro]);
+            int ready = a.kind == PIPE_W ? b_end[vs * M + a.micro]
+                        : a.kind == PIPE_B ? (vs == last_vs ? f_end[vs * M + a.micro] : b_end[(vs + 1) * M + a.micro])
+                                           : (vs == 0 ? 0 : f_end[(vs - 1) * M + a.micro]);
             if (ready < 0) continue;  // its input is not computed yet
             int t = ready > free_at[s] ? ready : free_at[s];
             start[(size_t)s * per + next[s]] = t;
-            free_at[s] = t + (a.backward ? 2 : 1);
-            (a.backward ? b_end : f_end)[vs * M + a.micro] = free_at[s];
+            free_at[s] = t + (a.kind == PIPE_B && !zb ? 2 : 1);
+            if (a.kind != PIPE_W) (a.kind == PIPE_B ? b_end : f_end)[vs * M + a.micro] = free_at[s];
             width = free_at[s] > width ? free_at[s] : width;
             next[s]++, placed++;
         }
@@ -376,6 +437,7 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
     if (V > 1) printf(", %d chunks per stage (stage s holds virtual stages s, s+%d, ...)", V, P);
     printf("\n");
     if (V > 1) printf("timeline (a chunk's forward takes one slot, its backward two: Bm.c ==, micro-batch m in chunk c; '.' idle):\n");
+    else if (zb) printf("timeline (a forward, a backward's B and its W take one slot each; '.' idle; the bubble is the idle slots):\n");
     else printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
     int digits = 2;  // a slot is 2 + digits characters wide (4 up to 100 micro-batches; 2 more for ".c"), so columns align
     for (int m = 100; m < M; m *= 10) digits++;
@@ -387,11 +449,10 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
             PipeAction a = acts[(size_t)s * per + i];
             for (; t < start[(size_t)s * per + i]; t++) printf(" %-*s", cell, ".");
             char label[24];
-            if (V > 1) snprintf(label, sizeof(label), "%c%d.%d", a.backward ? 'B' : 'F', a.micro, a.chunk);
-            else snprintf(label, sizeof(label), "%c%d", a.backward ? 'B' : 'F', a.micro);
+            action_label(a, V, label, sizeof(label));
             printf(" %-*s", cell, label);
-            if (a.backward) printf(" %-*s", cell, "==");
-            t += a.backward ? 2 : 1;
+            if (a.kind == PIPE_B && !zb) printf(" %-*s", cell, "==");
+            t += a.kind == PIPE_B && !zb ? 2 : 1;
         }
         for (; t < width; t++) printf(" %-*s", cell, ".");
         printf("\n");
@@ -410,7 +471,9 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
             printf("%s%d", v > 0 ? "+" : "", slots);
             total += slots;
         }
-        printf(" activation slot%s%s) |", total > 1 ? "s" : "", V > 1 ? " by chunk" : "");
+        printf(" activation slot%s%s", total > 1 ? "s" : "", V > 1 ? " by chunk" : "");
+        if (zb) printf(", %d of output gradients", pipeline_stash_slots(sched, P, s, M));
+        printf(") |");
         int n = pipeline_plan(sched, P, s, M, V, steps);
         PipeMessage pending = none;  // GPipe, 1F1B: the output of the action before, sent before the next
         for (int i = 0; i < n; i++) {
@@ -420,20 +483,27 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
                 continue;
             }
             PipeAction a = st.action;
-            if (sched != SCHEDULE_INTERLEAVED) {
+            if (a.kind == PIPE_W) {  // ZB-H1: no messages of its own
+                if (send_before_weights(steps, n, i, P, s)) print_exchange(pending, none, 0, P, V, s), pending = none;
+            } else if (sched != SCHEDULE_INTERLEAVED) {
                 PipeMessage recv = received_by(a, P, V, s);
                 print_exchange(pending, recv, pending.peer == recv.peer, P, V, s);
                 pending = sent_by(a, P, V, s);
             }
-            if (V > 1) printf(" %c%d.%d |", a.backward ? 'B' : 'F', a.micro, a.chunk);
-            else printf(" %c%d |", a.backward ? 'B' : 'F', a.micro);
+            char label[24];
+            action_label(a, V, label, sizeof(label));
+            printf(" %s |", label);
         }
         print_exchange(pending, none, 0, P, V, s);
         printf("\n");
     }
-    // the bubble: every stage is busy 3MV of the step's `width` slots (a forward 1, a backward 2)
+    // the bubble: every stage is busy 3MV of the step's `width` slots (a forward 1, a backward 2; ZB-H1:
+    // F, B and W 1 each)
     int busy = 3 * M * V;
-    if (V > 1)
+    if (zb)
+        printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(3M+P-1) = %.1f%%\n", width - busy, width,
+               100.0 * (width - busy) / width, 100.0 * (P - 1) / (3 * M + P - 1));
+    else if (V > 1)
         printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(V*M+P-1) = %.1f%%\n", width - busy, width,
                100.0 * (width - busy) / width, 100.0 * (P - 1) / (V * M + P - 1));
     else
