@@ -657,12 +657,12 @@ static void test_memory_plan(const KernelChoice* kernels) {
                                     place_layers(&pl, c.L, NULL, chunks);
                                     StageSlots slots = {{pp > 1 ? 2 : 1, 1}, pp > 1 && B == 1 ? 2 : 0};  // (douts: ZB-H1's)
                                     int remat = pp > 1 && B == 3 && chunks == 1;
-                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, &slots, R, K, remat, -1, sizeof(floatX), kernels);
+                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
                                     size_t before = device_allocated_bytes;
                                     GPT2 model;
                                     gpt2_build(&model, &c, single_rank(), &pl, kernels);
                                     model.recompute = R, model.recompute_segment = K;
-                                    allocate_stage_activations(&model, B, 16, &slots, remat);
+                                    allocate_stage_activations(&model, B, 16, slots, remat);
                                     size_t measured = device_allocated_bytes - before;
                                     int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
                                              plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
@@ -696,8 +696,8 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {
                 Placement pl = {.dp = 1, .tp = tp, .tp_rank = tp - 1, .pp = 1, .l1 = c.L};
-                MemoryPlan classic = plan_rank(&c, &pl, B, T, &one, R, 0, 0, -1, sizeof(floatX), &classic_kernels);
-                MemoryPlan flash = plan_rank(&c, &pl, B, T, &one, R, 0, 0, -1, sizeof(floatX), &flash_kernels);
+                MemoryPlan classic = plan_rank(&c, &pl, B, T, one, R, 0, 0, -1, sizeof(floatX), &classic_kernels);
+                MemoryPlan flash = plan_rank(&c, &pl, B, T, one, R, 0, 0, -1, sizeof(floatX), &flash_kernels);
                 size_t before = device_allocated_bytes;
                 GPT2 model;
                 gpt2_build(&model, &c, single_rank(), &pl, &flash_kernels);

@@ -60,7 +60,6 @@
 #include "llmc/tokenizer.h"        // Tokenizer: ids to text for samples
 #include "llmc/trace.h"            // Tracer: --trace's spans
 
-
 // ----------------------------------------------------------------------------------------------------
 // 1. parameter layout
 //
@@ -68,49 +67,8 @@
 // bucket) are one contiguous range; which tensors and slices it holds follow from its place in the grid.
 // llmc/param_layout.h computes that layout (ParamLayout: a TensorSlot per tensor, a Bucket per layer) and
 // its mapping to the llm.c file order. The model reads its tensors through tables of pointers into it:
-
-typedef struct {
-    floatX *ln1w, *ln1b;          // (C)
-    floatX *qkvw, *qkvb;          // (3C, C), (3C)
-    floatX *attprojw, *attprojb;  // (C, C), (C)
-    floatX *ln2w, *ln2b;          // (C)
-    floatX *fcw, *fcb;            // (4C, C), (4C)
-    floatX *fcprojw, *fcprojb;    // (C, 4C), (C)
-} LayerWeights;  // the 12 tensors of a block, in file order (llmc/model_file.h): a table of pointers
-static_assert(sizeof(LayerWeights) == NUM_LAYER_TENSORS * sizeof(floatX*), "LayerWeights is a table of 12 pointers");
-
-typedef struct {
-    floatX* wte;  // (Vp, C) token embedding, tied with the classifier
-    floatX* wpe;  // (maxT, C) position embedding
-    LayerWeights* layers;  // [L]
-    floatX *lnfw, *lnfb;   // (C) final LayerNorm
-} Weights;
-
-// Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
-// offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
-// buckets into a workspace instead, ZeRO-3 the parameter buckets into the slots they are gathered into.
-static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
-    Weights w;
-    memset(&w, 0, sizeof(w));
-    w.layers = (LayerWeights*)calloc_check(c->L * sizeof(LayerWeights));  // layers of other stages stay NULL
-    for (int i = 0; i < lay->num_slots; i++) {
-        const TensorSlot* s = &lay->slots[i];
-        floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
-        if (s->kind == WTE) w.wte = p;
-        else if (s->kind == WPE) w.wpe = p;
-        else if (s->kind == LNFW) w.lnfw = p;
-        else if (s->kind == LNFB) w.lnfb = p;
-        else ((floatX**)&w.layers[s->layer])[s->kind - LN1W] = p;  // LayerWeights is a table in file order
-    }
-    return w;
-}
-
-// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's slots (llmc/zero.h)
-static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_slots, floatX* flat, const LayerSlots* slots, floatX** bases) {
-    if (in_slots) layer_slots_bases(slots, z, bases);
-    else for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
-    return bases;
-}
+// Weights, with a LayerWeights per layer (the 12 tensors of a block in file order), made by point_weights
+// from each bucket's base (bucket_bases; both in llmc/param_layout.h).
 
 // ----------------------------------------------------------------------------------------------------
 // 2. activations and recomputation
@@ -170,17 +128,11 @@ typedef struct {
     int l0, l1, first, last;  // its layers [l0, l1); it is the first / last (virtual) stage: it embeds / it classifies
     Activations* slots;       // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;         // rematerialization: the one full set; slots then hold only stage inputs
-    int n_slots;
-    floatX* douts;            // ZB-H1: (n_douts, L, B, T, 2C + 7C/tp) what each B kept for its deferred W (LayerDouts)
-    int n_douts;              // (0: none; set before the activations are allocated)
+    floatX* douts;            // ZB-H1: (n_douts, L, B, T, 2C + 7C/tp) what each B kept for its deferred W (layer_douts)
+    int n_slots, n_douts;     // (n_douts 0: no deferred W's; set before the activations are allocated)
     void* acts_memory;        // the sets' one allocation
 } Chunk;
 
-// ZB-H1: the output gradients of a layer's four linear layers, which its B computes and its deferred W
-// reads: d(output) for fcproj and d(residual2) for attproj (B, T, C), dfch (B, T, 4C/tp), dqkv (B, T, 3C/tp)
-typedef struct {
-    floatX *doutput, *dresidual2, *dfch, *dqkv;
-} LayerDouts;
 
 // ----------------------------------------------------------------------------------------------------
 // 3. the model: build, parameters in and out, activations
@@ -208,8 +160,7 @@ typedef struct {
     Weights params, grads;
     int n_chunks, rematerialize;  // PP: rematerialize: the slots keep only each micro-batch's stage input (Chunk)
     int recompute;           // --recompute level: which layer activations backward recomputes (RecomputeKeeps)
-    int douts_set;           // ZB-H1: backward keeps the output gradients in this set of chunk->douts and leaves the
-                             // weight gradients to gpt2_backward_weights (-1: it computes them itself)
+    int douts_set;           // ZB-H1: backward keeps its output gradients in this set of chunk->douts (-1: W at once)
     int recompute_segment;   // --recompute-segment K: layers per segment at level 3 (0, 1: no segments)
     int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
     KernelScratch kernel_scratch;  // the layer launchers' buffers (allocated by the launchers, on first use)
@@ -282,13 +233,10 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
 }
 
 static void gpt2_free(GPT2* model) {
-    device_free(model->params_memory);
-    device_free(model->grads_memory);
+    device_free(model->params_memory), device_free(model->grads_memory);
     zero2_free(&model->zero2);
     zero3_free(&model->zero3);
-    device_free(model->master);
-    device_free(model->m);
-    device_free(model->v);
+    device_free(model->master), device_free(model->m), device_free(model->v);
     kernel_scratch_free(&model->kernel_scratch);
     // (pinned buffers are freed once the device is idle: no copy from the ids is left to run)
     int pinned = model->kernels.fused;
@@ -422,7 +370,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dreceived, model->n_chunks > 1 ? BT * C * fx : 0};
-    specs[n++] = (BufferSpec){(void**)&ck->douts, ck->n_douts * L * BT * (2 * C + 7 * Cl) * fx};
+    specs[n++] = (BufferSpec){(void**)&ck->douts, ck->n_douts * L * douts_per_layer(BT, C, Cl) * fx};
     for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
         int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
@@ -475,13 +423,12 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     free(sets);
 }
 
-// The activations of every chunk of this rank's layers (the stage's one but with --virtual-stages):
-// slots->n[v] sets for chunk v, and ZB-H1's slots->douts sets of output gradients
-static void allocate_stage_activations(GPT2* model, int B, int T, const StageSlots* slots, int rematerialize) {
+// The activations of every chunk of this rank's layers (its stage, or its --virtual-stages chunks): llmc/memory_plan.h
+static void allocate_stage_activations(GPT2* model, int B, int T, StageSlots slots, int rematerialize) {
     for (int v = 0; v < model->n_chunks; v++) {
         model->chunk = &model->chunks[v];
-        model->chunk->n_douts = slots->douts;
-        gpt2_allocate_activations(model, B, T, slots->n[v], rematerialize);
+        model->chunk->n_douts = slots.douts;
+        gpt2_allocate_activations(model, B, T, slots.n[v], rematerialize);
     }
 }
 
@@ -520,14 +467,6 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     la.output = layer_output(model, a, li, B, T);
     la.scratch = a->scratch;
     return la;
-}
-
-// ZB-H1: layer li's output gradients in the set `set` of the chunk's douts (B, T)
-static LayerDouts layer_douts(const GPT2* model, int set, int li, int B, int T) {
-    const Chunk* ck = model->chunk;
-    size_t BT = (size_t)B * T, C = model->config.C, Cl = C / model->place.tp, L = ck->l1 - ck->l0;
-    floatX* p = ck->douts + ((size_t)set * L + li) * BT * (2 * C + 7 * Cl);
-    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C, .dqkv = p + BT * (2 * C + 4 * Cl)};
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -690,28 +629,23 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
 // Backward pass for the last gpt2_forward on the activation set a (which must have had targets and
 // dloss != 0). Gradients are accumulated (+=), so micro-steps of gradient accumulation simply add up.
 // `communicate`: reduce the gradients across the DP group as they become final (on the last
-// micro-step; at ZeRO-2 on every one). Each linear layer's backward is two calls: B, the gradient of
-// its input, and W, those of its weight and bias, run right after it; or with ZB-H1 (model->douts_set
-// >= 0) W is left for gpt2_backward_weights, and B keeps the output gradients W will read. (The
-// classifier's and the embedding's weight gradients are not deferred: theirs is B x T x V, too big to
-// keep, and the embedding's is the last thing the stage computes anyway. The LayerNorms' and fc's bias
-// gradients come with the input gradients in one kernel, so they stay in B.)
+// micro-step; at ZeRO-2 on every one). A linear layer's backward is two calls, B (its input's gradient)
+// and W (its weight's and bias's) right after; with ZB-H1 (douts_set >= 0) B keeps the output gradients
+// and W is left to gpt2_backward_weights (what it does not defer: llmc/pipeline.h).
 static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communicate) {
     const GPT2Config* c = &model->config;
     int L = c->L, C = c->C, tp = model->place.tp, l0 = model->chunk->l0, Ls = model->chunk->l1 - l0;
     int Cl = C / tp, NHl = c->NH / tp, Vpl = c->Vp / tp;  // this TP rank's channels of the split tensors
     size_t BT = (size_t)B * T;
-    Weights* p = &model->params;
-    Weights* g = &model->grads;
+    Weights *p = &model->params, *g = &model->grads;
     KernelScratch* ks = &model->kernel_scratch;
-    int fused = model->kernels.fused, flash = model->kernels.flash_attention;
-    communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2, 3: in every micro-step
-    int defer = model->douts_set >= 0;
     KernelChoice* kc = &model->kernels;
+    int fused = kc->fused, flash = kc->flash_attention, defer = model->douts_set >= 0;  // (defer: ZB-H1's B)
+    communicate = zero_reduces_now(&model->zero, communicate);  // ZeRO-2, 3: in every micro-step
     zero2_begin_micro_step(&model->zero2);
     if (model->chunk->last) {
         // classifier: the fused kernel already turned logits into dlogits
-        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, &model->kernels);  // dlnf (=), dwte (+=)
+        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, kc);  // dlnf (=), dwte (+=)
         tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
@@ -731,9 +665,8 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
 
         // where the output gradients go: the shared work buffers, or (ZB-H1) the set its W will read
-        LayerDouts d = defer ? layer_douts(model, model->douts_set, li, B, T) : (LayerDouts){NULL, NULL, a->dwide, a->dwide};
+        LayerDouts d = defer ? layer_douts(model->chunk->douts, model->douts_set, li, Ls, BT, C, Cl) : (LayerDouts){NULL, NULL, a->dwide, a->dwide};
         if (defer) device_copy(d.doutput, a->dresidual, BT * C * sizeof(floatX));  // (layernorm_backward adds to dresidual)
-
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
         matmul_backward_gelu_input(d.dfch, dw->fcb, a->dresidual, la.fch, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, kc);  // dfch =, dfcb +=
@@ -768,17 +701,18 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
 }
 
-// ZB-H1's W: the weight gradients of every layer of the chunk for the micro-batch whose activations are
-// in a and whose B kept its output gradients in douts set `set` (the halves gpt2_backward deferred).
-// `communicate`: the step's last micro-batch, after which each layer's gradients are final and its DP
-// reduction starts.
-static void gpt2_backward_weights(GPT2* model, const Activations* a, int set, int B, int T, int communicate) {
-    int tp = model->place.tp, C = model->config.C, Cl = C / tp, l0 = model->chunk->l0;
+// ZB-H1's W of micro-batch m: the weight gradients gpt2_backward deferred, of every layer of the chunk,
+// from the activations in m's slot and the output gradients its B kept. `communicate`: the step's last
+// micro-batch: each layer's gradients are then final and its DP reduction starts.
+static void gpt2_backward_weights(GPT2* model, int m, int B, int T, int communicate) {
+    const Chunk* ck = model->chunk;
+    const Activations* a = &ck->slots[m % ck->n_slots];
+    int C = model->config.C, Cl = C / model->place.tp, l0 = ck->l0, Ls = ck->l1 - l0;
     size_t BT = (size_t)B * T;
     Scratch* ks = &model->kernel_scratch.matmul;
-    for (int li = model->chunk->l1 - l0 - 1; li >= 0; li--) {
+    for (int li = Ls - 1; li >= 0; li--) {
         LayerActs la = layer_acts(model, a, li, B, T);
-        LayerDouts d = layer_douts(model, set, li, B, T);
+        LayerDouts d = layer_douts(ck->douts, m % ck->n_douts, li, Ls, BT, C, Cl);
         LayerWeights* dw = &model->grads.layers[l0 + li];
         matmul_backward_weight(dw->fcprojw, dw->fcprojb, d.doutput, la.fch_gelu, BT, 4 * Cl, C, ks, &model->kernels);
         matmul_backward_weight(dw->fcw, NULL, d.dfch, la.ln2, BT, C, 4 * Cl, ks, &model->kernels);
@@ -967,8 +901,8 @@ static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pend
 // slots are rematerialized), and the input's gradient becomes the pending send to the previous stage.
 // (pending NULL: interleaved, the gradient is in dreceived, and dresidual is sent by the exchange after.)
 // `communicate`: this is the step's last micro-batch, whose backward reduces the gradients (see
-// gpt2_backward). ZB-H1 (`defer`): this is B, which keeps the output gradients for the W that follows.
-static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate, int defer) {
+// gpt2_backward). ZB-H1 (the chunk has douts): this is B, which keeps the output gradients for its W.
+static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
     Chunk* ck = model->chunk;
     Activations* slot = &ck->slots[m % ck->n_slots];
     char what[16];
@@ -979,23 +913,13 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     Activations* a = micro_batch_activations(model, m, B, T);
     double t0 = trace_now_us(model->tracer);
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
-    model->douts_set = defer ? m % ck->n_douts : -1;
+    model->douts_set = ck->n_douts ? m % ck->n_douts : -1;  // (ZB-H1: a set per B until its W)
     gpt2_backward(model, a, B, T, communicate);
-    model->douts_set = -1;
     trace_add(model->tracer, "backward", "B", m, t0);
     if (pending && !ck->first) {
         *pending = (PendingSend){.buf = a->dresidual, .peer = ring_prev(&model->place), .shared = 1};
         memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
     }
-}
-
-// ZB-H1's W action: micro-batch m's weight gradients, from its slot's activations and the output gradients
-// its B kept. `communicate`: the step's last micro-batch (each layer's reduction starts as it is done).
-static void schedule_weights(GPT2* model, int m, int B, int T, int communicate) {
-    Chunk* ck = model->chunk;
-    double t0 = trace_now_us(model->tracer);
-    gpt2_backward_weights(model, &ck->slots[m % ck->n_slots], m % ck->n_douts, B, T, communicate);
-    trace_add(model->tracer, "backward", "W", m, t0);
 }
 
 // The buffer of a message of the interleaved schedule's exchanges (pipe_sendrecv, llmc/pipeline.h): an
@@ -1036,28 +960,29 @@ static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, i
     PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0, .what = ""};  // (GPipe, 1F1B: exchanges in the actions)
     PendingSend* exchange_first = schedule == SCHEDULE_INTERLEAVED ? NULL : &pending;
     double loss = 0.0, t_start = wall_seconds();
+    size_t BTC = (size_t)loader->B * loader->T * model->config.C;  // (a message's elements)
     int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
     if (defer_loss) step_losses_reserve(&model->step_losses, M);
     for (int i = 0; i < n; i++) {
         if (steps[i].exchange) {  // interleaved
             floatX* send = message_buffer(model, &steps[i].send, 0, loader->B, loader->T);
-            pipe_sendrecv(comm, model->tracer, &steps[i], send, message_buffer(model, &steps[i].recv, 1, loader->B, loader->T),
-                          (size_t)loader->B * loader->T * model->config.C);
+            pipe_sendrecv(comm, model->tracer, &steps[i], send, message_buffer(model, &steps[i].recv, 1, loader->B, loader->T), BTC);
             continue;
         }
         int m = steps[i].action.micro;
         model->chunk = &model->chunks[steps[i].action.chunk];
         long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
-        int kind = steps[i].action.kind, zb = schedule == SCHEDULE_ZBH1;
+        int kind = steps[i].action.kind;
         if (kind == PIPE_F) loss += schedule_forward(model, loader, exchange_first, m, batch, dloss, defer_loss);
-        else if (kind == PIPE_B) schedule_backward(model, exchange_first, m, loader->B, loader->T, dloss, m == M - 1, zb);  // (a chunk's last)
-        else {  // ZB-H1's W (its send first, if it goes alone: send_before_weights)
-            if (send_before_weights(steps, n, i, pl->pp, pl->pp_rank))
-                pipe_exchange(comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
-            schedule_weights(model, m, loader->B, loader->T, m == M - 1);
+        else if (kind == PIPE_B) schedule_backward(model, exchange_first, m, loader->B, loader->T, dloss, m == M - 1);  // (a chunk's last)
+        else {  // ZB-H1's W, from the slot's activations and what its B kept (its send first, if it goes alone)
+            if (send_before_weights(steps, n, i, pl->pp, pl->pp_rank)) pipe_exchange(comm, model->tracer, &pending, NULL, -1, BTC, NULL);
+            double t0 = trace_now_us(model->tracer);
+            gpt2_backward_weights(model, m, loader->B, loader->T, m == M - 1);
+            trace_add(model->tracer, "backward", "W", m, t0);
         }
     }
-    pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, (size_t)loader->B * loader->T * model->config.C, NULL);
+    pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, BTC, NULL);
     comm_join(comm);  // the last sends are done before the slots are used again
     free(steps);
     if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
@@ -1243,7 +1168,7 @@ static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
-static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, const StageSlots* slots, int recompute, int segment, int rematerialize,
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, StageSlots slots, int recompute, int segment, int rematerialize,
                             int phases, size_t elem_bytes, const KernelChoice* kernels) {
     GPT2 model;
     Comm single = comm_single();
@@ -1370,8 +1295,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
     // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
-    StageSlots slots = stage_slots(tc, comm->pp_rank);
-    allocate_stage_activations(&run->model, tc->B, tc->T, &slots, tc->rematerialize);
+    allocate_stage_activations(&run->model, tc->B, tc->T, stage_slots(tc, comm->pp_rank), tc->rematerialize);
     if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
@@ -1488,8 +1412,7 @@ static void report_step(Training* run, long long step, const StepResult* r) {
 #ifndef LLMC_CPU
     if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
         run->memory_reported = 1;
-        StageSlots slots = stage_slots(tc, run->comm->pp_rank);
-        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, &slots, tc->recompute, tc->recompute_segment,
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, stage_slots(tc, run->comm->pp_rank), tc->recompute, tc->recompute_segment,
                                  tc->rematerialize, -1,
                                  sizeof(floatX), &run->model.kernels);
         print_device_memory_vs_plan(&p, run->comm);

@@ -116,7 +116,7 @@ static StageSlots stage_slots(const TrainConfig* tc, int s) {
 // One rank's plan for micro-batches of (B, T), with the activation sets `slots` (above) and elements of
 // elem_bytes: the model built dry (train_gpt.cu's plan_rank). `phases` (PLAN_*): what the run does
 // besides training, for the CPU target's host copies (<0: not counted).
-typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, const StageSlots* slots, int recompute, int segment,
+typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, StageSlots slots, int recompute, int segment,
                                int rematerialize, int phases, size_t elem_bytes, const KernelChoice* kernels);
 
 // "layers 0-1" of a stage, or of each of its chunks with --virtual-stages ("layers 0-1, 4-5"), numbers
@@ -143,7 +143,7 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
         StageSlots slots = stage_slots(tc, s);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, &slots, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
                                  &tc->kernels);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;

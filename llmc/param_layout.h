@@ -21,7 +21,7 @@
 #include "model_file.h"       // GPT2Config, FileTensor (WTE ...), file_tensor_numel
 #include "pipeline.h"         // MAX_VIRTUAL_STAGES, pipeline_chunks
 #include "tensor_parallel.h"  // TensorShape, local_shape, Run, tensor_runs
-#include "zero.h"             // Bucket
+#include "zero.h"             // Bucket, LayerSlots, layer_slots_bases
 
 // One tensor's place in the flat buffer. Offsets are rounded up to 64 elements so every tensor starts
 // 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero. With tensor parallelism a
@@ -246,4 +246,50 @@ static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const P
     free(m), free(v);
     *ranges_out = ranges, *m_out = m_file, *v_out = v_file;
     return n_ranges;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the model's tensors as tables of pointers into a buffer laid out like the parameters
+
+typedef struct {
+    floatX *ln1w, *ln1b;          // (C)
+    floatX *qkvw, *qkvb;          // (3C, C), (3C)
+    floatX *attprojw, *attprojb;  // (C, C), (C)
+    floatX *ln2w, *ln2b;          // (C)
+    floatX *fcw, *fcb;            // (4C, C), (4C)
+    floatX *fcprojw, *fcprojb;    // (C, 4C), (C)
+} LayerWeights;  // the 12 tensors of a block, in file order (llmc/model_file.h): a table of pointers
+static_assert(sizeof(LayerWeights) == NUM_LAYER_TENSORS * sizeof(floatX*), "LayerWeights is a table of 12 pointers");
+
+typedef struct {
+    floatX* wte;  // (Vp, C) token embedding, tied with the classifier
+    floatX* wpe;  // (maxT, C) position embedding
+    LayerWeights* layers;  // [L]
+    floatX *lnfw, *lnfb;   // (C) final LayerNorm
+} Weights;
+
+// Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
+// offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
+// buckets into a workspace instead, ZeRO-3 the parameter buckets into the slots they are gathered into.
+static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
+    Weights w;
+    memset(&w, 0, sizeof(w));
+    w.layers = (LayerWeights*)calloc_check(c->L * sizeof(LayerWeights));  // layers of other stages stay NULL
+    for (int i = 0; i < lay->num_slots; i++) {
+        const TensorSlot* s = &lay->slots[i];
+        floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
+        if (s->kind == WTE) w.wte = p;
+        else if (s->kind == WPE) w.wpe = p;
+        else if (s->kind == LNFW) w.lnfw = p;
+        else if (s->kind == LNFB) w.lnfb = p;
+        else ((floatX**)&w.layers[s->layer])[s->kind - LN1W] = p;  // LayerWeights is a table in file order
+    }
+    return w;
+}
+
+// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's slots (llmc/zero.h)
+static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_slots, floatX* flat, const LayerSlots* slots, floatX** bases) {
+    if (in_slots) layer_slots_bases(slots, z, bases);
+    else for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
+    return bases;
 }

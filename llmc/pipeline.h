@@ -28,6 +28,10 @@
  *          right after the B of micro-batch b: the later stages, which 1F1B leaves idle at the end while
  *          the gradients travel back, defer their W's into that time. Stage s holds P micro-batches of
  *          activations (1F1B's stage 0 does too) and s+1 of the output gradients W needs. M >= P.
+ *          W is the transformer layers' four matmul weight gradients (with their biases): the classifier's
+ *          weight gradient stays in B (its output gradient, B x T x V, is too big to keep), and so do the
+ *          embedding's (the first stage's last work anyway), the LayerNorms' and fc's bias (each comes out
+ *          of the kernel that makes an input gradient).
  *
  *   GPipe, P=2, M=4 (a backward takes twice a forward's time):
  *   stage 0   F0 F1 F2 F3 .  .  .  B0 .  B1 .  B2 .  B3
@@ -294,6 +298,18 @@ static int pipeline_slots(Schedule sched, int P, int s, int M, int V, int chunk)
 // the other schedules, whose backward uses them at once
 static int pipeline_stash_slots(Schedule sched, int P, int s, int M) {
     return P > 1 && sched == SCHEDULE_ZBH1 ? pipeline_held(sched, P, s, M, 1, 0, PIPE_B, PIPE_W) : 0;
+}
+
+// ZB-H1: the output gradients of a layer's four linear layers, which its B computes and its deferred W
+// reads: d(output) for fcproj and d(residual2) for attproj (BT, C), dfch (BT, 4C/tp) for fc, dqkv (BT,
+// 3C/tp) for qkv. Set `set` of a chunk's buffer `douts` holds them for each of its L layers.
+typedef struct {
+    floatX *doutput, *dresidual2, *dfch, *dqkv;
+} LayerDouts;
+static size_t douts_per_layer(size_t BT, size_t C, size_t Cl) { return BT * (2 * C + 7 * Cl); }
+static LayerDouts layer_douts(floatX* douts, int set, int li, int L, size_t BT, size_t C, size_t Cl) {
+    floatX* p = douts + ((size_t)set * L + li) * douts_per_layer(BT, C, Cl);
+    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C, .dqkv = p + BT * (2 * C + 4 * Cl)};
 }
 
 // ----------------------------------------------------------------------------------------------------
