@@ -463,26 +463,33 @@ static void test_tp_memory(const KernelChoice* kernels) {
 }
 
 // Pipeline activation memory. A schedule's slot count must equal the most micro-batches it ever holds
-// (forwards done minus backwards done, simulated from its action list): M for GPipe, min(P - s, M) for
-// 1F1B; and each stage's activation bytes must grow by one slot's size per slot, read off the allocation.
+// (forwards done minus backwards done, or with ZB-H1 minus W's done, simulated from its action list): M
+// for GPipe, min(P - s, M) for 1F1B, P for ZB-H1, whose stage s also keeps s + 1 sets of output gradients
+// (B's done minus W's done); and each stage's activation bytes must grow by one slot's size per slot, and
+// by a set of output gradients' size, (2C + 7C) x L x B x T elements, per set, read off the allocation.
 static void test_pipeline_memory(const KernelChoice* kernels) {
     printf("pipeline activation memory per stage (L=5 C=32 NH=4 V=512, P=4, B=2 T=16)\n");
     GPT2Config c = {.maxT = 16, .V = 512, .Vp = 512, .L = 5, .NH = 4, .C = 32};
     int P = 4, first[5];
     pipeline_split(c.L, P, NULL, first);
-    PipeAction actions[2 * 7];
-    for (int sched = 0; sched < 2; sched++) {
-        for (int M = 1; M <= 7; M += 3) {
-            printf("  %-5s M=%d:", sched == SCHEDULE_GPIPE ? "GPipe" : "1F1B", M);
+    PipeAction actions[3 * 7];
+    Schedule scheds[] = {SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_ZBH1};
+    for (int k_s = 0; k_s < 3; k_s++) {
+        Schedule sched = scheds[k_s];
+        int zb = sched == SCHEDULE_ZBH1;
+        for (int M = zb ? 4 : 1; M <= 7; M += 3) {
+            printf("  %-5s M=%d:", schedule_name(sched), M);
             for (int st = 0; st < P; st++) {
-                int slots = pipeline_slots((Schedule)sched, P, st, M, 1, 0);
-                pipeline_schedule((Schedule)sched, P, st, M, 1, actions);
-                int in_flight = 0, peak = 0;
-                for (int i = 0; i < 2 * M; i++) {
-                    in_flight += actions[i].backward ? -1 : 1;
+                int slots = pipeline_slots(sched, P, st, M, 1, 0), douts = pipeline_stash_slots(sched, P, st, M);
+                int n_actions = pipeline_schedule(sched, P, st, M, 1, actions);
+                int in_flight = 0, peak = 0, kept = 0, peak_kept = 0;
+                for (int i = 0; i < n_actions; i++) {
+                    in_flight += actions[i].kind == PIPE_F ? 1 : actions[i].kind == (zb ? PIPE_W : PIPE_B) ? -1 : 0;
+                    kept += zb ? (actions[i].kind == PIPE_B) - (actions[i].kind == PIPE_W) : 0;
                     peak = in_flight > peak ? in_flight : peak;
+                    peak_kept = kept > peak_kept ? kept : peak_kept;
                 }
-                int expect = sched == SCHEDULE_GPIPE ? M : (P - st < M ? P - st : M);
+                int expect = sched == SCHEDULE_GPIPE ? M : zb ? P : (P - st < M ? P - st : M);
                 size_t bytes[2];
                 for (int k = 0; k < 2; k++) {  // allocated with `slots` slots and with one
                     GPT2 model;
@@ -498,8 +505,19 @@ static void test_pipeline_memory(const KernelChoice* kernels) {
                 gpt2_allocate_activations(&two, 2, 16, 2, 0);
                 size_t per_slot = two.bytes_activations - bytes[1];
                 gpt2_free(&two);
-                int ok = slots == peak && slots == expect && bytes[0] == bytes[1] + (slots - 1) * per_slot;
-                printf("  stage %d: %d slot%s %6zu B %s", st, slots, slots > 1 ? "s" : " ", bytes[0], ok ? "ok" : "FAIL");
+                int ok = slots == peak && slots == expect && bytes[0] == bytes[1] + (slots - 1) * per_slot &&
+                         n_actions == (zb ? 3 : 2) * M && douts == peak_kept && douts == (zb ? st + 1 : 0);
+                if (zb) {  // the same stage with its sets of output gradients
+                    GPT2 kept_model;
+                    gpt2_build(&kept_model, &c, single_rank(), &place, kernels);
+                    kept_model.chunk->n_douts = douts;
+                    gpt2_allocate_activations(&kept_model, 2, 16, slots, 0);
+                    size_t set = (size_t)(first[st + 1] - first[st]) * 2 * 16 * (2 * c.C + 7 * c.C) * sizeof(floatX);
+                    ok &= kept_model.bytes_activations == bytes[0] + round_up(douts * set, 256);
+                    gpt2_free(&kept_model);
+                }
+                printf("  stage %d: %d slot%s%s %6zu B %s", st, slots, slots > 1 ? "s" : " ", zb ? (douts > 1 ? " +douts" : " +dout ") : "",
+                       bytes[0], ok ? "ok" : "FAIL");
                 if (!ok) failures++;
             }
             printf("\n");
@@ -507,17 +525,20 @@ static void test_pipeline_memory(const KernelChoice* kernels) {
     }
 }
 
-// Whether n activation slots serve chunk `chunk` of stage s: run its actions in order, micro-batch m's
-// forward taking slot m mod n, and check that the slot's previous micro-batch has had its backward.
-static int slots_suffice(const PipeAction* actions, int n_actions, int chunk, int n, int M) {
+// Whether n slots serve chunk `chunk` of stage s: run its actions in order, micro-batch m's action of
+// kind `take` taking slot m mod n, and check that the slot's previous micro-batch has had its action of
+// kind `release` (activations: from the forward to the backward, or ZB-H1's W; ZB-H1's output gradients:
+// from the B to the W).
+static int slots_suffice(const PipeAction* actions, int n_actions, int chunk, int n, int M, int take, int release) {
     int* holder = (int*)malloc_check(n * sizeof(int));  // the micro-batch a slot holds, -1: free
-    int* done = (int*)calloc_check(M * sizeof(int));     // micro-batch m's backward has run
+    int* done = (int*)calloc_check(M * sizeof(int));     // micro-batch m's releasing action has run
     for (int i = 0; i < n; i++) holder[i] = -1;
     int ok = 1;
     for (int i = 0; i < n_actions; i++) {
         PipeAction a = actions[i];
         if (a.chunk != chunk) continue;
-        if (a.backward) done[a.micro] = 1;
+        if (a.kind == release) done[a.micro] = 1;
+        else if (a.kind != take) continue;
         else if (holder[a.micro % n] >= 0 && !done[holder[a.micro % n]]) ok = 0;
         else holder[a.micro % n] = a.micro;
     }
@@ -528,23 +549,29 @@ static int slots_suffice(const PipeAction* actions, int n_actions, int chunk, in
 // Every schedule's slot count per chunk (pipeline_slots: the most micro-batches the chunk holds at once)
 // is the least that serves it: with that many, no slot is taken while its micro-batch is still held;
 // with one fewer, one is. (It also shows that a chunk holds consecutive micro-batches: with slots by m
-// mod n, the peak would not suffice otherwise.) P 2..4, M 1..3P, V 1 (GPipe, 1F1B) and 2, 3 (interleaved).
+// mod n, the peak would not suffice otherwise.) P 2..4, M 1..3P, V 1 (GPipe, 1F1B, ZB-H1: M >= P) and 2, 3
+// (interleaved); ZB-H1's sets of output gradients likewise.
+static int fewest_that_serve(const PipeAction* actions, int n_actions, int v, int slots, int M, int take, int release) {
+    return slots_suffice(actions, n_actions, v, slots, M, take, release) &&
+           (slots == 1 || !slots_suffice(actions, n_actions, v, slots - 1, M, take, release));
+}
 static void test_pipeline_slots(void) {
-    printf("pipeline activation slots per chunk are the fewest that serve it (GPipe, 1F1B, interleaved V=2,3; P 2..4)\n");
+    printf("pipeline activation slots per chunk are the fewest that serve it (GPipe, 1F1B, interleaved V=2,3, ZB-H1; P 2..4)\n");
     int n = 0, bad = 0;
-    for (int sched = 0; sched < 3; sched++)
+    for (int sched = 0; sched < 4; sched++)
         for (int V = 1; V <= 3; V++) {
             if ((sched == SCHEDULE_INTERLEAVED) != (V > 1)) continue;
+            int zb = sched == SCHEDULE_ZBH1;
             for (int P = 2; P <= 4; P++)
-                for (int M = 1; M <= 3 * P; M++) {
+                for (int M = zb ? P : 1; M <= 3 * P; M++) {
                     if (sched == SCHEDULE_INTERLEAVED && M % P != 0) continue;
-                    PipeAction* actions = (PipeAction*)malloc_check(2 * (size_t)M * V * sizeof(PipeAction));
+                    PipeAction* actions = (PipeAction*)malloc_check((size_t)actions_per_stage((Schedule)sched, M, V) * sizeof(PipeAction));
                     for (int s = 0; s < P; s++) {
                         int n_actions = pipeline_schedule((Schedule)sched, P, s, M, V, actions);
                         for (int v = 0; v < V; v++) {
                             int slots = pipeline_slots((Schedule)sched, P, s, M, V, v);
-                            int ok = n_actions == 2 * M * V && slots_suffice(actions, n_actions, v, slots, M) &&
-                                     (slots == 1 || !slots_suffice(actions, n_actions, v, slots - 1, M));
+                            int ok = n_actions == (zb ? 3 : 2) * M * V && fewest_that_serve(actions, n_actions, v, slots, M, PIPE_F, zb ? PIPE_W : PIPE_B);
+                            if (zb) ok &= fewest_that_serve(actions, n_actions, v, pipeline_stash_slots((Schedule)sched, P, s, M), M, PIPE_B, PIPE_W);
                             if (!ok) printf("  FAIL %s P=%d M=%d V=%d stage %d chunk %d: %d slots\n", schedule_name((Schedule)sched), P, M, V, s, v, slots);
                             bad += !ok, n++;
                         }

@@ -7,8 +7,9 @@
 #    copy_host_buffer_to_device), and the emulation reads such a buffer only when the stream gets to the
 #    copy (dev/emulate/README.md). A host that rewrote the ids of a micro-batch before their copy had run
 #    would train on the wrong tokens: so a run with gradient accumulation (several micro-batches through
-#    one activation set) and with pipelines (slots; 1F1B, and interleaved with 2 chunks per stage) must
-#    equal the unfused run.
+#    one activation set) and with pipelines (slots; 1F1B, interleaved with 2 chunks per stage, and ZB-H1,
+#    whose deferred weight products take cuBLASLt's bias-gradient epilogue apart from the input products'
+#    GELU-gradient one) must equal the unfused run.
 # 2. Its optimizer step has no wait before AdamW (llmc/step_report.h): norm, clip factor and the skip
 #    verdict are computed on the device and summed across ranks by device collectives. With a
 #    --grad-clip small enough that every step is clipped (it moves the losses by ~6e-5 relative, six
@@ -36,7 +37,8 @@ use_small_run
 export OMP_NUM_THREADS=1
 echo "1. the token ids from pinned memory: gradient accumulation, a pipeline"
 for par in "1|--batch-size 4 --grad-accum 3" "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule 1f1b" \
-    "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4"; do
+    "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4" \
+    "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule zb-h1"; do
     np=${par%%|*} args=${par#*|}
     # shellcheck disable=SC2086
     run "$np" $args --steps 4 --fused-kernels 0 --log "$TMP/plain.jsonl" --save-model "$TMP/plain.bin"

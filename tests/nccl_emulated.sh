@@ -8,6 +8,7 @@
 #      ZeRO-3 per layer into two slots, 3 layers, the main stream waiting on the gathers' events),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; interleaved PP 3, and in the
+#      2 x 2 x 2 grid; ZB-H1 PP 3 (its input gradients sent before a W or paired after it), and in the
 #      2 x 2 x 2 grid; every run must say "engine NCCL";
 #      a final model written slower than --comm-timeout (the other ranks wait under --io-timeout)
 #   2. launched as torchrun does, without mpirun: the NCCL id over TCP at MASTER_ADDR:MASTER_PORT
@@ -20,7 +21,8 @@
 #      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
 #      connection to rank 0 closes: llmc/comm/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits, and
-#      so does ZeRO-3 (the same reduced chunks and updates; the parameters gathered per layer, not per step)
+#      so does ZeRO-3 (the same reduced chunks and updates; the parameters gathered per layer, not per step);
+#      BF16 ZB-H1 gives 1F1B's bits (the same products, each weight gradient accumulated in the same order)
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
 # wrong results here (part 1's rematerialized pipeline: its sends leave a buffer the next forward overwrites).
@@ -93,11 +95,13 @@ nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --schedule 1f1b --pp-rematerial
 # 2 chunks of 1 layer, and in the 3D grid 2 stages of 2 chunks (--pp-split 1,1,1,3 of 6 layers)
 reference --batch-size 6 --micro-batches 6 --layers 6
 nccl_run "pp=3 M=6 interleaved V=2" 3 --pp 3 --schedule interleaved --virtual-stages 2 --batch-size 6 --micro-batches 6 --layers 6
+nccl_run "pp=3 M=6 zb-h1" 3 --pp 3 --schedule zb-h1 --batch-size 6 --micro-batches 6 --layers 6
 reference --batch-size 8 --micro-batches 4 --layers 6
 nccl_run "2x2x2 ZeRO-1 interleaved V=2" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 1,1,1,3 \
     --batch-size 4 --micro-batches 4 --layers 6
 reference --batch-size 8 --micro-batches 4  # (also the size of the model the slow save below must write)
 nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
+nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 zb-h1" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule zb-h1 --batch-size 4 --micro-batches 4
 
 # the final model written slowly (--save-model, 6 s) under --comm-timeout 3: the other rank went on to
 # finalize the communicators, gave up after 3 s and ended the job while rank 0 was still writing
@@ -261,6 +265,16 @@ if [ -n "$BIN_BF16" ]; then
         echo "  ok    BF16 dp=2 ZeRO-3 on the NCCL engine = ZeRO-2 on the MPI engine, byte for byte (losses, model file)"
     else
         echo "  FAIL  BF16 dp=2 ZeRO-3 (NCCL) differs from ZeRO-2 (MPI)"; fails=$((fails + 1))
+    fi
+    for S in 1f1b zb-h1; do
+        timeout 120 "${MPIRUN[@]}" -np 3 "$BIN_BF16" "${COMMON[@]}" --pp 3 --schedule $S --batch-size 8 --micro-batches 4 \
+            --log "$TMP/bf16-$S.jsonl" --save-model "$TMP/bf16-$S.bin" >"$TMP/bf16-$S.out" 2>&1 || { echo "  FAIL  BF16 pp=3 $S run"; tail -3 "$TMP/bf16-$S.out"; fails=$((fails + 1)); }
+    done
+    if grep -q "engine NCCL" "$TMP/bf16-zb-h1.out" && cmp -s "$TMP/bf16-1f1b.bin" "$TMP/bf16-zb-h1.bin" &&
+        [ "$(grep -o '"loss": [^,]*' "$TMP/bf16-1f1b.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/bf16-zb-h1.jsonl")" ]; then
+        echo "  ok    BF16 pp=3 M=4 on the NCCL engine: ZB-H1 = 1F1B, byte for byte (losses, model file)"
+    else
+        echo "  FAIL  BF16 pp=3 M=4: ZB-H1 differs from 1F1B"; fails=$((fails + 1))
     fi
 fi
 

@@ -1,29 +1,30 @@
 #!/usr/bin/env bash
 # pipeline_parallel.sh: pipeline parallelism on the CPU target under mpirun, against single-rank runs.
-#   1. equivalence: pp in {2,3,4} x micro-batches M in {1,4,7} x schedule in {gpipe, 1f1b}, with L=5
-#      layers (divisible by none of them): 10 steps equal the single-rank run of the same batch (every
-#      loss to 1e-5 relative, final parameters to 1e-5 relative norm); also an explicit --pp-split and
+#   1. equivalence: pp in {2,3,4} x micro-batches M in {1,4,7} x schedule in {gpipe, 1f1b, zb-h1 (M >= P)},
+#      with L=5 layers (divisible by none of them): 10 steps equal the single-rank run of the same batch
+#      (every loss to 1e-5 relative, final parameters to 1e-5 relative norm); also an explicit --pp-split and
 #      rematerialization (in the MPI engine's strict mode, lib.sh, a forward output sent
 #      from the rematerialized work set without waiting for the send gives wrong losses); the
 #      interleaved schedule with pp in {2,3,4} x V in {2,3} x M in {P, 2P} on L=12 layers (cut into P*V
 #      chunks, unevenly for P*V = 8, 9), with --pp-split of the chunks, recomputation, loss scaling,
-#      validation and sampling
-#   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run, with 1F1B
-#      and interleaved; resuming that grid from a checkpoint is bit-exact, and an interleaved
+#      validation and sampling; ZB-H1 with --pp-split and loss scaling
+#   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run, with 1F1B,
+#      interleaved and ZB-H1 (whose W's reduce each layer's bucket); resuming that grid from a checkpoint is bit-exact, and an interleaved
 #      checkpoint resumes on one rank and on 3 stages of 1F1B; --fused-kernels 1 (device-side losses)
-#      gives the bits of 0
+#      gives the bits of 0 (1F1B, interleaved, ZB-H1)
 #   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans on one
 #      clock (every message ends on its receiver after it began on its sender), communication on a lane
 #      of its own (with dp x tp x pp: DP reductions, TP f/g), and the bubble printed (1F1B, GPipe,
-#      interleaved, whose messages go round the ring of stages)
-#   4. --print-schedule: the GPipe and interleaved timelines equal the diagrams in llmc/pipeline.h, a
+#      interleaved, whose messages go round the ring of stages; ZB-H1, whose B and W are spans of their own)
+#   4. --print-schedule: the GPipe, interleaved and ZB-H1 timelines equal the diagrams in llmc/pipeline.h, a
 #      1F1B case equals the messages worked out by hand; every stage's printed exchanges, run as
 #      blocking operations (a send completes only with its receive, as NCCL's do), all complete with
-#      each message received in the order it was sent (all three schedules, P 2..4, M and V); the bubble
-#      line gives 3(P-1) idle slots of 3(M+P-1), and of 3(VM+P-1) interleaved
+#      each message received in the order it was sent (all four schedules, P 2..4, M and V); the bubble
+#      line gives 3(P-1) idle slots of 3(M+P-1), of 3(VM+P-1) interleaved, and P-1 of 3M+P-1 with ZB-H1
 #   5. bad configurations: more stages than layers, zero micro-batches, a batch that does not split into
 #      the micro-batches, ZeRO-2 with pipelining; interleaved with M not a multiple of P, with one chunk,
-#      without --pp, with --pp-rematerialize, with more chunks than layers, --virtual-stages alone
+#      without --pp, with --pp-rematerialize, with more chunks than layers, --virtual-stages alone; ZB-H1
+#      with fewer micro-batches than stages, without --pp, with --recompute or --pp-rematerialize
 # usage: tests/pipeline_parallel.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}
@@ -39,7 +40,8 @@ echo "1. equivalence with the single-rank run"
 for M in 1 4 7; do
     "$BIN" "${COMMON[@]}" --batch-size $((b * M)) --micro-batches $M --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
     for P in 2 3 4; do
-        for S in gpipe 1f1b; do
+        for S in gpipe 1f1b zb-h1; do
+            [ $S = zb-h1 ] && [ $M -lt $P ] && continue  # (refused: section 5)
             run $P --pp $P --schedule $S --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
             compare "pp=$P M=$M $S" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
         done
@@ -47,6 +49,13 @@ for M in 1 4 7; do
     if [ $M -eq 4 ]; then
         run 2 --pp 2 --pp-split 1,4 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
         compare "pp=2 M=4 --pp-split 1,4" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+        run 3 --pp 3 --pp-split 1,3,1 --schedule zb-h1 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+        compare "pp=3 M=4 zb-h1 --pp-split 1,3,1" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
+        # ZB-H1 runs 1F1B's products, and adds each weight gradient up over the micro-batches in the same
+        # order: the same bits
+        for S in 1f1b zb-h1; do run 3 --pp 3 --schedule $S --batch-size $((b * M)) --micro-batches $M --save-model "$TMP/pp_$S.bin"; done
+        if cmp -s "$TMP/pp_1f1b.bin" "$TMP/pp_zb-h1.bin"; then echo "  ok    pp=3 M=4: zb-h1's final model equals 1f1b's, byte for byte"
+        else echo "  FAIL  pp=3 M=4: zb-h1's final model differs from 1f1b's"; fails=$((fails + 1)); fi
         for S in gpipe 1f1b; do
             run 3 --pp 3 --schedule $S --pp-rematerialize 1 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
             compare "pp=3 M=4 $S rematerialized" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
@@ -79,6 +88,8 @@ done
 "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --loss-scale 1024 --log "$TMP/refs.jsonl" --save-model "$TMP/refs.bin" >/dev/null
 run 2 --pp 2 --schedule interleaved --virtual-stages 2 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
 compare "interleaved pp=2 V=2 --loss-scale 1024" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/refs.jsonl" "$TMP/refs.bin"
+run 4 --pp 4 --schedule zb-h1 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+compare "zb-h1 pp=4 --loss-scale 1024" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/refs.jsonl" "$TMP/refs.bin"
 # validation (forward only, chunk after chunk round the ring): every step's validation loss equal to 1e-5
 "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3 >"$TMP/val1.out"
 run 4 --pp 4 --schedule interleaved --virtual-stages 2 "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3
@@ -114,6 +125,22 @@ for Z in 0 1; do
         --log "$TMP/3di.jsonl" --save-model "$TMP/3di.bin"
     compare "2x2x2 interleaved V=2, ZeRO-$Z" "$TMP/3di.jsonl" "$TMP/3di.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
 done
+# ZB-H1 in the 3D grid: each W of the last micro-batch starts its layer's DP reduction; TP's f sums are in B
+for Z in 0 1; do
+    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule zb-h1 --batch-size 4 --micro-batches 4 --log "$TMP/3dz.jsonl" --save-model "$TMP/3dz.bin"
+    compare "2x2x2 zb-h1, ZeRO-$Z" "$TMP/3dz.jsonl" "$TMP/3dz.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
+done
+if cmp -s "$TMP/3d.bin" "$TMP/3dz.bin"; then echo "  ok    2x2x2 ZeRO-1: zb-h1's final model equals 1f1b's, byte for byte"
+else echo "  FAIL  2x2x2 ZeRO-1: zb-h1's final model differs from 1f1b's"; fails=$((fails + 1)); fi
+run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule zb-h1 --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3dzf.jsonl" --save-model "$TMP/3dzf.bin"
+if gpu_target; then
+    compare "2x2x2 zb-h1, --fused-kernels 1 (GPU)" "$TMP/3dzf.jsonl" "$TMP/3dzf.bin" "$TMP/3dz.jsonl" "$TMP/3dz.bin"
+elif cmp -s "$TMP/3dz.bin" "$TMP/3dzf.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3dz.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3dzf.jsonl")" ] &&
+    [ "$(grep -c '"loss"' "$TMP/3dzf.jsonl")" -eq 10 ]; then
+    echo "  ok    2x2x2 zb-h1 ZeRO-1 with --fused-kernels 1: the same 10 losses and final model, bit for bit"
+else
+    echo "  FAIL  2x2x2 zb-h1 ZeRO-1 with --fused-kernels 1 differs from the run without"; fails=$((fails + 1))
+fi
 # --fused-kernels 1: the last stage's losses stay on the device (its last chunk's forwards) and are
 # fetched once; on the CPU target the same bits as without
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
@@ -211,6 +238,24 @@ done
 run 3 --pp 3 --schedule interleaved --virtual-stages 2 --layers 6 --batch-size 6 --micro-batches 3 --steps 3 --trace "$TMP/trace_int.json" --fault-clock-skew 0.5
 grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
 check_trace "pp=3 interleaved V=2, clock skew 0.5 s" "$TMP/trace_int.json" 1 1 || fails=$((fails + 1))
+# ZB-H1: each micro-batch's backward is two spans on each stage, its B and its W, in the schedule's order
+run 3 --pp 3 --schedule zb-h1 --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_zb.json" --fault-clock-skew 0.5
+grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
+check_trace "pp=3 zb-h1, clock skew 0.5 s" "$TMP/trace_zb.json" 1 1 || fails=$((fails + 1))
+"$BIN" --print-schedule --pp 3 --batch-size 4 --micro-batches 4 --schedule zb-h1 >"$TMP/sched_zb.out"
+if "$PY" - "$TMP/trace_zb.json" "$TMP/sched_zb.out" <<'PYEOF'
+import collections, json, re, sys
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X" and e["cat"] in ("forward", "backward")]
+want = {int(s): re.findall(r"\| ([FBW]\d+)(?= \|)", rest) for s, rest in re.findall(r"  stage +(\d+) \((.*)", open(sys.argv[2]).read())}
+got = collections.defaultdict(list)
+for e in sorted(events, key=lambda e: e["ts"]):
+    got[e["pid"]].append(e["name"].replace(" ", ""))
+bad = [s for s in want if len(want[s]) != 12 or got[s] != want[s] * 2]  # (the 2 traced steps)
+print(f"  {'ok  ' if not bad else 'FAIL'}  trace pp=3 zb-h1: every stage's F, B and W spans in its printed order, twice" +
+      (f"; stage {bad[0]}: {got[bad[0]][:12]} against {want[bad[0]]}" if bad else ""))
+sys.exit(1 if bad else 0)
+PYEOF
+then :; else fails=$((fails + 1)); fi
 run 8 --dp 2 --tp 2 --pp 2 --schedule 1f1b --batch-size 4 --micro-batches 4 --steps 3 --trace "$TMP/trace3d.json" --fault-clock-skew 0.25
 check_trace "2x2x2 1f1b, clock skew 0.25 s per rank" "$TMP/trace3d.json" 0 4 || fails=$((fails + 1))
 cp "$TMP/trace_gpipe.json" "$TMP/trace.json"
@@ -222,10 +267,11 @@ fi
 echo "4. --print-schedule"
 # the GPipe timeline for P=2, M=4 equals the hand-drawn one in llmc/pipeline.h's header (where a
 # backward's second slot is drawn '.': compare with '==' as '.', spaces squeezed, trailing idle dropped)
-# (likewise the interleaved one for P=2, M=2, V=2)
+# (likewise the interleaved one for P=2, M=2, V=2, and ZB-H1's for P=2, M=2)
 norm() { sed -e 's/==/./g' -e 's/  */ /g' -e 's/\( \.\)* *$//'; }
 for c in "GPipe, P=2, M=4:--schedule gpipe --batch-size 4 --micro-batches 4" \
-         "interleaved, P=2, M=2, V=2:--schedule interleaved --virtual-stages 2 --batch-size 2 --micro-batches 2"; do
+         "interleaved, P=2, M=2, V=2:--schedule interleaved --virtual-stages 2 --batch-size 2 --micro-batches 2" \
+         "ZB-H1, P=2, M=2:--schedule zb-h1 --batch-size 2 --micro-batches 2"; do
     title=${c%%:*}
     # shellcheck disable=SC2086  # (the flags are words)
     "$BIN" --print-schedule --pp 2 ${c#*:} >"$TMP/sched.out" 2>&1
@@ -279,8 +325,8 @@ for line in text.splitlines():
     for cell in line.split("|")[1:]:
         words = cell.split()
         if not words: continue
-        if re.fullmatch(r"[FB]\d+(\.\d+)?", words[0]):  # an action: its time
-            seq.append(["compute", 1 if words[0][0] == "F" else 2])
+        if re.fullmatch(r"[FBW]\d+(\.\d+)?", words[0]):  # an action: its time (ZB-H1: B and W one each)
+            seq.append(["compute", 2 if words[0][0] == "B" and "ZB-H1" not in text else 1])
             continue
         halves = [None, None]  # [send (peer, message), receive (peer, message)]
         for w in words[1:]:
@@ -288,7 +334,7 @@ for line in text.splitlines():
             halves[op == "<"] = (int(peer), label)
         seq.append(["exchange"] + halves)
     ops[int(m.group(1))] = seq
-formula = re.search(r"\(P-1\)/\((?:V\*)?M\+P-1\) = ([0-9.]+)%", text)
+formula = re.search(r"\(P-1\)/\((?:V\*|3)?M\+P-1\) = ([0-9.]+)%", text)
 if not ops or not formula: print("no schedule printed"); sys.exit(1)
 at, clock, busy = {s: 0 for s in ops}, {s: 0 for s in ops}, {s: 0 for s in ops}
 met = {s: [None, None] for s in ops}  # when the current exchange's send / receive met its peer's
@@ -323,17 +369,22 @@ for S in gpipe 1f1b; do for P in 2 3 4; do for M in 1 4 7; do
     "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule $S >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
     check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule $S P=$P M=$M"; fails=$((fails + 1)); }
 done; done; done
+for P in 2 3 4; do for M in $P $((P + 1)) $((2 * P)) $((3 * P)); do
+    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule zb-h1 >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
+    check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule zb-h1 P=$P M=$M"; fails=$((fails + 1)); }
+done; done
 for P in 2 3 4; do for V in 2 3; do for M in $P $((2 * P)) $((3 * P)); do
     "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule interleaved --virtual-stages $V >"$TMP/sched.out" 2>&1 \
         || echo "exit $?" >>"$TMP/sched.out"
     check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule interleaved P=$P V=$V M=$M"; fails=$((fails + 1)); }
 done; done; done
-[ $fails -eq $before ] && echo "  ok    every stage's exchanges complete as blocking operations, each message received once and in order, idle the formula's fraction: gpipe and 1f1b (P 2..4, M 1, 4, 7), interleaved (P 2..4, V 2, 3, M P, 2P, 3P)"
+[ $fails -eq $before ] && echo "  ok    every stage's exchanges complete as blocking operations, each message received once and in order, idle the formula's fraction: gpipe and 1f1b (P 2..4, M 1, 4, 7), interleaved (P 2..4, V 2, 3, M P, 2P, 3P), zb-h1 (P 2..4, M P, P+1, 2P, 3P)"
 
 # the closing bubble line: with a forward one slot and a backward two, GPipe and 1F1B leave every stage
 # idle 3(P-1) of 3(M+P-1) slots; the interleaved schedule, whose actions are a chunk's (1/V of a stage's
-# layers), 3(P-1) of 3(VM+P-1)
-for c in gpipe:2:4:1 1f1b:4:8:1 gpipe:3:1:1 1f1b:3:7:1 gpipe:4:8:1 interleaved:4:8:2 interleaved:2:4:3 interleaved:3:9:2 interleaved:4:4:3; do
+# layers), 3(P-1) of 3(VM+P-1); ZB-H1, whose F, B and W take a slot each, P-1 of 3M+P-1
+for c in gpipe:2:4:1 1f1b:4:8:1 gpipe:3:1:1 1f1b:3:7:1 gpipe:4:8:1 interleaved:4:8:2 interleaved:2:4:3 interleaved:3:9:2 interleaved:4:4:3 \
+         zb-h1:4:8:1 zb-h1:2:4:1 zb-h1:3:5:1 zb-h1:4:4:1; do
     IFS=: read -r S P M V <<< "$c"
     flags=(--schedule "$S")
     [ "$V" -gt 1 ] && flags+=(--virtual-stages "$V")
@@ -342,6 +393,10 @@ for c in gpipe:2:4:1 1f1b:4:8:1 gpipe:3:1:1 1f1b:3:7:1 gpipe:4:8:1 interleaved:4
     formula="(P-1)/(M+P-1)"
     [ "$V" -gt 1 ] && formula="(P-1)/(V*M+P-1)"
     want="bubble: every stage is idle $((3 * (P - 1))) of the step's $((3 * (V * M + P - 1))) slots, $pct%; $formula = $pct%"
+    if [ "$S" = zb-h1 ]; then
+        pct=$(awk -v p="$P" -v m="$M" 'BEGIN { printf "%.1f", 100 * (p - 1) / (3 * m + p - 1) }')
+        want="bubble: every stage is idle $((P - 1)) of the step's $((3 * M + P - 1)) slots, $pct%; (P-1)/(3M+P-1) = $pct%"
+    fi
     if [ "$got" = "$want" ]; then echo "  ok    $S P=$P M=$M V=$V: $got"
     else echo "  FAIL  $S P=$P M=$M V=$V: '$got', want '$want'"; fails=$((fails + 1)); fi
 done
@@ -365,6 +420,10 @@ expect_mpi_error "interleaved, --pp-rematerialize" "--pp-rematerialize with --sc
 expect_mpi_error "interleaved, 6 chunks of 5 layers" "--pp 3 x --virtual-stages 2: more chunks than the 5 layers" 3 "$BIN" "${COMMON[@]}" --pp 3 "${INT[@]}" --batch-size 3 --micro-batches 3
 expect_mpi_error "--virtual-stages with 1f1b" "--virtual-stages 2 needs --schedule interleaved" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule 1f1b --virtual-stages 2
 expect_mpi_error "interleaved --pp-split of 2 stages, not 4 chunks" "expected 4 layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --pp-split 2,3 --batch-size 2 --micro-batches 2
+expect_mpi_error "zb-h1, M < P" "--schedule zb-h1: 2 micro-batches, fewer than --pp 3" 3 "$BIN" "${COMMON[@]}" --pp 3 --schedule zb-h1 --batch-size 2 --micro-batches 2
+expect_mpi_error "zb-h1 without --pp" "--schedule zb-h1 needs --pp > 1" 1 "$BIN" "${COMMON[@]}" --schedule zb-h1
+expect_mpi_error "zb-h1, --recompute" "--schedule zb-h1 with --recompute is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule zb-h1 --recompute 1 --batch-size 2 --micro-batches 2
+expect_mpi_error "zb-h1, --pp-rematerialize" "--schedule zb-h1 with --pp-rematerialize is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule zb-h1 --pp-rematerialize 1 --batch-size 2 --micro-batches 2
 
 if [ $fails -ne 0 ]; then echo "pipeline_parallel: $fails FAILED"; exit 1; fi
 echo "pipeline_parallel: all passed"
