@@ -452,8 +452,8 @@ static void test_tp_memory(const KernelChoice* kernels) {
         ok &= SPAN(a->atty, a->att) == round_up(L * BT * Cl * fx, 256);
         ok &= SPAN(a->att, a->residual2) == round_up(L * B * NHl * T * T * fx, 256);
         ok &= SPAN(a->fch, a->fch_gelu) == round_up(L * BT * 4 * Cl * fx, 256);
-        ok &= SPAN(a->logits, a->inputs) == round_up(BT * Vpl * fx, 256);
-        ok &= SPAN(a->dwide, a->encoded) == round_up(BT * 4 * Cl * fx, 256);  // the shared workspace precedes the slots
+        ok &= SPAN(a->dwide, a->logits) == round_up(BT * 4 * Cl * fx, 256);  // the shared workspace precedes the slots,
+        ok &= SPAN(a->logits, a->encoded) == round_up(BT * Vpl * fx, 256);   // the logits last (shared with the slots)
 #undef SPAN
         printf("  tp=%d: split tensors %zu of %zu elements (1/%d), replicated %zu | params %zu B | activations %zu B  %s\n", tp,
                split_local, split_whole, tp, replicated, model.bytes_params, model.bytes_activations, ok ? "ok" : "FAIL");
@@ -682,7 +682,7 @@ static void test_memory_plan(const KernelChoice* kernels) {
                                 for (int st = 0; st < pp; st++) {
                                     Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st};
                                     place_layers(&pl, c.L, NULL, chunks);
-                                    StageSlots slots = {{pp > 1 ? 2 : 1, 1}, pp > 1 && B == 1 ? 2 : 0};  // (douts: ZB-H1's)
+                                    StageSlots slots = {{pp > 1 ? 2 : 1, 1}, pp > 1 && B == 1 ? 2 : 0, pp > 1 && B == 1 ? 1 : 0};  // (ZB-H1's douts, logits)
                                     int remat = pp > 1 && B == 3 && chunks == 1;
                                     MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
                                     size_t before = device_allocated_bytes;
@@ -718,7 +718,7 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
     KernelChoice classic_kernels = {.fused = kernels->fused, .flash_attention = 0, .cpu_blas = kernels->cpu_blas};
     KernelChoice flash_kernels = {.fused = kernels->fused, .flash_attention = 1, .cpu_blas = kernels->cpu_blas};
     int bad = 0, T = 16;
-    StageSlots one = {{1}, 0};
+    StageSlots one = {{1}, 0, 0};
     for (int tp = 1; tp <= 2; tp++)
         for (int R = 0; R <= 3; R += 3)
             for (int B = 1; B <= 3; B += 2) {

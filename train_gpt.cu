@@ -129,7 +129,7 @@ typedef struct {
     Activations* slots;       // (n_slots) one per micro-batch in flight in the pipeline schedule
     Activations work;         // rematerialization: the one full set; slots then hold only stage inputs
     floatX* douts;            // ZB-H1: (n_douts, L, B, T, 2C + 7C/tp) what each B kept for its deferred W (layer_douts)
-    int n_slots, n_douts;     // (n_douts 0: no deferred W's; set before the activations are allocated)
+    int n_slots, n_douts, n_logits;  // (n_douts 0: no deferred W's; n_logits 0: one per slot; set before allocating)
     void* acts_memory;        // the sets' one allocation
 } Chunk;
 
@@ -362,7 +362,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     size_t set_bytes[2] = {0, 0};  // [input-only set, full set], each buffer rounded as allocate_buffers does
     ck->slots = dry ? NULL : (Activations*)calloc_check(n_slots * sizeof(Activations));
     Activations* sets = (Activations*)calloc_check(n_laid * sizeof(Activations));
-    BufferSpec* specs = (BufferSpec*)malloc_check((6 + 25 * n_laid) * sizeof(BufferSpec));
+    BufferSpec* specs = (BufferSpec*)malloc_check((7 + 25 * n_laid) * sizeof(BufferSpec));
     int n = 0;
     Activations shared;
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
@@ -371,6 +371,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dreceived, model->n_chunks > 1 ? BT * C * fx : 0};
     specs[n++] = (BufferSpec){(void**)&ck->douts, ck->n_douts * L * douts_per_layer(BT, C, Cl) * fx};
+    int n_logits = rematerialize || !ck->n_logits ? n_full : ck->n_logits;  // the full sets share them (ZB-H1: StageSlots)
+    specs[n++] = (BufferSpec){(void**)&shared.logits, n_logits * BT * Vpl * fx};
     for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
         int full = i < n_full;  // (dry: set 0 is full, set 1 of a rematerializing stage input-only)
@@ -389,7 +391,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
             {(void**)&a->ln2_rstd, k * Lall * BT * f},           {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},
             {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * Lout * BT * C * fx},
             {(void**)&a->lnf, k * lf * BT * C * fx},         {(void**)&a->lnf_mean, k * lf * BT * f},
-            {(void**)&a->lnf_rstd, k * lf * BT * f},         {(void**)&a->logits, k * BT * Vpl * fx},
+            {(void**)&a->lnf_rstd, k * lf * BT * f},
             {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
             {(void**)&a->checkpoints, k * Lck * BT * C * fx},
         };
@@ -409,16 +411,14 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     for (int i = 0; i < n_sets; i++) {
         sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
         sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide, sets[i].dreceived = shared.dreceived;
+        sets[i].logits = i < n_full ? shared.logits + (size_t)(i % n_logits) * BT * Vpl : NULL;
         sets[i].host_inputs = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
         sets[i].host_targets = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
         device_event_create(&sets[i].ids_copied);
     }
     if (rematerialize) ck->work = sets[0];
     memcpy(ck->slots, sets + (rematerialize ? 1 : 0), n_slots * sizeof(Activations));
-    ck->n_slots = n_slots;
-    model->rematerialize = rematerialize;
-    model->B = B;
-    model->T = T;
+    ck->n_slots = n_slots, model->rematerialize = rematerialize, model->B = B, model->T = T;
     if (!model->host_losses) model->host_losses = (float*)malloc_check(BT * sizeof(float));
     free(sets);
 }
@@ -427,7 +427,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
 static void allocate_stage_activations(GPT2* model, int B, int T, StageSlots slots, int rematerialize) {
     for (int v = 0; v < model->n_chunks; v++) {
         model->chunk = &model->chunks[v];
-        model->chunk->n_douts = slots.douts;
+        model->chunk->n_douts = slots.douts, model->chunk->n_logits = slots.logits;
         gpt2_allocate_activations(model, B, T, slots.n[v], rematerialize);
     }
 }
@@ -1267,7 +1267,7 @@ static void print_run_summary(const Training* run) {
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
         MemoryPlan p = model_memory(model, sizeof(floatX));
-        print_stage_memory(&p, &model->place, stage_slots(tc, comm->pp_rank).n);
+        print_stage_memory(&p, &model->place, stage_slots(tc, comm->pp_rank));
     }
 }
 

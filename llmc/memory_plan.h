@@ -101,15 +101,19 @@ static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int
 }
 
 // The activation sets of each of stage s's chunks under the run's schedule: one per micro-batch it holds
-// at once (one without pipelining); and ZB-H1's sets of output gradients kept for the deferred W's
+// at once (one without pipelining); ZB-H1's sets of output gradients kept for the deferred W's; and the
+// sets of the classifier's logits (B x T x V, the largest buffer), which a micro-batch holds only from its
+// forward to its backward: as many as the slots (0), but one on ZB-H1's last stage, whose slots are held
+// until the W's, while each backward follows its forward at once.
 typedef struct {
     int n[MAX_VIRTUAL_STAGES];  // [chunk]
-    int douts;
+    int douts, logits;
 } StageSlots;
 static StageSlots stage_slots(const TrainConfig* tc, int s) {
     StageSlots slots;
     for (int v = 0; v < tc->virtual_stages; v++) slots.n[v] = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum, tc->virtual_stages, v);
     slots.douts = pipeline_stash_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum);
+    slots.logits = slots.douts > 0 && s == tc->pp - 1 ? pipeline_held(tc->pipe_schedule, tc->pp, s, tc->grad_accum, 1, 0, PIPE_F, PIPE_B) : 0;
     return slots;
 }
 
@@ -120,17 +124,19 @@ typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, 
                                int rematerialize, int phases, size_t elem_bytes, const KernelChoice* kernels);
 
 // "layers 0-1" of a stage, or of each of its chunks with --virtual-stages ("layers 0-1, 4-5"), numbers
-// `width` wide, and its activation slots ("2", or by chunk "3+2"). Returns the slots' total.
-static int describe_stage(const Placement* pl, const int* n_slots, int width, char* layers, char* slots, size_t n) {
+// `width` wide, and its activation slots: "2 slots", by chunk "3+2 slots", with ZB-H1 "4 slots, 2 sets
+// of output gradients".
+static void describe_stage(const Placement* pl, StageSlots st, int width, char* layers, char* slots, size_t n) {
     int used = snprintf(layers, n, "layers"), used_slots = 0, total = 0;
     for (int v = 0; v < num_chunks(pl); v++) {
         int l0, l1;
         chunk_layers(pl, v, &l0, &l1);
         used += snprintf(layers + used, n - used, "%s %*d-%*d", v > 0 ? "," : "", width, l0, width, l1 - 1);
-        used_slots += snprintf(slots + used_slots, n - used_slots, "%s%d", v > 0 ? "+" : "", n_slots[v]);
-        total += n_slots[v];
+        used_slots += snprintf(slots + used_slots, n - used_slots, "%s%d", v > 0 ? "+" : "", st.n[v]);
+        total += st.n[v];
     }
-    return total;
+    used_slots += snprintf(slots + used_slots, n - used_slots, " slot%s", total > 1 ? "s" : width ? " " : "");  // (aligned in --plan)
+    if (st.douts > 0) snprintf(slots + used_slots, n - used_slots, ", %d set%s of output gradients", st.douts, st.douts > 1 ? "s" : "");
 }
 
 // The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
@@ -150,11 +156,11 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
         if (print) {
             const double G = 1073741824.0;
             char layers[256], slot_s[256];
-            int total_slots = describe_stage(&pl, slots.n, 2, layers, slot_s, sizeof(layers));
+            describe_stage(&pl, slots, 2, layers, slot_s, sizeof(layers));
             printf("  stage %2d (%s): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
-                   "(%s slot%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
-                   s, layers, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slot_s, total_slots > 1 ? "s" : " ",
-                   p.workspace / G, p.comm / G, p.kernel_scratch / G);
+                   "(%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
+                   s, layers, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slot_s, p.workspace / G, p.comm / G,
+                   p.kernel_scratch / G);
             if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
             printf(" | total %7.3f GiB\n", total / G);
         }
@@ -193,9 +199,11 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
            plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
     char segment[48] = "";
     if (tc->recompute_segment > 1) snprintf(segment, sizeof(segment), " (segments of %d layers)", tc->recompute_segment);
+    char schedule[48] = "";
+    if (tc->pp > 1) snprintf(schedule, sizeof(schedule), " (%s)", schedule_name(tc->pipe_schedule));
     printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d%s, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
            dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
-           tc->grad_accum > 1 ? "es" : "", tc->pp > 1 ? (tc->pipe_schedule == SCHEDULE_GPIPE ? " (GPipe)" : tc->pipe_schedule == SCHEDULE_1F1B ? " (1F1B)" : " (interleaved)") : "");
+           tc->grad_accum > 1 ? "es" : "", schedule);
     plan_stages(plan_rank, &c, tc, dp, tc->B, elem_bytes, 1);
     if (tc->recompute == 3) print_best_segment(plan_rank, &c, tc, dp, elem_bytes);
     if (device_memory > 0) {
@@ -212,13 +220,13 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
 }
 
 // The start-up line of a pipeline stage's memory per rank (what its model allocated, and the kernels' scratch)
-static void print_stage_memory(const MemoryPlan* p, const Placement* pl, const int* n_slots) {
+static void print_stage_memory(const MemoryPlan* p, const Placement* pl, StageSlots st) {
     const double M = 1048576.0;
     char layers[256], slots[256];
-    int total = describe_stage(pl, n_slots, 0, layers, slots, sizeof(layers));
+    describe_stage(pl, st, 0, layers, slots, sizeof(layers));
     printf("memory of stage %d (%s) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
-           "activations %.2f (%s micro-batch slot%s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
-           pl->pp_rank, layers, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, slots, total > 1 ? "s" : "",
+           "activations %.2f (micro-batch %s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
+           pl->pp_rank, layers, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, slots,
            p->workspace / M, p->comm / M, p->kernel_scratch / M, plan_total(p) / M);
 }
 

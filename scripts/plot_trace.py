@@ -17,6 +17,7 @@ import sys
 COLORS = {
     "forward": "#4C9BE8",
     "backward": "#F28C38",
+    "backward W": "#F8C491",  # ZB-H1's deferred weight gradients
     "send": "#9B9B9B",
     "recv": "#C8C8C8",
     "sendrecv": "#B0B0B0",
@@ -49,6 +50,7 @@ def main():
     events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
     names = {e["pid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("name") == "process_name"}
     run = next((e["args"] for e in data["traceEvents"] if e.get("name") == "run"), None)
+    zero_bubble = bool(run) and run.get("schedule") == "zb-h1"  # (its backward bars read B m and W m)
     if not events:
         sys.exit("the trace has no spans")
     if args.step > 0:  # the optimizer spans end the steps: keep what lies between the (N-1)-th and N-th
@@ -68,9 +70,11 @@ def main():
         lane = min(e.get("tid", 0), 1)
         y, height = rows[(e["pid"], lane)], 0.7 if lane == 0 else 0.42
         start, width = (e["ts"] - t0) / 1000.0, e["dur"] / 1000.0
-        ax.barh(y, width, left=start, height=height, color=COLORS.get(e["cat"], "#666666"), edgecolor="white", linewidth=0.4)
+        kind = "backward W" if e["cat"] == "backward" and e["name"].startswith("W") else e["cat"]  # (ZB-H1: B, W)
+        ax.barh(y, width, left=start, height=height, color=COLORS.get(kind, "#666666"), edgecolor="white", linewidth=0.4)
         if e["cat"] in ("forward", "backward") and width > 0:
-            ax.text(start + width / 2, y, e["name"].split()[-1], ha="center", va="center", fontsize=7)
+            label = e["name"].replace(" ", "") if kind == "backward W" or zero_bubble else e["name"].split()[-1]
+            ax.text(start + width / 2, y, label, ha="center", va="center", fontsize=7)
     ax.set_yticks([rows[k] for k in sorted(rows)])
     ax.set_yticklabels([names.get(p, f"rank {p}") if lane == 0 else "communication" for p, lane in sorted(rows)], fontsize=7)
     ax.invert_yaxis()
@@ -84,7 +88,7 @@ def main():
         title = (f"{schedule}, {shape}: bubble measured {100 * run['bubble_measured']:.0f}% "
                  f"(ideal {formula} = {100 * run['bubble_ideal']:.0f}%)")
     ax.set_title(title, fontsize=10)
-    used = sorted({e["cat"] for e in events})
+    used = sorted({e["cat"] for e in events} | ({"backward W"} if zero_bubble else set()))
     ax.legend(handles=[Patch(color=COLORS.get(c, "#666666"), label=c) for c in used], loc="upper center",
               bbox_to_anchor=(0.5, -0.25 if len(ranks) < 4 else -0.12), ncol=len(used), fontsize=8, frameon=False)
     fig.tight_layout()
