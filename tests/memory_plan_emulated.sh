@@ -8,7 +8,7 @@
 # more). On a real GPU D also holds the CUDA context, so this check is for the emulation only. What is
 # allocated and freed within a step is not seen. Cases: each precision, --fused-kernels 1, --attention
 # flash, recompute levels, gradient accumulation, FP16 (whose first steps the loss scaler skips), and 2
-# ranks (each checked) of ZeRO-1, ZeRO-2, ZeRO-3, TP, PP and interleaved PP.
+# ranks (each checked) of ZeRO-1, ZeRO-2, ZeRO-3, TP, PP, interleaved PP and ZB-H1.
 # usage: tests/memory_plan_emulated.sh [build/emu]   (build/emu-{fp32,bf16,fp16}/train_gpt)
 set -u
 EMU=${1:-build/emu}
@@ -53,5 +53,6 @@ check 2 bf16 --zero 3 --grad-accum 2 --attention flash --recompute 3 --recompute
 check 2 fp32 --tp 2
 check 2 fp32 --pp 2 --micro-batches 2
 check 2 bf16 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4  # (each stage's 2 chunks)
+check 2 bf16 --pp 2 --micro-batches 2 --schedule zb-h1  # (every stage 2 slots, 1 and 2 sets of output gradients, the last stage one set of logits)
 [ $fails -eq 0 ] || { echo "memory_plan_emulated: $fails FAILED"; exit 1; }
 echo "memory_plan_emulated: all passed"
