@@ -37,7 +37,7 @@
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
 #include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
-#include "llmc/pipeline.h"         // Schedule, pipeline_plan, pipe_sendrecv: GPipe, 1F1B, interleaved
+#include "llmc/pipeline.h"         // Schedule, pipeline_plan, pipe_sendrecv: GPipe, 1F1B, interleaved, ZB-H1
 #include "llmc/tensor_parallel.h"  // f and g, the vocabulary-parallel embedding and loss
 #include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
 #include "llmc/zero3.h"            // Zero3Params: ZeRO-3, the parameters sharded and gathered per layer
@@ -234,8 +234,7 @@ static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Place
 
 static void gpt2_free(GPT2* model) {
     device_free(model->params_memory), device_free(model->grads_memory);
-    zero2_free(&model->zero2);
-    zero3_free(&model->zero3);
+    zero2_free(&model->zero2), zero3_free(&model->zero3);
     device_free(model->master), device_free(model->m), device_free(model->v);
     kernel_scratch_free(&model->kernel_scratch);
     // (pinned buffers are freed once the device is idle: no copy from the ids is left to run)
@@ -251,8 +250,7 @@ static void gpt2_free(GPT2* model) {
         device_free(ck->acts_memory), free(ck->slots);
     }
     free(model->params.layers), free(model->grads.layers);
-    free_layout(&model->layout);
-    zero_plan_free(&model->zero);
+    free_layout(&model->layout), zero_plan_free(&model->zero);
     norm_parts_free(&model->norm_parts), step_report_free(&model->report);
     free(model->host_losses);
     device_free(model->step_losses.means);
@@ -368,7 +366,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
     specs[n++] = (BufferSpec){(void**)&shared.scratch, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
-    specs[n++] = (BufferSpec){(void**)&shared.dwide, BT * 4 * Cl * fx};
+    specs[n++] = (BufferSpec){(void**)&shared.dwide, ck->n_douts ? 0 : BT * 4 * Cl * fx};  // (ZB-H1: dfch, dqkv in douts)
     specs[n++] = (BufferSpec){(void**)&shared.dreceived, model->n_chunks > 1 ? BT * C * fx : 0};
     specs[n++] = (BufferSpec){(void**)&ck->douts, ck->n_douts * L * douts_per_layer(BT, C, Cl) * fx};
     int n_logits = rematerialize || !ck->n_logits ? n_full : ck->n_logits;  // the full sets share them (ZB-H1: StageSlots)
@@ -707,6 +705,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
 static void gpt2_backward_weights(GPT2* model, int m, int B, int T, int communicate) {
     const Chunk* ck = model->chunk;
     const Activations* a = &ck->slots[m % ck->n_slots];
+    check_internal(model->zero.stage < 2, "ZeRO-2 and 3 reduce per micro-batch in backward, not in a deferred W");
     int C = model->config.C, Cl = C / model->place.tp, l0 = ck->l0, Ls = ck->l1 - l0;
     size_t BT = (size_t)B * T;
     Scratch* ks = &model->kernel_scratch.matmul;
@@ -915,6 +914,7 @@ static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, i
     if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
     model->douts_set = ck->n_douts ? m % ck->n_douts : -1;  // (ZB-H1: a set per B until its W)
     gpt2_backward(model, a, B, T, communicate);
+    model->douts_set = -1;
     trace_add(model->tracer, "backward", "B", m, t0);
     if (pending && !ck->first) {
         *pending = (PendingSend){.buf = a->dresidual, .peer = ring_prev(&model->place), .shared = 1};
@@ -950,8 +950,8 @@ static void sum_tied_embedding_grads(GPT2* model) {
 
 // The pipeline step (--pp > 1): this stage runs its schedule for one optimizer step of M micro-batches
 // (llmc/pipeline.h): receive the input, forward, send the output; receive the output's gradient,
-// backward, send the input's gradient. The last micro-batch's backward reduces the gradients across the
-// DP group as they become final, as in plain_step. Returns the mean loss of the global batch (every rank).
+// backward, send the input's gradient (ZB-H1: and later the W's). The last micro-batch's backward (its W)
+// reduces the gradients across the DP group as they become final. Returns the global batch's mean loss.
 static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
     Comm* comm = model->comm;
     const Placement* pl = &model->place;

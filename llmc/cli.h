@@ -49,7 +49,7 @@ static void print_usage(void) {
         "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
         "  --pp P                pipeline stages (P <= L)             [1]\n"
         "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
-        "  --schedule S          gpipe | 1f1b | interleaved | zb-h1   [gpipe]\n"
+        "  --schedule S          gpipe | 1f1b | interleaved | zb-h1 (M >= P) [gpipe]\n"
         "  --virtual-stages V    interleaved: chunks of layers per stage (2..8; M a multiple of P)\n"
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
@@ -366,7 +366,7 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
     if (tc->recompute_segment > 1 && tc->recompute != 3)
         fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their checkpoints)",
               tc->recompute_segment);
-    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, and
+    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, 3M with ZB-H1, and
     // printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
     // --micro-batches gets an answer at once, not a loop of hours or gigabytes of text
     if (tc->print_schedule && (tc->pp > MAX_PRINTED_STAGES || tc->grad_accum > MAX_PRINTED_MICRO_BATCHES))

@@ -488,7 +488,8 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
             total += slots;
         }
         printf(" activation slot%s%s", total > 1 ? "s" : "", V > 1 ? " by chunk" : "");
-        if (zb) printf(", %d of output gradients", pipeline_stash_slots(sched, P, s, M));
+        int douts = zb ? pipeline_stash_slots(sched, P, s, M) : 0;
+        if (zb) printf(", %d set%s of output gradients", douts, douts > 1 ? "s" : "");
         printf(") |");
         int n = pipeline_plan(sched, P, s, M, V, steps);
         PipeMessage pending = none;  // GPipe, 1F1B: the output of the action before, sent before the next

@@ -37,7 +37,7 @@ typedef struct {
     int tp;              // tensor-parallel ranks
     int pp;              // pipeline stages
     const char* pp_split;  // layers per stage "a,b,c", or NULL: as even as possible
-    Schedule pipe_schedule;  // GPipe, 1F1B or interleaved 1F1B
+    Schedule pipe_schedule;  // GPipe, 1F1B, interleaved 1F1B or ZB-H1
     int virtual_stages;    // --virtual-stages V: chunks per stage (interleaved; 1 otherwise)
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
     int recompute;         // --recompute 0..3 (train_gpt.cu: RecomputeKeeps)

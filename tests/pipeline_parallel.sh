@@ -7,7 +7,7 @@
 #      from the rematerialized work set without waiting for the send gives wrong losses); the
 #      interleaved schedule with pp in {2,3,4} x V in {2,3} x M in {P, 2P} on L=12 layers (cut into P*V
 #      chunks, unevenly for P*V = 8, 9), with --pp-split of the chunks, recomputation, loss scaling,
-#      validation and sampling; ZB-H1 with --pp-split and loss scaling
+#      validation and sampling; ZB-H1 with --pp-split, loss scaling, validation and sampling
 #   2. 3D: dp x tp x pp = 2 x 2 x 2 (8 ranks) with ZeRO 0 and 1 equals the single-rank run, with 1F1B,
 #      interleaved and ZB-H1 (whose W's reduce each layer's bucket); resuming that grid from a checkpoint is bit-exact, and an interleaved
 #      checkpoint resumes on one rank and on 3 stages of 1F1B; --fused-kernels 1 (device-side losses)
@@ -92,26 +92,32 @@ run 4 --pp 4 --schedule zb-h1 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micr
 compare "zb-h1 pp=4 --loss-scale 1024" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/refs.jsonl" "$TMP/refs.bin"
 # validation (forward only, chunk after chunk round the ring): every step's validation loss equal to 1e-5
 "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3 >"$TMP/val1.out"
-run 4 --pp 4 --schedule interleaved --virtual-stages 2 "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3
-if "$PY" - "$TMP/val1.out" "$TMP/run.out" <<'PYEOF'
+for S in "interleaved --virtual-stages 2" zb-h1; do
+    # shellcheck disable=SC2086  # (S is one or three words)
+    run 4 --pp 4 --schedule $S "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3
+    if "$PY" - "$TMP/val1.out" "$TMP/run.out" "$S" <<'PYEOF'
 import re, sys
 a, b = ([float(x) for x in re.findall(r"step \d+: val loss ([0-9.]+)", open(p).read())] for p in sys.argv[1:3])
 ok = len(a) == 6 and len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) + 1e-4 for x, y in zip(a, b))
-print(f"  {'ok  ' if ok else 'FAIL'}  interleaved pp=4 V=2: {len(b)} validation losses equal the single rank's ({a[-1] if a else '-'} at the end; "
+print(f"  {'ok  ' if ok else 'FAIL'}  {sys.argv[3]} pp=4: {len(b)} validation losses equal the single rank's ({a[-1] if a else '-'} at the end; "
       "printed to 4 decimals, so equal to 1e-4)")
 sys.exit(0 if ok else 1)
 PYEOF
-then :; else fails=$((fails + 1)); fi
+    then :; else fails=$((fails + 1)); fi
+done
 
 # sampling (forward only through the chunks, the last stage's last chunk drawing): the default data and
 # tokenizer, the same sample as one rank's
 SAMPLE=(--layers 4 --channels 32 --heads 4 --max-seq-len 64 --seq-len 64 --steps 2 --val-every 0 --sample-every 2 --sample-len 16
         --batch-size 4 --micro-batches 2 --seed 7)
 "$BIN" "${SAMPLE[@]}" >"$TMP/sample1.out" 2>&1
-timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${SAMPLE[@]}" --pp 2 --schedule interleaved --virtual-stages 2 >"$TMP/sample2.out" 2>&1
-if grep -aq "^sample: " "$TMP/sample1.out" && [ "$(grep -a "^sample: " "$TMP/sample1.out")" = "$(grep -a "^sample: " "$TMP/sample2.out")" ]; then
-    echo "  ok    interleaved pp=2 V=2: the sample equals one rank's"
-else echo "  FAIL  interleaved pp=2 V=2 sample:"; grep -a "^sample: \|^error" "$TMP/sample1.out" "$TMP/sample2.out"; fails=$((fails + 1)); fi
+for S in "interleaved --virtual-stages 2" zb-h1; do
+    # shellcheck disable=SC2086  # (S is one or three words)
+    timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${SAMPLE[@]}" --pp 2 --schedule $S >"$TMP/sample2.out" 2>&1
+    if grep -aq "^sample: " "$TMP/sample1.out" && [ "$(grep -a "^sample: " "$TMP/sample1.out")" = "$(grep -a "^sample: " "$TMP/sample2.out")" ]; then
+        echo "  ok    $S pp=2: the sample equals one rank's"
+    else echo "  FAIL  $S pp=2 sample:"; grep -a "^sample: \|^error" "$TMP/sample1.out" "$TMP/sample2.out"; fails=$((fails + 1)); fi
+done
 
 echo "2. dp x tp x pp = 2 x 2 x 2"
 "$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref3d.jsonl" --save-model "$TMP/ref3d.bin" >/dev/null
