@@ -119,6 +119,18 @@ for S in "interleaved --virtual-stages 2" zb-h1; do
     else echo "  FAIL  $S pp=2 sample:"; grep -a "^sample: \|^error" "$TMP/sample1.out" "$TMP/sample2.out"; fails=$((fails + 1)); fi
 done
 
+# fused_same NAME FUSED PLAIN: the run with --fused-kernels 1 ($TMP/FUSED.jsonl, .bin) against the same run
+# without ($TMP/PLAIN.*): on the CPU target the same 10 losses and final model, bit for bit; on the GPU
+# target (whose fused kernels sum in other orders) to the suite's tolerance
+fused_same() {
+    local name=$1 f=$TMP/$2 p=$TMP/$3
+    if gpu_target; then compare "$name, --fused-kernels 1 (GPU)" "$f.jsonl" "$f.bin" "$p.jsonl" "$p.bin"
+    elif cmp -s "$p.bin" "$f.bin" && [ "$(grep -o '"loss": [^,]*' "$p.jsonl")" = "$(grep -o '"loss": [^,]*' "$f.jsonl")" ] &&
+        [ "$(grep -c '"loss"' "$f.jsonl")" -eq 10 ]; then
+        echo "  ok    $name with --fused-kernels 1: the same 10 losses and final model, bit for bit"
+    else echo "  FAIL  $name with --fused-kernels 1 differs from the run without"; fails=$((fails + 1)); fi
+}
+
 echo "2. dp x tp x pp = 2 x 2 x 2"
 "$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref3d.jsonl" --save-model "$TMP/ref3d.bin" >/dev/null
 for Z in 0 1; do
@@ -139,26 +151,12 @@ done
 if cmp -s "$TMP/3d.bin" "$TMP/3dz.bin"; then echo "  ok    2x2x2 ZeRO-1: zb-h1's final model equals 1f1b's, byte for byte"
 else echo "  FAIL  2x2x2 ZeRO-1: zb-h1's final model differs from 1f1b's"; fails=$((fails + 1)); fi
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule zb-h1 --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3dzf.jsonl" --save-model "$TMP/3dzf.bin"
-if gpu_target; then
-    compare "2x2x2 zb-h1, --fused-kernels 1 (GPU)" "$TMP/3dzf.jsonl" "$TMP/3dzf.bin" "$TMP/3dz.jsonl" "$TMP/3dz.bin"
-elif cmp -s "$TMP/3dz.bin" "$TMP/3dzf.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3dz.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3dzf.jsonl")" ] &&
-    [ "$(grep -c '"loss"' "$TMP/3dzf.jsonl")" -eq 10 ]; then
-    echo "  ok    2x2x2 zb-h1 ZeRO-1 with --fused-kernels 1: the same 10 losses and final model, bit for bit"
-else
-    echo "  FAIL  2x2x2 zb-h1 ZeRO-1 with --fused-kernels 1 differs from the run without"; fails=$((fails + 1))
-fi
+fused_same "2x2x2 zb-h1 ZeRO-1" 3dzf 3dz
 # --fused-kernels 1: the last stage's losses stay on the device (its last chunk's forwards) and are
 # fetched once; on the CPU target the same bits as without
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
     --fused-kernels 1 --log "$TMP/3dif.jsonl" --save-model "$TMP/3dif.bin"
-if gpu_target; then
-    compare "2x2x2 interleaved, --fused-kernels 1 (GPU)" "$TMP/3dif.jsonl" "$TMP/3dif.bin" "$TMP/3di.jsonl" "$TMP/3di.bin"
-elif cmp -s "$TMP/3di.bin" "$TMP/3dif.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3di.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3dif.jsonl")" ] &&
-    [ "$(grep -c '"loss"' "$TMP/3dif.jsonl")" -eq 10 ]; then
-    echo "  ok    2x2x2 interleaved ZeRO-1 with --fused-kernels 1: the same 10 losses and final model, bit for bit"
-else
-    echo "  FAIL  2x2x2 interleaved ZeRO-1 with --fused-kernels 1 differs from the run without"; fails=$((fails + 1))
-fi
+fused_same "2x2x2 interleaved ZeRO-1" 3dif 3di
 # an interleaved checkpoint (its stages' shards) resumes bit-exact on its grid, and on other grids: one
 # rank, and 3 stages of 1F1B, each to the suite's tolerance of the uninterrupted single-rank run
 INT3D=(--dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --batch-size 4 --micro-batches 4)
@@ -176,14 +174,7 @@ compare "interleaved checkpoint on pp=3 1f1b" "$TMP/r3.jsonl" "$TMP/r3.bin" "$TM
 # same bits as the run above, the GPU target (whose fused kernels sum in another order) the same run to
 # the suite's tolerance
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3df.jsonl" --save-model "$TMP/3df.bin"
-if gpu_target; then
-    compare "2x2x2 ZeRO-1 1f1b, --fused-kernels 1 (GPU)" "$TMP/3df.jsonl" "$TMP/3df.bin" "$TMP/3d.jsonl" "$TMP/3d.bin"
-elif cmp -s "$TMP/3d.bin" "$TMP/3df.bin" && [ "$(grep -o '"loss": [^,]*' "$TMP/3d.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/3df.jsonl")" ] &&
-    [ "$(grep -c '"loss"' "$TMP/3df.jsonl")" -eq 10 ]; then
-    echo "  ok    2x2x2 ZeRO-1 1f1b with --fused-kernels 1: the same 10 losses and final model, bit for bit"
-else
-    echo "  FAIL  2x2x2 ZeRO-1 1f1b with --fused-kernels 1 differs from the run without"; fails=$((fails + 1))
-fi
+fused_same "2x2x2 ZeRO-1 1f1b" 3df 3d
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --stop-after 5 --checkpoint-dir "$TMP/ck"
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --resume "$TMP/ck" --save-model "$TMP/3dr.bin"
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --save-model "$TMP/3ds.bin"
