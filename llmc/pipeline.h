@@ -39,7 +39,7 @@
  *   interleaved, P=2, M=2, V=2 (F1.0: micro-batch 1's forward in chunk 0, half a stage's layers):
  *   stage 0   F0.0 F1.0 F0.1 F1.1 .    .    B0.1 .    .    B1.1 .    B0.0 .    B1.0 .
  *   stage 1   .    F0.0 F1.0 F0.1 B0.1 .    F1.1 B1.1 .    B0.0 .    B1.0 .    .    .
- *   ZB-H1, P=2, M=2 (F, B and W one slot each; W0 of stage 1 waits for its B1):
+ *   ZB-H1, P=2, M=2 (F, B and W one slot each; stage 1 defers W0 until after B1):
  *   stage 0   F0 F1 .  B0 W0 B1 W1
  *   stage 1   .  F0 B0 F1 B1 W0 W1
  * The idle slots are the bubble: a fraction (P-1)/(M+P-1) of the time, for GPipe or 1F1B,
@@ -201,15 +201,15 @@ static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* s
     if (sched == SCHEDULE_1F1B || sched == SCHEDULE_ZBH1) {
         // ZB-H1: 1F1B's forwards and backwards (B), and after the backward of micro-batch b the W of
         // micro-batch b-s: stage s keeps s W's deferred, and runs them at the end
-        int warmup = P - s - 1 < M ? P - s - 1 : M, defer = sched == SCHEDULE_ZBH1 ? s : M;
+        int warmup = P - s - 1 < M ? P - s - 1 : M, zb = sched == SCHEDULE_ZBH1;
         int f = 0, b = 0, w = 0;
         for (; f < warmup; f++) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = f, .chunk = 0});
         while (b < M) {  // steady state: one forward, one backward; then the cool-down's backwards
             if (f < M) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = f++, .chunk = 0});
             steps[n++] = action_step((PipeAction){.kind = PIPE_B, .micro = b++, .chunk = 0});
-            if (b - w > defer) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
+            if (zb && b - w > s) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
         }
-        if (sched == SCHEDULE_ZBH1)
+        if (zb)
             while (w < M) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
         return n;
     }
