@@ -71,6 +71,9 @@ for t in "${DP_SUITES[@]}"; do run "${t}_fp32" bash "tests/$t.sh" build/gpu-fp32
 run tensor_parallel_fp32 bash tests/tensor_parallel.sh build/gpu-fp32/train_gpt
 run pipeline_parallel_fp32 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
 run trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
+# the same with ZB-H1 (its B and W apart; the bubble printed beside 1F1B's above, both on one GPU shared by
+# the two stages, so a measurement of the schedule's order more than of its speed)
+run trace_gpu_zbh1 bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule zb-h1 --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_zbh1.json"
 # the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until these
 # pass): the parallel suites in FP32; in BF16 (sums widened to float by a kernel) a dp2 ZeRO-2 run with
 # accumulation must give the whole-buffer path's model file byte for byte (the suites' 1e-5 against one
@@ -88,6 +91,13 @@ run dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mpi --layer
     \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/whole.bin && \
     LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/staged.bin && \
     cmp $OUT/whole.bin $OUT/staged.bin && echo 'staged = whole-buffer, byte for byte'"
+# ZB-H1's BF16 path (each weight product deferred, its output gradient kept per micro-batch): 1F1B's
+# products, each weight gradient summed over the micro-batches in the same order, so the same model file
+# byte for byte (tests/nccl_emulated.sh checks it emulated)
+run pp_bf16_zbh1_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 8 --micro-batches 4 --pp 2 --steps 4 --val-every 0 --sample-every 0'; \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule 1f1b --save-model $OUT/1f1b.bin && \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule zb-h1 --save-model $OUT/zbh1.bin && \
+    cmp $OUT/1f1b.bin $OUT/zbh1.bin && echo 'ZB-H1 = 1F1B, byte for byte'"
 run pipeline_parallel_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
 run trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_staged.json"
 run train_default ./build/gpu-bf16/train_gpt
