@@ -102,18 +102,21 @@ static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int
 
 // The activation sets of each of stage s's chunks under the run's schedule: one per micro-batch it holds
 // at once (one without pipelining); ZB-H1's sets of output gradients kept for the deferred W's; and the
-// sets of the classifier's logits (B x T x V, the largest buffer), which a micro-batch holds only from its
-// forward to its backward: as many as the slots (0), but one on ZB-H1's last stage, whose slots are held
-// until the W's, while each backward follows its forward at once.
+// last stage's sets of the classifier's logits (B x T x V, the largest buffer), one per micro-batch between
+// its forward and its backward. That is as many as the slots, but for ZB-H1, whose slots are held until
+// the W's: one, as its last stage's backward follows each forward at once (0: one per slot).
 typedef struct {
     int n[MAX_VIRTUAL_STAGES];  // [chunk]
     int douts, logits;
 } StageSlots;
 static StageSlots stage_slots(const TrainConfig* tc, int s) {
+    Schedule sched = tc->pipe_schedule;
+    int P = tc->pp, M = tc->grad_accum, V = tc->virtual_stages;
     StageSlots slots;
-    for (int v = 0; v < tc->virtual_stages; v++) slots.n[v] = pipeline_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum, tc->virtual_stages, v);
-    slots.douts = pipeline_stash_slots(tc->pipe_schedule, tc->pp, s, tc->grad_accum);
-    slots.logits = slots.douts > 0 && s == tc->pp - 1 ? pipeline_held(tc->pipe_schedule, tc->pp, s, tc->grad_accum, 1, 0, PIPE_F, PIPE_B) : 0;
+    for (int v = 0; v < V; v++) slots.n[v] = pipeline_slots(sched, P, s, M, V, v);
+    slots.douts = pipeline_stash_slots(sched, P, s, M);
+    slots.logits = P > 1 && s == P - 1 ? pipeline_held(sched, P, s, M, V, V - 1, PIPE_F, PIPE_B) : 0;  // (the last chunk classifies)
+    check_internal(slots.logits == 0 || slots.n[V - 1] % slots.logits == 0, "micro-batch m's logits set, (m mod slots) mod sets, must be its own");
     return slots;
 }
 
