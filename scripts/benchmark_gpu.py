@@ -3,7 +3,9 @@
 
 One run, one GPU, the same token file and shapes. For each model size and micro-batch (by default GPT-2
 124M at B=16 and B=32, and GPT-2 350M at B=16; T=1024, BF16, from scratch) it runs
-  1. this trainer, build/gpu-bf16/train_gpt, once per attention path (--attention classic and flash);
+  1. this trainer, build/gpu-bf16/train_gpt, once per variant of its GPU path (--variants): classic (the
+     default: --attention classic --fused-kernels 0), flash (--attention flash), fused (--fused-kernels 1)
+     and fast (both: --attention flash --fused-kernels 1);
   2. a PyTorch GPT-2 of the same shape: bf16 autocast, F.scaled_dot_product_attention (PyTorch's flash
      attention), torch.compile, fused AdamW, gradient clipping;
   3. llm.c's train_gpt2cu, if --llmc DIR names a local llm.c checkout: the script builds it there
@@ -24,8 +26,9 @@ script does not edit your checkout):
 
 usage: scripts/benchmark_gpu.py [--configs 124M:16,124M:32,350M:16] [--steps 30] [--warmup 10]
                                 [--data data/devil_train.bin] [--llmc DIR] [--llmc-no-build]
-                                [--skip-pytorch] [--attention classic,flash] [--peak-tflops 989] [--dry-run]
---dry-run prints the commands and shapes it would run, without a GPU (make test runs it).
+                                [--skip-pytorch] [--variants classic,flash,fast] [--peak-tflops 989] [--dry-run]
+--dry-run prints the commands and shapes it would run, without a GPU (make test runs it). Each run's ms/step
+is printed as soon as it is measured, so a run stopped part-way still tells what it measured.
 """
 import argparse
 import json
@@ -35,11 +38,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 V, VP, T = 50257, 50304, 1024
 # name: (layers, channels, heads, llm.c's -e model descriptor)
 SIZES = {"124M": (12, 768, 12, "d12"), "350M": (24, 1024, 16, "d24")}
 OURS = "build/gpu-bf16/train_gpt"
+# this trainer's GPU paths, each named by the flags that select it (both flags given, so a change of the
+# defaults cannot change what a name measures)
+VARIANTS = {"classic": ["--attention", "classic", "--fused-kernels", "0"],
+            "flash": ["--attention", "flash", "--fused-kernels", "0"],
+            "fused": ["--attention", "classic", "--fused-kernels", "1"],
+            "fast": ["--attention", "flash", "--fused-kernels", "1"]}
 
 
 def n_params(L, C):
@@ -60,30 +70,35 @@ def parse_configs(text):
     return configs
 
 
+class Failed(Exception):
+    """One run that did not give a time: reported, and the others still run."""
+
+
 def mean_after_warmup(values, warmup, what):
     kept = values[warmup:]
     if not kept:
-        sys.exit(f"error: {what}: no timed steps after the {warmup} warmup steps")
+        raise Failed(f"{what}: no timed steps after the {warmup} warmup steps")
     return sum(kept) / len(kept)
 
 
-def ours_command(args, size, B, attention, log):
+def ours_command(args, size, B, variant, log):
     L, C, NH, _ = SIZES[size]
     return [OURS, "--layers", str(L), "--channels", str(C), "--heads", str(NH), "--vocab", str(V),
             "--max-seq-len", str(T), "--seq-len", str(T), "--batch-size", str(B), "--steps", str(args.steps),
             "--train-data", args.data, "--val-data", "", "--val-every", "0", "--sample-every", "0",
-            "--warmup", "10", "--lr", "6e-4", "--attention", attention, "--log", log]
+            "--warmup", "10", "--lr", "6e-4", "--log", log] + VARIANTS[variant]
 
 
-def run_ours(args, size, B, attention):
+def run_ours(args, size, B, variant):
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "log.jsonl")
-        cmd = ours_command(args, size, B, attention, log)
+        cmd = ours_command(args, size, B, variant, log)
         print("running:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+            raise Failed(f"this trainer ({variant}) failed: its message is above")
         rows = [json.loads(line) for line in open(log)]
     ms = [r["ms"] for r in rows if "ms" in r]
-    return mean_after_warmup(ms, args.warmup, f"this trainer ({attention})")
+    return mean_after_warmup(ms, args.warmup, f"this trainer ({variant})")
 
 
 def llmc_binary(args):
@@ -108,11 +123,14 @@ def build_llmc(args):
 def run_llmc(args, size, B):
     cmd = llmc_command(args, size, B)
     print("running:", " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print((p.stdout + p.stderr)[-2000:], flush=True)
+        raise Failed(f"llm.c failed (exit {p.returncode}): the end of its output is above")
     # llm.c prints one line per step: "step N/M | loss ... | ... | 50.61 ms | ... | 324000 tok/s"
-    ms = [float(m) for m in re.findall(r"\|\s*([0-9.]+)\s*ms\b", out)]
+    ms = [float(m) for m in re.findall(r"\|\s*([0-9.]+)\s*ms\b", p.stdout)]
     if not ms:
-        sys.exit("error: no 'ms' figures found in llm.c's output")
+        raise Failed("no 'ms' figures found in llm.c's output")
     return mean_after_warmup(ms, args.warmup, "llm.c")
 
 
@@ -206,7 +224,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--data", default="data/devil_train.bin")
-    p.add_argument("--attention", default="classic,flash", help="this trainer's attention paths to run")
+    p.add_argument("--variants", default="classic,flash,fast", help=f"this trainer's GPU paths to run: {', '.join(VARIANTS)}")
     p.add_argument("--llmc", default=None, help="a local llm.c checkout (see the CUDA 13 patch above)")
     p.add_argument("--llmc-no-build", action="store_true", help="use DIR/train_gpt2cu as it is")
     p.add_argument("--skip-pytorch", action="store_true")
@@ -216,9 +234,9 @@ def main():
     if args.steps <= args.warmup:
         sys.exit("error: --steps must exceed --warmup")
     configs = parse_configs(args.configs)
-    paths = [a for a in args.attention.split(",") if a]
-    if not paths or any(a not in ("classic", "flash") for a in paths):
-        sys.exit("error: --attention takes classic, flash or both (comma-separated)")
+    variants = [a for a in args.variants.split(",") if a]
+    if not variants or any(a not in VARIANTS for a in variants):
+        sys.exit(f"error: --variants takes a comma-separated list of {', '.join(VARIANTS)}")
     if not os.path.exists(args.data):
         sys.exit(f"error: no token file at {args.data}")
     if args.llmc and not os.path.isdir(args.llmc):
@@ -228,24 +246,36 @@ def main():
     print(f"device: {device_name()}", flush=True)
     if args.llmc and not args.llmc_no_build:
         build_llmc(args)
+    failed = []
     for size, B in configs:
         if args.dry_run:
-            for a in paths:
+            for a in variants:
                 print("would run:", " ".join(ours_command(args, size, B, a, "LOG.jsonl")))
+            if args.llmc:
+                print("would run:", " ".join(llmc_command(args, size, B)))
             if not args.skip_pytorch:
                 print(f"would run: PyTorch torch.compile GPT-2 {size} (L, C, NH = {SIZES[size][:3]}), B={B}, T={T}, "
                       f"{args.steps} steps")
-            if args.llmc:
-                print("would run:", " ".join(llmc_command(args, size, B)))
             continue
         results = {}
-        for a in paths:
-            results[f"this trainer ({a})"] = run_ours(args, size, B, a)
-        if not args.skip_pytorch:
-            results["torch.compile"] = run_pytorch(args, size, B)
+        runs = [(f"this trainer ({a})", lambda a=a: run_ours(args, size, B, a)) for a in variants]
         if args.llmc:
-            results["llm.c"] = run_llmc(args, size, B)
+            runs.append(("llm.c", lambda: run_llmc(args, size, B)))
+        if not args.skip_pytorch:  # last: its compilation takes the longest
+            runs.append(("torch.compile", lambda: run_pytorch(args, size, B)))
+        for name, measure in runs:
+            try:
+                results[name] = measure()
+                print(f"measured: GPT-2 {size} B={B} {name}: {results[name]:.2f} ms/step", flush=True)
+            except Failed as e:
+                print(f"error: {e}", flush=True)
+                failed.append(f"{size} B={B} {name}")
+            except Exception:  # (PyTorch's own errors: shown whole, and the other runs still go on)
+                traceback.print_exc()
+                failed.append(f"{size} B={B} {name}")
         print_table(args, size, B, results)
+    if failed:
+        sys.exit(f"error: {len(failed)} run(s) gave no time: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -1,175 +1,304 @@
 #!/usr/bin/env bash
-# check_gpu.sh: the GPU truth for everything landed so far, in one go on a machine with an NVIDIA GPU.
-#   builds the GPU target in all three precisions, runs test_gpt on the GPU against the PyTorch reference
-#   (FP32, BF16, FP16, and BF16/FP16 again with --attention flash, the tensor-core flash attention), every
-#   dev/cuda kernel check (including the flash kernels on odd shapes), the bad-input and checkpoint tests
-#   against the GPU binary, the suites of data-parallel runs (data parallelism, ZeRO, faults, signals,
-#   rank agreement, launch, staging), tensor- and pipeline-parallel suites with their ranks sharing the
-#   one GPU (MPI engine), tensor parallelism with flash attention against classic, the default job, 200
-#   steps of GPT-2 124M in FP16, BF16 and BF16 with flash attention (loss curves compared), recompute runs, the
-#   --fused-kernels 1 checks (test_gpt in 3 precisions, 200 steps against the default path), and
-#   scripts/benchmark_gpu.py (this trainer's two attention paths, torch.compile, and llm.c when
-#   LLMC=path/to/llm.c-checkout is set). Its duration on a GPU is not yet measured (summary.txt gives
-#   each step's seconds).
-# Each step prints PASS or FAIL with its time; a summary of all steps ends the run (and $OUT/summary.txt),
-# followed by the flash attention kernels' TFLOP/s. The exit code is 1 if any step failed.
-# Logs go to $OUT (or ./build/gpu-check). Needs torch in $PYTHON (default /usr/bin/python3) for the reference.
-# Without a system MPI, build a portable one first (.mpi/env.sh is sourced when present).
+# check_gpu.sh: the GPU truth for everything landed, on a machine with an NVIDIA GPU, most important first,
+# so that a short stay on a GPU spends its minutes where they matter.
+#
+# usage: scripts/check_gpu.sh [--tier N] [--budget SECONDS] [--list] [--sources-hash]
+#   --tier N        run the steps of tiers 1 to N only [3: every step]
+#   --budget S      start no step after S seconds and stop the one still running then: the summary says
+#                   TIMEOUT for it and SKIP for the rest [no limit]
+#   --list          print every step (tier, name, command) and run nothing
+#   --sources-hash  print the hash of the sources and build files the GPU binaries come from
+#
+# The tiers, each in the order its steps run:
+#   1. what decides the fast path (--attention flash --fused-kernels 1) and the speed: test_gpt with it in
+#      every precision against the PyTorch reference; GPT-2 124M (B=16) through scripts/benchmark_gpu.py:
+#      the classic, flash and fast paths, llm.c and torch.compile side by side; the flash kernels' checks
+#      and TFLOP/s (dev/cuda); an Nsight Compute breakdown of one fast step against each kernel's floor
+#      (scripts/ncu_breakdown.py); 200 steps of 124M on the fast path against the default path; training
+#      with --fused-kernels 1 equal to without (tests/fused_emulated.sh on the GPU). The last line says
+#      whether every fast-path check passed: the condition for making it the default.
+#   2. every other check on one process: test_gpt in FP32, BF16, FP16 and with flash alone; all dev/cuda
+#      kernels; the command-line and checkpoint suites; sublinear checkpointing; FP16 against BF16, flash
+#      and the fused kernels each alone against the default over 200 steps; a batch that fits only with
+#      --recompute 3; tensor parallelism with flash against classic; ZeRO-3, staged sends and ZB-H1 equal
+#      byte for byte to their references in BF16; pipeline traces; the benchmark at 124M B=32 and 350M.
+#   3. the suites of multi-rank runs (data parallelism, ZeRO, faults, signals, rank agreement, launch,
+#      staging, tensor and pipeline parallelism), ranks sharing the one GPU through the MPI engine, also
+#      with the engine's chunked staging (LLMC_MPI_STAGE_BYTES); the host emulation of the flash kernels.
+#
+# Binaries: scripts/prepare_gpu_run.sh builds them on a machine without a GPU into build/gpu-bundle.tar.gz,
+# stamped with --sources-hash. If that bundle is here, the first step unpacks it, and if its stamp equals
+# this checkout's hash and every library the binaries need loads, uses them as they are; otherwise it
+# builds them here (make, minutes). llm.c joins the benchmark when
+# LLMC names a checkout (built there, patched for CUDA 13 as benchmark_gpu.py's header says) or a folder
+# with a train_gpt2cu already built; .llmc/ is used when LLMC is unset and it exists.
+# Needs torch in $PYTHON (default: the first of python3, /usr/bin/python3 that imports it), ncu for the
+# breakdown (skipped without it), mpirun for tier 3 and a few tier-2 steps (.mpi/env.sh is sourced when
+# present: a portable Open MPI that sets PATH and LD_LIBRARY_PATH).
+# Logs go to $LOGS (build/gpu-check). With $OUT set (a folder for results to be copied off the GPU machine), $OUT/summary.txt
+# and $OUT/gpu-check.tar.gz (all logs so far) are rewritten after every step, so a call stopped from
+# outside still brings back what ran. Exit status 1 if any step failed or the budget stopped or skipped one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+TIER=3 BUDGET="" LIST=0 MODE=check
+while [ $# -gt 0 ]; do
+    case $1 in
+        --tier) TIER=${2:?--tier needs 1, 2 or 3}; shift 2 ;;
+        --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
+        --list) LIST=1; shift ;;
+        --sources-hash|--build|--dev-cuda) MODE=${1#--}; shift ;;  # (the last two: steps of this script)
+        *) echo "check_gpu.sh: unknown argument '$1' (see the header of scripts/check_gpu.sh)" >&2; exit 2 ;;
+    esac
+done
+sources_hash() {  # what the GPU binaries are built from: the trainer, its tests, llmc/, dev/cuda, the build files
+    cat train_gpt.cu test_gpt.cu llmc/*.h llmc/comm/*.h dev/cuda/*.cu dev/cuda/*.cuh dev/cuda/*.h \
+        Makefile toolchain.mk dev/cuda/Makefile 2>/dev/null | sha256sum | cut -c1-16
+}
+[ "$MODE" = sources-hash ] && { sources_hash; exit 0; }
+case $TIER in 1|2|3) ;; *) echo "check_gpu.sh: --tier takes 1, 2 or 3, not '$TIER'" >&2; exit 2 ;; esac
+case $BUDGET in ""|*[!0-9]*) [ -z "$BUDGET" ] || { echo "check_gpu.sh: --budget takes whole seconds, not '$BUDGET'" >&2; exit 2; } ;; esac
+
 # shellcheck disable=SC1091
 [ -f .mpi/env.sh ] && source .mpi/env.sh
-OUT=${OUT:-build/gpu-check}
-mkdir -p "$OUT"
-PY=${PYTHON:-/usr/bin/python3}
+LOGS=${LOGS:-build/gpu-check}
+mkdir -p "$LOGS"
+# a check starts from no logs: a comparison must never read a curve an earlier run left
+[ "$MODE$LIST" = check0 ] && rm -f "$LOGS"/*.log "$LOGS"/*.jsonl "$LOGS"/*.json "$LOGS"/*.csv "$LOGS"/*.bin "$LOGS"/summary.txt
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; else
+    PY=/usr/bin/python3
+    for p in python3 /usr/bin/python3; do
+        if "$p" -c "import torch" >/dev/null 2>&1; then PY=$p; break; fi
+    done
+fi
+# the prepared binaries (used by the build step if they are of these sources), and llm.c's if it came along
+if [ "$MODE$LIST" = check0 ] && [ -f build/gpu-bundle.tar.gz ]; then
+    tar -xzf build/gpu-bundle.tar.gz || echo "warning: build/gpu-bundle.tar.gz did not unpack: the build step builds instead"
+fi
+if [ -z "${LLMC:-}" ] && [ -d .llmc ]; then LLMC=.llmc; fi
+LLMC_ARGS=()
+if [ -n "${LLMC:-}" ]; then
+    LLMC_ARGS=(--llmc "$LLMC")
+    [ -x "$LLMC/train_gpt2cu" ] && LLMC_ARGS+=(--llmc-no-build)
+fi
+
 status=0
 SUMMARY=()
-run() {  # run NAME CMD...: logs to $OUT/NAME.log, shows its last TAIL (25) lines, PASS/FAIL and seconds
-    local name=$1
-    shift
-    echo "==== $name: $*"
-    local t0=$SECONDS
-    "$@" >"$OUT/$name.log" 2>&1
-    local rc=$? secs=$((SECONDS - t0)) verdict=PASS
-    tail -n "${TAIL:-25}" "$OUT/$name.log"
-    [ $rc -eq 0 ] || verdict=FAIL status=1
-    echo "==== $name: $verdict (exit $rc, ${secs} s)"
-    SUMMARY+=("$(printf '%-4s %5d s  %s' "$verdict" "$secs" "$name")")
+declare -A VERDICT
+write_summary() {  # (and, with $OUT, the logs so far: a call stopped from outside still brings them back)
+    printf '%s\n' "${SUMMARY[@]}" >"$LOGS/summary.txt"
+    if [ -n "${OUT:-}" ]; then
+        cp "$LOGS/summary.txt" "$OUT/summary.txt"
+        tar -czf "$OUT/gpu-check.tar.gz" --exclude='*.bin' -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+    fi
 }
-nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv | tee "$OUT/gpu.txt"
-run build make -j8 gpu cpu
-run reference "$PY" scripts/gpt2_reference.py --out-dir build/ref
-run test_fp32 ./build/gpu-fp32/test_gpt build/ref
-run test_bf16 ./build/gpu-bf16/test_gpt build/ref
-run test_fp16 ./build/gpu-fp16/test_gpt build/ref
-run test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
-run test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
-# --fused-kernels 1 (cuBLASLt epilogues, fused LayerNorm, the classifier's vector kernel, pinned id copies)
-run test_bf16_fused_flash env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref --attention flash
-run test_fp16_fused_flash env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref --attention flash
-run test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
-# training with --fused-kernels 1 equals --fused-kernels 0 (ids copied without waiting, with accumulation and a pipeline)
-run fused_equals_unfused_fp32 bash tests/fused_emulated.sh build/gpu-fp32/train_gpt
+# step TIER NAME CMD...: runs CMD (logged to $LOGS/NAME.log) if TIER is within --tier and the budget has
+# time left, stopping it at the budget; shows its last TAIL (25) lines and PASS, FAIL, TIMEOUT or SKIP (exit
+# status 77: a step whose input a skipped step would have made) with its seconds
+step() {
+    local tier=$1 name=$2
+    shift 2
+    if [ "$LIST" = 1 ]; then printf '%s  %-30s %s\n' "$tier" "$name" "$*"; return; fi
+    [ "$tier" -le "$TIER" ] || return 0
+    local left="" verdict rc secs t0=$SECONDS
+    if [ -n "$BUDGET" ]; then
+        left=$((BUDGET - SECONDS))
+        if [ "$left" -le 0 ]; then
+            VERDICT[$name]=SKIP status=1
+            SUMMARY+=("$(printf '%-7s %5s    %s  (the budget of %s s was spent)' SKIP - "$name" "$BUDGET")")
+            write_summary
+            return
+        fi
+    fi
+    echo "==== $name: $*"
+    if [ -n "$left" ]; then
+        timeout -k 10 "$left" "$@" >"$LOGS/$name.log" 2>&1
+    else
+        "$@" >"$LOGS/$name.log" 2>&1
+    fi
+    rc=$?
+    secs=$((SECONDS - t0))
+    case $rc in
+        0) verdict=PASS ;;
+        77) verdict=SKIP ;;
+        124|137) verdict=TIMEOUT status=1 ;;
+        *) verdict=FAIL status=1 ;;
+    esac
+    tail -n "${TAIL:-25}" "$LOGS/$name.log"
+    echo "==== $name: $verdict (exit $rc, ${secs} s)"
+    VERDICT[$name]=$verdict
+    SUMMARY+=("$(printf '%-7s %5d s  %s' "$verdict" "$secs" "$name")")
+    write_summary
+}
+
+# the binaries of scripts/prepare_gpu_run.sh's bundle, if they are of these sources and load here; else built here
+BINS=(build/gpu-{bf16,fp16,fp32}/{train_gpt,test_gpt})
+for f in dev/cuda/*.cu; do BINS+=("dev/cuda/build/$(basename "$f" .cu)"); done
+prebuilt() {
+    local stamp b
+    stamp=$(cat build/gpu-sources-hash.txt 2>/dev/null) || { echo "no build/gpu-sources-hash.txt: no prepared binaries"; return 1; }
+    [ "$stamp" = "$(sources_hash)" ] || { echo "the prepared binaries are of other sources ($stamp)"; return 1; }
+    for b in "${BINS[@]}"; do
+        [ -x "$b" ] || { echo "missing: $b"; return 1; }
+        if ldd "$b" 2>&1 | grep -q "not found"; then echo "$b: a library does not load"; ldd "$b"; return 1; fi
+    done
+    [ -f build/ref/ref_small_debug.bin ] || { echo "missing: build/ref"; return 1; }
+    echo "using the prepared binaries (sources $stamp)"
+}
+if [ "$MODE" = build ]; then
+    prebuilt && exit 0
+    echo "building here"
+    rm -f build/gpu-sources-hash.txt
+    make -j"$(nproc)" "${BINS[@]:0:6}" && make -k -C dev/cuda -j"$(nproc)" || exit 1
+    [ -f build/ref/ref_small_debug.bin ] || "$PY" scripts/gpt2_reference.py --out-dir build/ref || exit 1
+    exit 0
+fi
+# every dev/cuda program as built (make -C dev/cuda run would first rebuild carried ones for this GPU's arch)
+if [ "$MODE" = dev-cuda ]; then
+    failed=""
+    for f in dev/cuda/*.cu; do
+        k=$(basename "$f" .cu)
+        echo "=== $k"
+        "./dev/cuda/build/$k" || failed="$failed $k"
+    done
+    [ -z "$failed" ] || { echo "FAILED:$failed"; exit 1; }
+    echo "all kernels passed"
+    exit 0
+fi
+
+# GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
+# tokens = 6 micro-batches, which is plenty for a throughput measurement
+G124=(--layers 12 --channels 768 --heads 12 --max-seq-len 1024 --batch-size 16 --seq-len 1024 --lr 6e-4
+      --val-every 0 --sample-every 0)
+G200=("${G124[@]}" --steps 200 --warmup 20)
+FAST=(--attention flash --fused-kernels 1)
+CMP=("$PY" scripts/compare_losses.py)
+
+# ---- tier 1: the fast path's verdict and the speed ------------------------------------------------------
+step 1 gpu nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
+step 1 build bash scripts/check_gpu.sh --build
+# the reference checks with the fast path (cuBLASLt epilogues, fused LayerNorm, the classifier's vector
+# kernel, the single-launch optimizer, pinned id copies), same tolerances as the default path
+step 1 test_bf16_fast env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref --attention flash
+step 1 test_fp16_fast env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref --attention flash
+step 1 test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
+# this trainer's three paths, llm.c and torch.compile at GPT-2 124M, B=16 (each ms/step printed as measured)
+TAIL=12 step 1 benchmark "$PY" scripts/benchmark_gpu.py --configs 124M:16 --steps 30 --warmup 10 "${LLMC_ARGS[@]}"
+# the tensor-core flash kernels against the CPU reference (odd shapes, then 124M shapes, timed in TFLOP/s;
+# targets on an H100: forward >= 150, backward >= 100); the backward is rerun for bit-identical results
+TAIL=40 step 1 flash_forward_bf16 ./dev/cuda/build/attention_forward 4
+TAIL=40 step 1 flash_backward_bf16 ./dev/cuda/build/attention_backward 3
+# one profiled fast step (3 steps averaged) by kernel, against the static report's floors
+TAIL=45 step 1 ncu_fast bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file $LOGS/ncu_fast.csv \
+        ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 ${FAST[*]} >/dev/null &&
+    $PY scripts/ncu_breakdown.py $LOGS/ncu_fast.csv --steps 3 --path fast"
+# 200 steps of 124M, fast path against the default path: the same curve within bf16 rounding (2%: flash
+# alone is held to 2% below, the fused kernels alone to 1%; the fast path's difference is flash's, mainly)
+step 1 bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --log "$LOGS/bf16.jsonl"
+step 1 fast_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" "${FAST[@]}" --log "$LOGS/fast_bf16.jsonl"
+step 1 fast_vs_default "${CMP[@]}" "$LOGS/fast_bf16.jsonl" "$LOGS/bf16.jsonl" --names fast,default --last 10 --limit 0.02
+# training with --fused-kernels 1 equals --fused-kernels 0 (ids copied without waiting, with accumulation
+# and pipelines; the device-decided optimizer step with clipping, dp, ZeRO-3, tp; FP32)
+step 1 fused_equals_unfused_fp32 bash tests/fused_emulated.sh build/gpu-fp32/train_gpt
+
+# ---- tier 2: every other check on one process (and a few two-rank comparisons) ---------------------------
+step 2 test_fp32 ./build/gpu-fp32/test_gpt build/ref
+step 2 test_bf16 ./build/gpu-bf16/test_gpt build/ref
+step 2 test_fp16 ./build/gpu-fp16/test_gpt build/ref
+step 2 test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
+step 2 test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
+step 2 test_bf16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref
+step 2 test_fp16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref
+TAIL=40 step 2 flash_forward_fp16 ./dev/cuda/build/attention_forward 5
+TAIL=40 step 2 flash_backward_fp16 ./dev/cuda/build/attention_backward 4
+step 2 dev_cuda bash scripts/check_gpu.sh --dev-cuda
+step 2 cli_gpu bash tests/cli.sh build/gpu-bf16/train_gpt
+step 2 checkpoints_gpu bash tests/checkpoints.sh build/gpu-bf16/train_gpt
 # sublinear checkpointing bit-identical to no recomputation on the GPU (one rank, pp 2, tp 2)
-run recompute_fp32 bash tests/recompute.sh build/gpu-fp32/train_gpt
-run dev_cuda_build make -k -C dev/cuda -j8  # -k: one kernel file that fails to build leaves the others checked
-# the tensor-core flash attention (--attention flash) on its own first, each step with its PASS/FAIL and
-# time: the host emulation of its index maps and algorithm, then every GPU version against the CPU
-# reference on odd shapes (T = 37..200, partial tiles) and at GPT-2 124M shapes, timed in TFLOP/s (targets
-# on an H100: forward >= 150, backward >= 100); the backward is also rerun for bit-identical results
-run flash_emulated make -C dev/cuda layout
-TAIL=40 run flash_forward_bf16 ./dev/cuda/build/attention_forward 4
-TAIL=40 run flash_forward_fp16 ./dev/cuda/build/attention_forward 5
-TAIL=40 run flash_backward_bf16 ./dev/cuda/build/attention_backward 3
-TAIL=40 run flash_backward_fp16 ./dev/cuda/build/attention_backward 4
-run dev_cuda make -C dev/cuda run
-run cli_gpu bash tests/cli.sh build/gpu-bf16/train_gpt
-run checkpoints_gpu bash tests/checkpoints.sh build/gpu-bf16/train_gpt
-# the suites of data-parallel runs (data parallelism, ZeRO, faults, signals, rank agreement, launch, staging)
-DP_SUITES=(data_parallel zero faults signals rank_agreement launch staging)
-for t in "${DP_SUITES[@]}"; do run "${t}_fp32" bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
-run tensor_parallel_fp32 bash tests/tensor_parallel.sh build/gpu-fp32/train_gpt
-run pipeline_parallel_fp32 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
-run trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu.json"
-# the same with ZB-H1 (its B and W apart; the bubble printed beside 1F1B's above, both on one GPU shared by
-# the two stages, so a measurement of the schedule's order more than of its speed)
-run trace_gpu_zbh1 bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule zb-h1 --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_zbh1.json"
-# the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until these
-# pass): the parallel suites in FP32; in BF16 (sums widened to float by a kernel) a dp2 ZeRO-2 run with
-# accumulation must give the whole-buffer path's model file byte for byte (the suites' 1e-5 against one
-# rank is an FP32 tolerance: BF16 rounds the gradients of 2 ranks differently from one rank's, e.g. 3e-5 in
-# the loss on the CPU emulation); and the same traced pipeline, whose last line gives the engine's GB/s
-# beside trace_gpu's (the whole-buffer default; target >= 5 GB/s)
-for t in "${DP_SUITES[@]}"; do run "${t}_fp32_staged" env LLMC_MPI_STAGE_BYTES=8388608 bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+step 2 recompute_fp32 bash tests/recompute.sh build/gpu-fp32/train_gpt
+step 2 train_default ./build/gpu-bf16/train_gpt
+# FP16 with dynamic loss scaling against BF16, flash alone and the fused kernels alone against the default
+# path, 200 steps of 124M each (the 2% and 1% limits as in tier 1)
+step 2 fp16_200 ./build/gpu-fp16/train_gpt "${G200[@]}" --log "$LOGS/fp16.jsonl"
+step 2 fp16_vs_bf16 "${CMP[@]}" "$LOGS/fp16.jsonl" "$LOGS/bf16.jsonl" --names fp16,bf16 --last 10 --limit 0.02
+step 2 flash_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --attention flash --log "$LOGS/flash_bf16.jsonl"
+step 2 flash_vs_classic "${CMP[@]}" "$LOGS/flash_bf16.jsonl" "$LOGS/bf16.jsonl" --names flash,classic --last 10 --limit 0.02
+step 2 fused_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --fused-kernels 1 --log "$LOGS/fused_bf16.jsonl"
+step 2 fused_vs_default "${CMP[@]}" "$LOGS/fused_bf16.jsonl" "$LOGS/bf16.jsonl" --names fused,default --last 10 --limit 0.01
+step 2 bench_124M_fp32 ./build/gpu-fp32/train_gpt "${G124[@]}" --batch-size 8 --steps 10 --warmup 5
+# recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
+step 2 plan_big ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB
+step 2 recompute3_big ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 160 --steps 3 --recompute 3
+step 2 plan_big_flash ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB --attention flash
+step 2 recompute3_flash ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 32 --steps 3 --recompute 3 --attention flash
+# the classic path's breakdown, beside tier 1's fast one
+TAIL=45 step 2 ncu_classic bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file $LOGS/ncu_classic.csv \
+        ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 >/dev/null &&
+    $PY scripts/ncu_breakdown.py $LOGS/ncu_classic.csv --steps 3 --path classic"
+# tensor parallelism with flash attention (each rank its 6 local heads): 10 steps against classic, every
+# step within 2% (bf16)
+TPF=(--layers 2 --channels 768 --heads 12 --max-seq-len 256 --seq-len 256 --batch-size 4 --steps 10 --lr 6e-4
+     --warmup 2 --val-every 0 --sample-every 0 --tp 2)
+step 2 tp_flash bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --log $LOGS/tp_flash.jsonl"
+step 2 tp_classic bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --log $LOGS/tp_classic.jsonl"
+step 2 tp_flash_vs_classic "${CMP[@]}" "$LOGS/tp_flash.jsonl" "$LOGS/tp_classic.jsonl" --names flash,classic --every --limit 0.02
 # ZeRO-3's BF16 path (the parameter shard updated in place, layers gathered per use): the same reduced chunks
 # and updates as ZeRO-2, so the same model file byte for byte (tests/nccl_emulated.sh checks it emulated)
-run dp_bf16_zero3_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --steps 4 --val-every 0 --sample-every 0'; \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 2 --save-model $OUT/zero2.bin && \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 3 --save-model $OUT/zero3.bin && \
-    cmp $OUT/zero2.bin $OUT/zero3.bin && echo 'ZeRO-3 = ZeRO-2, byte for byte'"
-run dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/whole.bin && \
-    LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $OUT/staged.bin && \
-    cmp $OUT/whole.bin $OUT/staged.bin && echo 'staged = whole-buffer, byte for byte'"
+step 2 dp_bf16_zero3_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --steps 4 --val-every 0 --sample-every 0'; \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 2 --save-model $LOGS/zero2.bin && \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 3 --save-model $LOGS/zero3.bin && \
+    cmp $LOGS/zero2.bin $LOGS/zero3.bin && echo 'ZeRO-3 = ZeRO-2, byte for byte'"
+# the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until it passes
+# here): in BF16 (sums widened to float by a kernel) a dp2 ZeRO-2 run with accumulation must give the
+# whole-buffer path's model file byte for byte
+step 2 dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $LOGS/whole.bin && \
+    LLMC_MPI_STAGE_BYTES=65536 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt \$F --save-model $LOGS/staged.bin && \
+    cmp $LOGS/whole.bin $LOGS/staged.bin && echo 'staged = whole-buffer, byte for byte'"
 # ZB-H1's BF16 path (each weight product deferred, its output gradient kept per micro-batch): 1F1B's
 # products, each weight gradient summed over the micro-batches in the same order, so the same model file
 # byte for byte (tests/nccl_emulated.sh checks it emulated)
-run pp_bf16_zbh1_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 8 --micro-batches 4 --pp 2 --steps 4 --val-every 0 --sample-every 0'; \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule 1f1b --save-model $OUT/1f1b.bin && \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule zb-h1 --save-model $OUT/zbh1.bin && \
-    cmp $OUT/1f1b.bin $OUT/zbh1.bin && echo 'ZB-H1 = 1F1B, byte for byte'"
-run pipeline_parallel_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
-run trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt --pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8 --schedule 1f1b --steps 3 --val-every 0 --sample-every 0 --trace $OUT/trace_gpu_staged.json"
-run train_default ./build/gpu-bf16/train_gpt
-# GPT-2 124M shapes: L=12 C=768 NH=12 V=50257 maxT=1024, B=16 T=1024; the default data has ~106k train
-# tokens = 6 micro-batches, which is plenty for a throughput measurement
-run bench_124M_bf16 ./build/gpu-bf16/train_gpt --layers 12 --channels 768 --heads 12 --max-seq-len 1024 \
-    --batch-size 16 --seq-len 1024 --steps 30 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 10
-run bench_124M_fp32 ./build/gpu-fp32/train_gpt --layers 12 --channels 768 --heads 12 --max-seq-len 1024 \
-    --batch-size 8 --seq-len 1024 --steps 10 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 5
-# FP16 with dynamic loss scaling against BF16: GPT-2 124M, B=16 T=1024, 200 steps on the default data
-G124=(--layers 12 --channels 768 --heads 12 --max-seq-len 1024 --batch-size 16 --seq-len 1024 --steps 200 --lr 6e-4
-      --warmup 20 --val-every 0 --sample-every 0)
-run fp16_200 ./build/gpu-fp16/train_gpt "${G124[@]}" --log "$OUT/fp16.jsonl"
-run bf16_200 ./build/gpu-bf16/train_gpt "${G124[@]}" --log "$OUT/bf16.jsonl"
-run flash_bf16_200 ./build/gpu-bf16/train_gpt "${G124[@]}" --attention flash --log "$OUT/flash_bf16.jsonl"
-run fp16_vs_bf16 "$PY" -c "
-import json
-def last(p): return [r for r in map(json.loads, open(p)) if 'loss' in r][-10:]
-f, b = last('$OUT/fp16.jsonl'), last('$OUT/bf16.jsonl')
-mf, mb = sum(r['loss'] for r in f) / len(f), sum(r['loss'] for r in b) / len(b)
-skips = sum(1 for r in map(json.loads, open('$OUT/fp16.jsonl')) if r.get('skipped'))
-print(f'mean loss of the last 10 steps: fp16 {mf:.4f}, bf16 {mb:.4f}, relative {abs(mf - mb) / mb:.4f} (target 0.02); fp16 skipped {skips} steps')
-"
-# flash attention against classic: the same 200-step curve within run-to-run noise (bf16 rounding differs)
-run flash_vs_classic "$PY" -c "
-import json, sys
-def losses(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r]
-f, c = losses('$OUT/flash_bf16.jsonl'), losses('$OUT/bf16.jsonl')
-worst = max(abs(a - b) / b for a, b in zip(f, c))
-mf, mc = sum(f[-10:]) / 10, sum(c[-10:]) / 10
-print(f'{len(f)} steps; mean loss of the last 10: flash {mf:.4f}, classic {mc:.4f}, relative {abs(mf - mc) / mc:.4f} (limit 0.02); worst step {worst:.4f}')
-sys.exit(0 if len(f) == len(c) == 200 and abs(mf - mc) / mc < 0.02 else 1)
-"
-# tensor parallelism with flash attention (each rank its 6 local heads): 10 steps against classic
-TPF=(--layers 2 --channels 768 --heads 12 --max-seq-len 256 --seq-len 256 --batch-size 4 --steps 10 --lr 6e-4
-     --warmup 2 --val-every 0 --sample-every 0 --tp 2)
-run tp_flash bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --log $OUT/tp_flash.jsonl"
-run tp_classic bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --log $OUT/tp_classic.jsonl"
-run tp_flash_vs_classic "$PY" -c "
-import json, sys
-def losses(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r]
-f, c = losses('$OUT/tp_flash.jsonl'), losses('$OUT/tp_classic.jsonl')
-worst = max(abs(a - b) / b for a, b in zip(f, c))
-print(f'tp=2, {len(f)} steps: flash {f}, classic {c}; worst relative difference {worst:.4f} (limit 0.02, bf16)')
-sys.exit(0 if len(f) == len(c) == 10 and worst < 0.02 else 1)
-"
-# recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
-run plan_big ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB
-run recompute3_big ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 160 --steps 3 --recompute 3
-# --fused-kernels 1 (off by default until this passes): the reference checks in every precision (same
-# tolerances), its 200 BF16 steps against the default path's (mean of the last 10 losses within 1%),
-# and its throughput; its kernels' own checks ran in dev_cuda above
-run test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
-run test_bf16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref
-run test_fp16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref
-run bf16_200_fused ./build/gpu-bf16/train_gpt "${G124[@]}" --fused-kernels 1 --log "$OUT/bf16_fused.jsonl"
-run fused_vs_default "$PY" -c "
-import json, sys
-def last(p): return [r['loss'] for r in map(json.loads, open(p)) if 'loss' in r][-10:]
-f, d = last('$OUT/bf16_fused.jsonl'), last('$OUT/bf16.jsonl')
-mf, md = sum(f) / len(f), sum(d) / len(d)
-print(f'mean loss of the last 10 of 200 BF16 steps: fused {mf:.4f}, default {md:.4f}, relative {abs(mf - md) / md:.4f} (limit 0.01)')
-sys.exit(0 if len(f) == 10 and abs(mf - md) <= 0.01 * md else 1)
-"
-run bench_124M_bf16_fused ./build/gpu-bf16/train_gpt --layers 12 --channels 768 --heads 12 --max-seq-len 1024 \
-    --batch-size 16 --seq-len 1024 --steps 30 --val-every 0 --sample-every 0 --lr 6e-4 --warmup 10 --fused-kernels 1
-run plan_big_flash ./build/gpu-bf16/train_gpt --plan "${G124[@]}" --batch-size 160 --device-memory 78GiB --attention flash
-run recompute3_flash ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 32 --steps 3 --recompute 3 --attention flash
-# this trainer (both attention paths) against PyTorch torch.compile, and llm.c if LLMC=path/to/llm.c (a
-# checkout, patched for CUDA 13 as scripts/benchmark_gpu.py's header says); GPT-2 124M B=16, 32, 350M B=16
-run benchmark "$PY" scripts/benchmark_gpu.py --steps 20 --warmup 5 ${LLMC:+--llmc "$LLMC"}
-echo "==== summary (logs in $OUT)"
-printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
-grep -H "TFLOP/s" "$OUT"/flash_*.log 2>/dev/null | sed "s|^$OUT/|flash timing: |"
+step 2 pp_bf16_zbh1_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 8 --micro-batches 4 --pp 2 --steps 4 --val-every 0 --sample-every 0'; \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule 1f1b --save-model $LOGS/1f1b.bin && \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule zb-h1 --save-model $LOGS/zbh1.bin && \
+    cmp $LOGS/1f1b.bin $LOGS/zbh1.bin && echo 'ZB-H1 = 1F1B, byte for byte'"
+# 124M pipeline traces, pp 2 on the one GPU (so a measurement of the schedule's order more than of its
+# speed): 1F1B, ZB-H1 (its B and W apart), and 1F1B through the staged MPI path, whose last line gives
+# the engine's GB/s beside the whole-buffer one's (target >= 5 GB/s)
+PPT=(--pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8
+     --steps 3 --val-every 0 --sample-every 0)
+step 2 trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule 1f1b --trace $LOGS/trace_gpu.json"
+step 2 trace_gpu_zbh1 bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule zb-h1 --trace $LOGS/trace_gpu_zbh1.json"
+step 2 trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule 1f1b --trace $LOGS/trace_gpu_staged.json"
+TAIL=24 step 2 benchmark_more "$PY" scripts/benchmark_gpu.py --configs 124M:32,350M:16 --steps 20 --warmup 5 "${LLMC_ARGS[@]}"
+
+# ---- tier 3: the multi-rank suites, ranks sharing the GPU --------------------------------------------------
+DP_SUITES=(data_parallel zero faults signals rank_agreement launch staging)
+for t in "${DP_SUITES[@]}"; do step 3 "${t}_fp32" bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+step 3 tensor_parallel_fp32 bash tests/tensor_parallel.sh build/gpu-fp32/train_gpt
+step 3 pipeline_parallel_fp32 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
+for t in "${DP_SUITES[@]}"; do step 3 "${t}_fp32_staged" env LLMC_MPI_STAGE_BYTES=8388608 bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+step 3 pipeline_parallel_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
+# the host emulation of the flash kernels' index maps and algorithm (also run by make test)
+step 3 flash_emulated make -C dev/cuda layout
+
+[ "$LIST" = 1 ] && exit 0
+echo "==== summary (logs in $LOGS)"
+printf '%s\n' "${SUMMARY[@]}"
+grep -h "TFLOP/s" "$LOGS"/flash_*.log 2>/dev/null | sed "s|^|flash timing: |"
+# the fast path becomes the default only when every check of it ran and passed
+FAST_CHECKS=(test_bf16_fast test_fp16_fast test_fp32_fused flash_forward_bf16 flash_backward_bf16 fast_vs_default
+             fused_equals_unfused_fp32)
+passed=0 open=()
+for s in "${FAST_CHECKS[@]}"; do
+    if [ "${VERDICT[$s]:-}" = PASS ]; then passed=$((passed + 1)); else open+=("$s: ${VERDICT[$s]:-not run}"); fi
+done
+verdict="the fast path (--attention flash --fused-kernels 1): $passed of ${#FAST_CHECKS[@]} checks passed"
+if [ ${#open[@]} -eq 0 ]; then verdict+="; it may become the default"; else verdict+="; not yet: ${open[*]}"; fi
+echo "$verdict"
+SUMMARY+=("$verdict")
+write_summary
+[ -n "${OUT:-}" ] && echo "logs: $OUT/gpu-check.tar.gz"
 exit $status

@@ -102,8 +102,8 @@ bash tests/readme.sh build/cpu/train_gpt
 step "flash attention: the tensor-core kernels' index maps and their forward and backward, on ldmatrix/mma emulated on the host"
 timeout 120 make -C dev/cuda layout
 
-step "GPU benchmark script: parses its flags and prints its plan without a GPU (--dry-run)"
-timeout 60 $PY scripts/benchmark_gpu.py --dry-run --llmc scripts >/dev/null
+step "the GPU run's scripts without a GPU: check_gpu.sh's tiers, budget and results, the loss and ncu comparisons, the benchmark's plan"
+timeout 120 bash tests/gpu_scripts.sh
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     step "GPU target: build FP32, BF16 and FP16, and the kernel variants in dev/cuda"
