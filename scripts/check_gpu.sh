@@ -71,6 +71,7 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; else
         if "$p" -c "import torch" >/dev/null 2>&1; then PY=$p; break; fi
     done
 fi
+export PYTHON=$PY  # (the suites' own scripts use it too)
 # the prepared binaries (used by the build step if they are of these sources), and llm.c's if it came along
 if [ "$MODE$LIST" = check0 ] && [ -f build/gpu-bundle.tar.gz ]; then
     tar -xzf build/gpu-bundle.tar.gz || echo "warning: build/gpu-bundle.tar.gz did not unpack: the build step builds instead"
@@ -188,11 +189,13 @@ TAIL=12 step 1 benchmark "$PY" scripts/benchmark_gpu.py --configs 124M:16 --step
 # targets on an H100: forward >= 150, backward >= 100); the backward is rerun for bit-identical results
 TAIL=40 step 1 flash_forward_bf16 ./dev/cuda/build/attention_forward 4
 TAIL=40 step 1 flash_backward_bf16 ./dev/cuda/build/attention_backward 3
-# one profiled fast step (3 steps averaged) by kernel, against the static report's floors
+# one profiled fast step (3 steps averaged) by kernel, against the static report's floors; with the fast
+# path's step time from the benchmark, the time a step spends outside kernels (what CUDA graphs could save)
 TAIL=45 step 1 ncu_fast bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file $LOGS/ncu_fast.csv \
-        ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 ${FAST[*]} >/dev/null &&
-    $PY scripts/ncu_breakdown.py $LOGS/ncu_fast.csv --steps 3 --path fast"
+        ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 ${FAST[*]} >/dev/null || exit 1
+    ms=\$(sed -n 's/^measured: GPT-2 124M B=16 this trainer (fast): \\([0-9.]*\\) ms.step\$/\\1/p' $LOGS/benchmark.log 2>/dev/null)
+    $PY scripts/ncu_breakdown.py $LOGS/ncu_fast.csv --steps 3 --path fast \${ms:+--step-ms \$ms}"
 # 200 steps of 124M, fast path against the default path: the same curve within bf16 rounding (2%: flash
 # alone is held to 2% below, the fused kernels alone to 1%; the fast path's difference is flash's, mainly)
 step 1 bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --log "$LOGS/bf16.jsonl"
