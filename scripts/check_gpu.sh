@@ -94,35 +94,32 @@ write_summary() {  # (and, with $OUT, the logs so far: a call stopped from outsi
     fi
 }
 # step TIER NAME CMD...: runs CMD (logged to $LOGS/NAME.log) if TIER is within --tier and the budget has
-# time left, stopping it at the budget; shows its last TAIL (25) lines and PASS, FAIL, TIMEOUT or SKIP (exit
-# status 77: a step whose input a skipped step would have made) with its seconds
+# time left, stopped after CAP seconds (600 unless set: no hang takes the whole run) or at the budget; shows
+# its last TAIL (25) lines and PASS, FAIL, TIMEOUT or SKIP (exit status 77: a step whose input a skipped step
+# would have made) with its seconds
 step() {
     local tier=$1 name=$2
     shift 2
     if [ "$LIST" = 1 ]; then printf '%s  %-30s %s\n' "$tier" "$name" "$*"; return; fi
     [ "$tier" -le "$TIER" ] || return 0
-    local left="" verdict rc secs t0=$SECONDS
+    local limit=${CAP:-600} verdict rc secs t0=$SECONDS
     if [ -n "$BUDGET" ]; then
-        left=$((BUDGET - SECONDS))
-        if [ "$left" -le 0 ]; then
+        if [ $((BUDGET - SECONDS)) -le 0 ]; then
             VERDICT[$name]=SKIP status=1
             SUMMARY+=("$(printf '%-7s %5s    %s  (the budget of %s s was spent)' SKIP - "$name" "$BUDGET")")
             write_summary
             return
         fi
+        [ $((BUDGET - SECONDS)) -lt "$limit" ] && limit=$((BUDGET - SECONDS))
     fi
     echo "==== $name: $*"
-    if [ -n "$left" ]; then
-        timeout -k 10 "$left" "$@" >"$LOGS/$name.log" 2>&1
-    else
-        "$@" >"$LOGS/$name.log" 2>&1
-    fi
+    timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
     rc=$?
     secs=$((SECONDS - t0))
     case $rc in
         0) verdict=PASS ;;
         77) verdict=SKIP ;;
-        124|137) verdict=TIMEOUT status=1 ;;
+        124|137) verdict=TIMEOUT status=1; echo "(stopped after $limit s)" >>"$LOGS/$name.log" ;;
         *) verdict=FAIL status=1 ;;
     esac
     tail -n "${TAIL:-25}" "$LOGS/$name.log"
@@ -176,45 +173,45 @@ FAST=(--attention flash --fused-kernels 1)
 CMP=("$PY" scripts/compare_losses.py)
 
 # ---- tier 1: the fast path's verdict and the speed ------------------------------------------------------
-step 1 gpu nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
-step 1 build bash scripts/check_gpu.sh --build
+CAP=120 step 1 gpu nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
+CAP=1200 step 1 build bash scripts/check_gpu.sh --build
 # the reference checks with the fast path (cuBLASLt epilogues, fused LayerNorm, the classifier's vector
 # kernel, the single-launch optimizer, pinned id copies), same tolerances as the default path
-step 1 test_bf16_fast env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref --attention flash
-step 1 test_fp16_fast env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref --attention flash
-step 1 test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
+CAP=120 step 1 test_bf16_fast env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref --attention flash
+CAP=120 step 1 test_fp16_fast env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref --attention flash
+CAP=120 step 1 test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gpt build/ref
 # this trainer's three paths, llm.c and torch.compile at GPT-2 124M, B=16 (each ms/step printed as measured)
 TAIL=12 step 1 benchmark "$PY" scripts/benchmark_gpu.py --configs 124M:16 --steps 30 --warmup 10 "${LLMC_ARGS[@]}"
 # the tensor-core flash kernels against the CPU reference (odd shapes, then 124M shapes, timed in TFLOP/s;
 # targets on an H100: forward >= 150, backward >= 100); the backward is rerun for bit-identical results
-TAIL=40 step 1 flash_forward_bf16 ./dev/cuda/build/attention_forward 4
-TAIL=40 step 1 flash_backward_bf16 ./dev/cuda/build/attention_backward 3
+CAP=120 TAIL=40 step 1 flash_forward_bf16 ./dev/cuda/build/attention_forward 4
+CAP=120 TAIL=40 step 1 flash_backward_bf16 ./dev/cuda/build/attention_backward 3
 # one profiled fast step (3 steps averaged) by kernel, against the static report's floors; with the fast
 # path's step time from the benchmark, the time a step spends outside kernels (what CUDA graphs could save)
-TAIL=45 step 1 ncu_fast bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
+CAP=240 TAIL=45 step 1 ncu_fast bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file $LOGS/ncu_fast.csv \
         ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 ${FAST[*]} >/dev/null || exit 1
     ms=\$(sed -n 's/^measured: GPT-2 124M B=16 this trainer (fast): \\([0-9.]*\\) ms.step\$/\\1/p' $LOGS/benchmark.log 2>/dev/null)
     $PY scripts/ncu_breakdown.py $LOGS/ncu_fast.csv --steps 3 --path fast \${ms:+--step-ms \$ms}"
 # 200 steps of 124M, fast path against the default path: the same curve within bf16 rounding (2%: flash
 # alone is held to 2% below, the fused kernels alone to 1%; the fast path's difference is flash's, mainly)
-step 1 bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --log "$LOGS/bf16.jsonl"
-step 1 fast_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" "${FAST[@]}" --log "$LOGS/fast_bf16.jsonl"
+CAP=120 step 1 bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --log "$LOGS/bf16.jsonl"
+CAP=120 step 1 fast_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" "${FAST[@]}" --log "$LOGS/fast_bf16.jsonl"
 step 1 fast_vs_default "${CMP[@]}" "$LOGS/fast_bf16.jsonl" "$LOGS/bf16.jsonl" --names fast,default --last 10 --limit 0.02
 # training with --fused-kernels 1 equals --fused-kernels 0 (ids copied without waiting, with accumulation
 # and pipelines; the device-decided optimizer step with clipping, dp, ZeRO-3, tp; FP32)
 step 1 fused_equals_unfused_fp32 bash tests/fused_emulated.sh build/gpu-fp32/train_gpt
 
 # ---- tier 2: every other check on one process (and a few two-rank comparisons) ---------------------------
-step 2 test_fp32 ./build/gpu-fp32/test_gpt build/ref
-step 2 test_bf16 ./build/gpu-bf16/test_gpt build/ref
-step 2 test_fp16 ./build/gpu-fp16/test_gpt build/ref
-step 2 test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
-step 2 test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
-step 2 test_bf16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref
-step 2 test_fp16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref
-TAIL=40 step 2 flash_forward_fp16 ./dev/cuda/build/attention_forward 5
-TAIL=40 step 2 flash_backward_fp16 ./dev/cuda/build/attention_backward 4
+CAP=120 step 2 test_fp32 ./build/gpu-fp32/test_gpt build/ref
+CAP=120 step 2 test_bf16 ./build/gpu-bf16/test_gpt build/ref
+CAP=120 step 2 test_fp16 ./build/gpu-fp16/test_gpt build/ref
+CAP=120 step 2 test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention flash
+CAP=120 step 2 test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
+CAP=120 step 2 test_bf16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref
+CAP=120 step 2 test_fp16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref
+CAP=120 TAIL=40 step 2 flash_forward_fp16 ./dev/cuda/build/attention_forward 5
+CAP=120 TAIL=40 step 2 flash_backward_fp16 ./dev/cuda/build/attention_backward 4
 step 2 dev_cuda bash scripts/check_gpu.sh --dev-cuda
 step 2 cli_gpu bash tests/cli.sh build/gpu-bf16/train_gpt
 step 2 checkpoints_gpu bash tests/checkpoints.sh build/gpu-bf16/train_gpt
@@ -223,20 +220,20 @@ step 2 recompute_fp32 bash tests/recompute.sh build/gpu-fp32/train_gpt
 step 2 train_default ./build/gpu-bf16/train_gpt
 # FP16 with dynamic loss scaling against BF16, flash alone and the fused kernels alone against the default
 # path, 200 steps of 124M each (the 2% and 1% limits as in tier 1)
-step 2 fp16_200 ./build/gpu-fp16/train_gpt "${G200[@]}" --log "$LOGS/fp16.jsonl"
+CAP=120 step 2 fp16_200 ./build/gpu-fp16/train_gpt "${G200[@]}" --log "$LOGS/fp16.jsonl"
 step 2 fp16_vs_bf16 "${CMP[@]}" "$LOGS/fp16.jsonl" "$LOGS/bf16.jsonl" --names fp16,bf16 --last 10 --limit 0.02
-step 2 flash_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --attention flash --log "$LOGS/flash_bf16.jsonl"
+CAP=120 step 2 flash_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --attention flash --log "$LOGS/flash_bf16.jsonl"
 step 2 flash_vs_classic "${CMP[@]}" "$LOGS/flash_bf16.jsonl" "$LOGS/bf16.jsonl" --names flash,classic --last 10 --limit 0.02
-step 2 fused_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --fused-kernels 1 --log "$LOGS/fused_bf16.jsonl"
+CAP=120 step 2 fused_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --fused-kernels 1 --log "$LOGS/fused_bf16.jsonl"
 step 2 fused_vs_default "${CMP[@]}" "$LOGS/fused_bf16.jsonl" "$LOGS/bf16.jsonl" --names fused,default --last 10 --limit 0.01
 step 2 bench_124M_fp32 ./build/gpu-fp32/train_gpt "${G124[@]}" --batch-size 8 --steps 10 --warmup 5
 # recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
-step 2 plan_big ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB
+CAP=120 step 2 plan_big ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB
 step 2 recompute3_big ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 160 --steps 3 --recompute 3
-step 2 plan_big_flash ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB --attention flash
+CAP=120 step 2 plan_big_flash ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB --attention flash
 step 2 recompute3_flash ./build/gpu-bf16/train_gpt "${G124[@]}" --batch-size 32 --steps 3 --recompute 3 --attention flash
 # the classic path's breakdown, beside tier 1's fast one
-TAIL=45 step 2 ncu_classic bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
+CAP=240 TAIL=45 step 2 ncu_classic bash -c "command -v ncu >/dev/null || { echo 'no ncu here'; exit 77; }
     ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file $LOGS/ncu_classic.csv \
         ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 >/dev/null &&
     $PY scripts/ncu_breakdown.py $LOGS/ncu_classic.csv --steps 3 --path classic"
@@ -279,11 +276,11 @@ TAIL=24 step 2 benchmark_more "$PY" scripts/benchmark_gpu.py --configs 124M:32,3
 
 # ---- tier 3: the multi-rank suites, ranks sharing the GPU --------------------------------------------------
 DP_SUITES=(data_parallel zero faults signals rank_agreement launch staging)
-for t in "${DP_SUITES[@]}"; do step 3 "${t}_fp32" bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
-step 3 tensor_parallel_fp32 bash tests/tensor_parallel.sh build/gpu-fp32/train_gpt
-step 3 pipeline_parallel_fp32 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
-for t in "${DP_SUITES[@]}"; do step 3 "${t}_fp32_staged" env LLMC_MPI_STAGE_BYTES=8388608 bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
-step 3 pipeline_parallel_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
+for t in "${DP_SUITES[@]}"; do CAP=1200 step 3 "${t}_fp32" bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+CAP=1200 step 3 tensor_parallel_fp32 bash tests/tensor_parallel.sh build/gpu-fp32/train_gpt
+CAP=1800 step 3 pipeline_parallel_fp32 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
+for t in "${DP_SUITES[@]}"; do CAP=1200 step 3 "${t}_fp32_staged" env LLMC_MPI_STAGE_BYTES=8388608 bash "tests/$t.sh" build/gpu-fp32/train_gpt; done
+CAP=1800 step 3 pipeline_parallel_fp32_staged env LLMC_MPI_STAGE_BYTES=8388608 bash tests/pipeline_parallel.sh build/gpu-fp32/train_gpt
 # the host emulation of the flash kernels' index maps and algorithm (also run by make test)
 step 3 flash_emulated make -C dev/cuda layout
 
