@@ -2,15 +2,19 @@
 """compare_losses.py: two training logs (--log FILE.jsonl) of the same job, one loss curve against the other.
 
 scripts/check_gpu.sh uses it to hold one path of the GPU trainer (FP16, flash attention, the fused kernels)
-to another (BF16, the default path) over the same steps: their losses differ by rounding only, so the curves
-must stay close. Prints the steps compared, the mean loss of the last --last steps of each, their relative
-difference, the worst single step's relative difference and the steps each log marks skipped (FP16's
-overflows). Exit status: 0 when within --limit, 1 when not (or when the logs have different steps),
-77 when a log is missing (the step that writes it did not run: check_gpu.sh then says SKIP).
+to another (BF16, the classic path) over the same steps: their losses differ by rounding only, so the
+curves must stay close. Losses are matched by step number. A step that one log marks skipped (FP16's
+overflows under loss scaling: {"step": N, "skipped": true}, no loss) is left out of the comparison; any
+other step missing from either log means the two runs are not the same job. Prints the steps compared, the
+mean loss of the last --last of them in each log, their relative difference, the worst single step's and
+each log's skipped steps.
 
-usage: compare_losses.py A.jsonl B.jsonl --names A,B [--last 10 | --every] [--limit 0.02]
-  --last K   compare the means of the last K losses (default 10): a steady, noise-averaged criterion
-  --every    compare every step's loss: for short runs, where a mean would hide one diverging step
+Exit status: 0 when within --limit, 1 when not or when the logs do not cover the same steps (or not steps
+1..--steps), 77 when a log is missing (the run that writes it did not happen: check_gpu.sh says SKIP).
+
+usage: compare_losses.py A.jsonl B.jsonl [--names A,B] [--steps N] [--last 10 | --every] [--limit 0.02]
+  --last K   compare the means of the last K common steps (default 10): a steady, noise-averaged criterion
+  --every    compare every common step: for short runs, where a mean would hide one diverging step
 """
 import argparse
 import json
@@ -18,16 +22,26 @@ import os
 import sys
 
 
-def losses(path):
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    return [r["loss"] for r in rows if "loss" in r], sum(1 for r in rows if r.get("skipped"))
+def read_log(path):
+    """({step: loss}, {skipped steps})"""
+    losses, skipped = {}, set()
+    for line in open(path):
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("skipped"):
+            skipped.add(r["step"])
+        elif "loss" in r and "step" in r:
+            losses[r["step"]] = r["loss"]
+    return losses, skipped
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("a")
     ap.add_argument("b")
-    ap.add_argument("--names", default="a,b", help="what the two logs are, for the printed line")
+    ap.add_argument("--names", default="a,b", help="what the two logs are, for the printed lines")
+    ap.add_argument("--steps", type=int, help="both logs must cover steps 1..N exactly (a loss or a skip each)")
     ap.add_argument("--last", type=int, default=10)
     ap.add_argument("--every", action="store_true")
     ap.add_argument("--limit", type=float, default=0.02)
@@ -37,19 +51,29 @@ def main():
         print(f"compare_losses: no log at {', '.join(missing)} (its run did not happen)")
         sys.exit(77)
     name_a, name_b = (args.names.split(",") + ["b"])[:2]
-    (la, skips_a), (lb, skips_b) = losses(args.a), losses(args.b)
-    if not la or len(la) != len(lb):
-        print(f"compare_losses: {name_a} has {len(la)} losses, {name_b} {len(lb)}: not the same run")
+    (la, sa), (lb, sb) = read_log(args.a), read_log(args.b)
+    steps_a, steps_b = set(la) | sa, set(lb) | sb
+    if args.steps is not None:
+        for name, steps in ((name_a, steps_a), (name_b, steps_b)):
+            if steps != set(range(1, args.steps + 1)):
+                print(f"compare_losses: {name}'s log has {len(steps)} steps, not steps 1..{args.steps}: its run did not finish")
+                sys.exit(1)
+    if steps_a != steps_b:
+        print(f"compare_losses: {name_a} and {name_b} logged different steps ({len(steps_a)} and {len(steps_b)}): not the same job")
         sys.exit(1)
-    worst = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
-    k = min(args.last, len(la))
-    ma, mb = sum(la[-k:]) / k, sum(lb[-k:]) / k
+    common = sorted(set(la) & set(lb))
+    if not common:
+        print("compare_losses: no step has a loss in both logs")
+        sys.exit(1)
+    worst = max(abs(la[s] - lb[s]) / abs(lb[s]) for s in common)
+    last = common[-min(args.last, len(common)):]
+    ma, mb = sum(la[s] for s in last) / len(last), sum(lb[s] for s in last) / len(last)
     mean_rel = abs(ma - mb) / abs(mb)
+    print(f"{len(common)} steps with a loss in both (skipped: {name_a} {len(sa)}, {name_b} {len(sb)}); mean loss of the "
+          f"last {len(last)}: {name_a} {ma:.4f}, {name_b} {mb:.4f}, relative {mean_rel:.4f}; worst step {worst:.4f}")
     measured = worst if args.every else mean_rel
-    print(f"{len(la)} steps; mean loss of the last {k}: {name_a} {ma:.4f}, {name_b} {mb:.4f}, relative {mean_rel:.4f}; "
-          f"worst step {worst:.4f}; skipped steps: {name_a} {skips_a}, {name_b} {skips_b}")
     ok = measured <= args.limit
-    print(f"{'every step' if args.every else f'mean of the last {k}'}: {measured:.4f} "
+    print(f"{'every step' if args.every else f'mean of the last {len(last)}'}: {measured:.4f} "
           f"{'<=' if ok else '>'} {args.limit} {'(within the limit)' if ok else '(OVER the limit)'}")
     sys.exit(0 if ok else 1)
 

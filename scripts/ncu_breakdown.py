@@ -2,7 +2,7 @@
 """ncu_breakdown.py: where a training step's GPU time goes, kernel by kernel, against each kernel's floor.
 
 Reads the CSV that Nsight Compute writes for a profiled training run,
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file run.csv \\
+    ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file run.csv \\
         ./build/gpu-bf16/train_gpt <GPT-2 124M, B=16, T=1024> --steps N --val-every 0 --sample-every 0
 (one row per kernel launch; columns "Kernel Name", "Metric Name", "Metric Unit", "Metric Value" and, where
 present, "ID"), and prints per kernel: launches and microseconds per step (the run's totals over --steps),
@@ -13,8 +13,11 @@ products, their split-K reductions) is summed into one line held to the matmuls'
 kernels per step, set beside the step's measured time (--step-ms, from a run without the profiler), says
 how much of a step is spent outside kernels (launch gaps, host waits).
 
---path fast (--attention flash --fused-kernels 1) or classic (the default path) picks which of the report's
-rows are the floors of the run. The steps are averaged with the first one in (its kernels are the same).
+--path fast (--attention flash --fused-kernels 1) or classic (--attention classic --fused-kernels 0) picks
+which of the report's rows are the floors of the run. Every launch of the run is counted, the few before
+the first step (initialization) too, and the total divided by --steps: profile a few steps so they weigh
+little. Run ncu with --cache-control none, so that each kernel finds the caches as a training step leaves
+them (ncu's default flushes them before every kernel).
 
 usage: ncu_breakdown.py RUN.csv --steps N [--path fast|classic] [--step-ms MS]
 """
@@ -96,12 +99,16 @@ def main():
     if args.steps < 1:
         sys.exit("ncu_breakdown: --steps must be at least 1")
     ours = trainer_kernels()
+    if not ours:
+        sys.exit("ncu_breakdown: found no __global__ function in llmc/: run it from the trainer's checkout")
     totals = {}
     for kernel, us in read_launches(args.csv):
         name = base_name(kernel)
         name = name if name in ours else LIBRARY
         calls, t = totals.get(name, (0, 0.0))
         totals[name] = (calls + 1, t + us)
+    if set(totals) == {LIBRARY}:
+        sys.exit(f"ncu_breakdown: none of {args.csv}'s kernels is one of the trainer's (by name): was it a training run?")
     floors, library_floor = floors_us(args.path)
     floors[LIBRARY] = library_floor
     step_us = sum(t for _, t in totals.values()) / args.steps
@@ -115,7 +122,9 @@ def main():
         print(f"  {name:40s} {calls / args.steps:6.1f} {us:9.1f} {100 * us / step_us:5.1f}% "
               f"{floor if floor else 0:9.1f} {ratio}")
     floor_sum = sum(floors.get(name, 0.0) for name in totals)
-    line = f"  all kernels: {step_us / 1000:.2f} ms per step, {step_us / floor_sum:.2f}x their floors' {floor_sum / 1000:.2f} ms"
+    line = f"  all kernels: {step_us / 1000:.2f} ms per step"
+    if floor_sum > 0:
+        line += f", {step_us / floor_sum:.2f}x their floors' {floor_sum / 1000:.2f} ms"
     if args.step_ms:
         line += (f"; the step measured {args.step_ms:.2f} ms, so {max(0.0, args.step_ms - step_us / 1000):.2f} ms "
                  "of it ran no kernel (launch gaps, host waits)")

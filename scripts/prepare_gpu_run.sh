@@ -31,6 +31,12 @@ BINS=(build/gpu-{bf16,fp16,fp32}/{train_gpt,test_gpt})
 KERNELS=()
 for f in dev/cuda/*.cu; do KERNELS+=("dev/cuda/build/$(basename "$f" .cu)"); done
 make -j"$JOBS" "${BINS[@]}"
+# check_gpu.sh's multi-rank steps need the GPU binaries built with MPI (the stamp does not say how they
+# were built: a bundle without MPI would pass it and fail those steps)
+grep -q -- "-DUSE_MPI" build/flags-gpu-bf16.txt || {
+    echo "prepare_gpu_run.sh: the GPU build has no MPI (install libopenmpi-dev, or set MPI_CFLAGS and MPI_LIBS): check_gpu.sh's multi-rank steps need it" >&2
+    exit 1
+}
 make -C dev/cuda -j"$JOBS" "${KERNELS[@]#dev/cuda/}"
 make references PYTHON="$PY"
 bash scripts/check_gpu.sh --sources-hash >build/gpu-sources-hash.txt

@@ -6,12 +6,18 @@
 #      verdict says none passed, the exit status is 1, and $OUT gets the summary and the logs' tarball, two
 #      files (few files to copy off a GPU machine); --tier 1 keeps to tier 1; bad arguments exit 2;
 #      --sources-hash follows the sources (a copy with one header changed hashes otherwise)
-#   2. scripts/compare_losses.py on made-up logs: within the limit 0, over it 1, a missing log 77 (SKIP),
-#      logs of different lengths 1
+#   2. scripts/compare_losses.py on made-up logs: within the limit 0 (a skipped step, logged without a loss,
+#      left out), over it 1, a log short of --steps 1, a missing log 77 (SKIP), logs of different steps 1
 #   3. scripts/ncu_breakdown.py on a made-up Nsight Compute CSV (its "details" layout: a row per launch and
 #      metric): launches and microseconds per step, a library kernel summed into the library line, each
 #      ratio equal to the time over the floor printed beside it, and the step's time outside kernels
 #   4. scripts/benchmark_gpu.py --dry-run: every variant's flags, llm.c's command, and bad variants refused
+#   5. check_gpu.sh --tier 1 in a copy of the checkout with stand-ins for the GPU binaries (in a bundle
+#      with its stamp), nvidia-smi, ncu, mpirun and llm.c: the bundle is used, every step's verdict is the
+#      one its stand-in decides (a comparison whose run failed part-way SKIPs), the fast-path verdict
+#      names what did not pass, the benchmark and the breakdown read what they should; a step that hangs
+#      is stopped at the budget and the rest SKIP; a TERM during a step stops the run at once, the
+#      summary naming the step and $OUT/current.log holding its output so far
 # usage: tests/gpu_scripts.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -21,10 +27,10 @@ trap 'rm -rf "$TMP"' EXIT
 fails=0
 ok() { echo "  ok    $*"; }
 bad() { echo "  FAIL  $*"; fails=$((fails + 1)); }
-check() {  # check NAME CMD...: CMD must succeed
+check() {  # check NAME CMD...: CMD must succeed (the status is CMD's, for a `|| show what failed`)
     local name=$1
     shift
-    if "$@"; then ok "$name"; else bad "$name"; fi
+    if "$@"; then ok "$name"; else bad "$name"; return 1; fi
 }
 
 echo "1. scripts/check_gpu.sh"
@@ -79,21 +85,25 @@ echo "2. scripts/compare_losses.py"
 "$PY" - "$TMP" <<'EOF'
 import json, sys
 tmp = sys.argv[1]
-def log(name, losses, skipped=()):
+def log(name, losses, skipped=()):  # a training log: steps from 1, a skipped step without a loss (as train_gpt logs it)
     with open(f"{tmp}/{name}.jsonl", "w") as f:
         f.write(json.dumps({"config": 1}) + "\n")
-        for i, x in enumerate(losses):
-            f.write(json.dumps({"step": i, "loss": x, **({"skipped": True} if i in skipped else {})}) + "\n")
+        for i, x in enumerate(losses, start=1):
+            f.write(json.dumps({"step": i, "skipped": True, "loss_scale": 32768} if i in skipped else {"step": i, "loss": x}) + "\n")
 log("a", [10.0] * 20)
-log("b", [10.1] * 20, skipped=(3,))   # |10.0 - 10.1| / 10.1 = 0.0099
+log("b", [10.1] * 20, skipped=(3,))   # |10.0 - 10.1| / 10.1 = 0.0099, step 3 skipped
 log("c", [10.0] * 19)
 EOF
 cmp_rc() { "$PY" scripts/compare_losses.py "$@" >"$TMP/cmp.out" 2>&1; echo $?; }
-[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --limit 0.01)" = 0 ] && grep -q "relative 0.0099" "$TMP/cmp.out" && grep -q "b 1$" "$TMP/cmp.out" \
-    && ok "0.0099 apart, limit 0.01: passes (and counts b's skipped step)" || { bad "0.0099 apart, limit 0.01"; cat "$TMP/cmp.out"; }
+[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --steps 20 --limit 0.01)" = 0 ] && grep -q "^19 steps with a loss in both (skipped: a 0, b 1)" "$TMP/cmp.out" \
+    && grep -q "relative 0.0099" "$TMP/cmp.out" && ok "0.0099 apart, limit 0.01, b's step 3 skipped: passes on the 19 others" \
+    || { bad "0.0099 apart, limit 0.01"; cat "$TMP/cmp.out"; }
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --limit 0.009 --every)" = 1 ] && ok "0.0099 apart, limit 0.009, every step: fails" || bad "limit 0.009"
+[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --steps 21)" = 1 ] && grep -q "not steps 1..21" "$TMP/cmp.out" && ok "--steps 21 of 20-step logs: fails" \
+    || bad "--steps 21"
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/nothing.jsonl")" = 77 ] && ok "a missing log: 77 (SKIP)" || bad "a missing log"
-[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/c.jsonl")" = 1 ] && ok "20 steps against 19: fails" || bad "different lengths"
+[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/c.jsonl")" = 1 ] && grep -q "different steps" "$TMP/cmp.out" && ok "20 steps against 19: fails" \
+    || bad "different steps"
 
 echo "3. scripts/ncu_breakdown.py"
 {
@@ -134,5 +144,81 @@ dry_ok() {
 check "the four variants' flags, llm.c's command and PyTorch's run are planned" dry_ok || cat "$TMP/bench.out"
 "$PY" scripts/benchmark_gpu.py --dry-run --variants flash,turbo >"$TMP/bench.out" 2>&1 && bad "--variants turbo is refused" \
     || { grep -q "error: --variants" "$TMP/bench.out" && ok "--variants turbo: $(cat "$TMP/bench.out")" || bad "--variants turbo: $(cat "$TMP/bench.out")"; }
+
+echo "5. a rehearsal of tier 1 on stand-ins: fake GPU binaries in a bundle, fake nvidia-smi, ncu, mpirun and llm.c"
+R=$TMP/rehearsal
+mkdir -p "$R"
+git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$R/"  # (tracked files and new ones)
+mkdir -p "$R"/fake "$R"/build/{gpu-bf16,gpu-fp16,gpu-fp32,ref} "$R/dev/cuda/build" "$R/.llmc"
+fake() {  # fake PATH BODY: an executable bash script
+    printf '#!/usr/bin/env bash\n%s\n' "$2" >"$1"
+    chmod +x "$1"
+}
+# the trainer: a log of --steps losses at 50 ms; the fast path fails at step 101 of 200, its log cut there
+# (so its comparison is skipped, not failed on the cut log)
+train='log="" steps=1 flash=0 fused=0
+while [ $# -gt 0 ]; do
+    case $1 in --log) log=$2; shift ;; --steps) steps=$2; shift ;; --attention) [ "$2" = flash ] && flash=1; shift ;;
+               --fused-kernels) fused=$2; shift ;; esac
+    shift
+done
+fail=0
+[ "$flash$fused$steps" = 11200 ] && steps=100 fail=1
+if [ -n "$log" ]; then for i in $(seq "$steps"); do echo "{\"step\": $i, \"loss\": 10.0, \"ms\": 50.0}"; done >"$log"; fi
+[ $fail = 0 ] || { echo "error: (stand-in) the fast path fails at step 101" >&2; exit 3; }
+exit 0'
+for p in bf16 fp16 fp32; do fake "$R/build/gpu-$p/train_gpt" "$train"; done
+fake "$R/build/gpu-bf16/test_gpt" 'echo "all passed"'
+fake "$R/build/gpu-fp16/test_gpt" 'echo "FAIL: (stand-in)"; exit 1'
+fake "$R/build/gpu-fp32/test_gpt" 'sleep "${FAKE_SLEEP:-0}"; echo "all passed"'
+for f in dev/cuda/*.cu; do fake "$R/dev/cuda/build/$(basename "$f" .cu)" 'echo "version 4: 123.4 TFLOP/s"'; done
+fake "$R/.llmc/train_gpt2cu" 'for i in $(seq 30); do echo "step $i/30 | loss 10.0 | norm 1.0 | lr 6e-4 | 40.00 ms | 40.0% bf16 MFU | 409600 tok/s"; done'
+touch "$R/build/ref/ref_small_debug.bin"
+fake "$R/fake/nvidia-smi" 'echo "name, compute_cap"; echo "Stand-in GPU, 9.0"'
+fake "$R/fake/mpirun" 'echo "(stand-in mpirun: refuses)"; exit 1'
+fake "$R/fake/ncu" 'while [ $# -gt 0 ]; do [ "$1" = --log-file ] && f=$2; shift; done
+echo "\"ID\",\"Kernel Name\",\"Metric Name\",\"Metric Unit\",\"Metric Value\"" >"$f"
+for i in 0 1 2; do echo "\"$i\",\"void flash_tc_forward_kernel<__nv_bfloat16>(int)\",\"gpu__time_duration.sum\",\"msecond\",\"1.5\"" >>"$f"; done'
+(
+    cd "$R" && bash scripts/check_gpu.sh --sources-hash >build/gpu-sources-hash.txt &&
+    tar -czf build/gpu-bundle.tar.gz build/gpu-bf16 build/gpu-fp16 build/gpu-fp32 build/ref build/gpu-sources-hash.txt dev/cuda/build .llmc &&
+    rm -rf build/gpu-bf16 build/gpu-fp16 build/gpu-fp32 build/ref build/gpu-sources-hash.txt dev/cuda/build .llmc  # (the build step unpacks them)
+) || bad "the rehearsal's bundle"
+rehearse() {  # rehearse OUT ARGS...: check_gpu.sh in the copy, the stand-ins first on PATH
+    mkdir -p "$1"
+    (cd "$R" && PATH="$R/fake:$PATH" OUT="$1" PYTHON=$PY exec bash scripts/check_gpu.sh "${@:2}")
+}
+rehearse "$R/a" --tier 1 >"$TMP/a.out" 2>&1
+rc=$?
+got=$(awk '$1 ~ /^(PASS|FAIL|SKIP|TIMEOUT)$/ { printf "%s %s\n", $1, ($2 == "-" ? $3 : $4) }' "$R/a/summary.txt" | tr '\n' ' ')
+want="PASS gpu PASS build PASS test_bf16_fast FAIL test_fp16_fast PASS test_fp32_fused PASS flash_forward_bf16 PASS flash_backward_bf16 "
+want+="PASS bf16_200 FAIL fast_bf16_200 SKIP fast_vs_default FAIL fused_equals_unfused_fp32 PASS benchmark PASS ncu_fast "
+[ "$got" = "$want" ] && [ "$rc" = 1 ] && ok "tier 1: each step's verdict as its stand-in decides (the comparison SKIP: its fast run failed), exit 1" \
+    || { bad "tier 1's verdicts (exit $rc): got '$got'"; tail -20 "$TMP/a.out"; }
+grep -q "the bundle's binaries (sources" "$R/build/gpu-check/build.log" && ok "the build step used the bundle" || bad "the bundle was not used"
+grep -q "4 of 8 checks passed; not yet: test_fp16_fast: FAIL fast_bf16_200: FAIL fast_vs_default: SKIP fused_equals_unfused_fp32: FAIL" \
+    "$R/a/summary.txt" && ok "the verdict names the 4 fast-path checks that did not pass" || bad "the verdict: $(tail -1 "$R/a/summary.txt")"
+grep -q "^measured: GPT-2 124M B=16 this trainer (fast): 50.00 ms/step" "$R/build/gpu-check/benchmark.log" &&
+    grep -q "^measured: GPT-2 124M B=16 llm.c: 40.00 ms/step" "$R/build/gpu-check/benchmark.log" &&
+    ok "the benchmark measured the three paths and the bundle's llm.c" || { bad "the benchmark"; tail -5 "$R/build/gpu-check/benchmark.log"; }
+grep -q "all kernels: 1.50 ms per step.*the step measured 50.00 ms, so 48.50 ms of it ran no kernel" "$R/build/gpu-check/ncu_fast.log" &&
+    ok "the ncu breakdown took the benchmark's fast step time" || { bad "the ncu breakdown"; cat "$R/build/gpu-check/ncu_fast.log"; }
+[ "$(ls "$R/a" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] && ok "\$OUT: the summary and the logs' tarball" || bad "\$OUT holds: $(ls "$R/a")"
+t0=$SECONDS
+FAKE_SLEEP=60 rehearse "$R/b" --tier 1 --budget 6 >"$TMP/b.out" 2>&1
+grep -q "^TIMEOUT .* test_fp32_fused" "$R/b/summary.txt" && grep -q "^SKIP .* flash_forward_bf16  (the budget of 6 s was spent)" "$R/b/summary.txt" &&
+    [ $((SECONDS - t0)) -lt 30 ] && ok "--budget 6: the hanging step stopped at the budget (TIMEOUT), the next ones SKIP ($((SECONDS - t0)) s)" \
+    || { bad "--budget 6 ($((SECONDS - t0)) s)"; cat "$R/b/summary.txt"; }
+mkdir -p "$R/c"
+(cd "$R" && PATH="$R/fake:$PATH" OUT="$R/c" PYTHON=$PY FAKE_SLEEP=60 exec bash scripts/check_gpu.sh --tier 1) >"$TMP/c.out" 2>&1 &
+pid=$!  # (check_gpu.sh's own: the subshell became it)
+for _ in $(seq 100); do grep -q "^RUNNING test_fp32_fused" "$R/c/summary.txt" 2>/dev/null && break; sleep 0.1; done
+t0=$SECONDS
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+grep -q "^STOPPED test_fp32_fused (from .*) from outside" "$R/c/summary.txt" && [ -f "$R/c/current.log" ] && [ "$rc" = 143 ] &&
+    [ $((SECONDS - t0)) -lt 5 ] && ok "stopped from outside during a step: at once, the summary names the step, its output so far in \$OUT/current.log" \
+    || { bad "stopped from outside (exit $rc, $((SECONDS - t0)) s)"; cat "$R/c/summary.txt"; }
 
 [ "$fails" = 0 ] && echo "gpu_scripts: all passed" || { echo "gpu_scripts: $fails failed"; exit 1; }
