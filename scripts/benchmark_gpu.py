@@ -2,10 +2,11 @@
 """benchmark_gpu.py: training speed of GPT-2 on one GPU: this trainer, PyTorch torch.compile and llm.c, side by side.
 
 One run, one GPU, the same shapes (this trainer and llm.c read the same token file; the PyTorch model
-trains on one batch of random tokens, which costs it the same time per step). For each model size and micro-batch (by default GPT-2
-124M at B=16 and B=32, and GPT-2 350M at B=16; T=1024, BF16, from scratch) it runs
-  1. this trainer, build/gpu-bf16/train_gpt, once per variant of its GPU path (--variants): classic (the
-     default: --attention classic --fused-kernels 0), flash (--attention flash), fused (--fused-kernels 1)
+trains on one batch of random tokens, which takes it the same time per step). For each model size and
+micro-batch (by default GPT-2 124M at B=16 and B=32, and GPT-2 350M at B=16; T=1024, BF16, from scratch)
+it runs
+  1. this trainer, build/gpu-bf16/train_gpt, once per variant of its GPU path (--variants): classic
+     (--attention classic --fused-kernels 0, today's default), flash (--attention flash), fused (--fused-kernels 1)
      and fast (both: --attention flash --fused-kernels 1);
   2. a PyTorch GPT-2 of the same shape: bf16 autocast, F.scaled_dot_product_attention (PyTorch's flash
      attention), torch.compile, fused AdamW, gradient clipping (unless --skip-pytorch);

@@ -332,6 +332,8 @@ step 3 flash_emulated make -C dev/cuda layout
 echo "==== summary (logs in $LOGS)"
 printf '%s\n' "${SUMMARY[@]}"
 grep -h "TFLOP/s" "$LOGS"/flash_*.log 2>/dev/null | sed "s|^|flash timing: |"
+grep -h "^measured: " "$LOGS"/benchmark*.log 2>/dev/null  # (the speed, each run as measured)
+grep -h "all kernels: " "$LOGS"/ncu_*.log 2>/dev/null | sed "s|^ *|ncu: |"
 # the fast path becomes the default only when every check of it ran and passed
 FAST_CHECKS=(test_bf16_fast test_fp16_fast test_fp32_fused flash_forward_bf16 flash_backward_bf16 fast_bf16_200
              fast_vs_default fused_equals_unfused_fp32)
