@@ -5,7 +5,8 @@
 #      fast-path verdict counts is a tier-1 step; with a budget of 0 every step is reported SKIP, the
 #      verdict says none passed, the exit status is 1, and $OUT gets the summary and the logs' tarball, two
 #      files (few files to copy off a GPU machine); --tier 1 keeps to tier 1; bad arguments exit 2;
-#      --sources-hash follows the sources (a copy with one header changed hashes otherwise)
+#      --sources-hash follows the sources (a copy with one header changed hashes otherwise);
+#      scripts/prepare_gpu_run.sh refuses bad arguments in one line before it builds anything
 #   2. scripts/compare_losses.py on made-up logs: within the limit 0 (a skipped step, logged without a loss,
 #      left out), over it 1, a log short of --steps 1, a missing log 77 (SKIP), logs of different steps 1
 #   3. scripts/ncu_breakdown.py on a made-up Nsight Compute CSV (its "details" layout: a row per launch and
@@ -80,6 +81,14 @@ echo "// changed" >>"$TMP/copy/llmc/gelu.h"
 h3=$(bash "$TMP/copy/scripts/check_gpu.sh" --sources-hash)
 [[ $h1 =~ ^[0-9a-f]{16}$ ]] && [ "$h1" = "$h2" ] && [ "$h2" != "$h3" ] && ok "--sources-hash: $h1 in a copy too, $h3 once a header changed" \
     || bad "--sources-hash: '$h1', copy '$h2', changed '$h3'"
+
+for a in "--llmc /nonexistent" "--frobnicate"; do  # (prepare_gpu_run.sh's arguments, checked before it builds)
+    # shellcheck disable=SC2086
+    bash scripts/prepare_gpu_run.sh $a >/dev/null 2>"$TMP/err"
+    rc=$?
+    [ "$rc" = 2 ] && [ "$(wc -l <"$TMP/err")" = 1 ] && ok "prepare_gpu_run.sh '$a': one line, exit 2 ($(cat "$TMP/err"))" \
+        || bad "prepare_gpu_run.sh '$a': exit $rc"
+done
 
 echo "2. scripts/compare_losses.py"
 "$PY" - "$TMP" <<'EOF'
