@@ -27,8 +27,8 @@
 #   3. the suites of multi-rank runs (data parallelism, ZeRO, faults, signals, rank agreement, launch,
 #      staging, tensor and pipeline parallelism), ranks sharing the one GPU through the MPI engine, also
 #      with the engine's chunked staging (LLMC_MPI_STAGE_BYTES); the host emulation of the flash kernels.
-# A step runs at most its cap (600 s unless it says less), and a comparison only when the runs it compares
-# passed (else SKIP).
+# A step runs at most its cap (CAP: 600 s unless it says otherwise), a step that needs more of the budget
+# than is left is not started (MIN), and a comparison runs only when the runs it compares passed (else SKIP).
 #
 # Binaries: scripts/prepare_gpu_run.sh builds them on a machine without a GPU into build/gpu-bundle.tar.gz,
 # stamped with --sources-hash. If that bundle is here, the build step unpacks it and, if its stamp equals
@@ -38,12 +38,12 @@
 # .llmc/ (which the bundle may bring) is used when LLMC is unset.
 # Needs torch in $PYTHON (default: the first of python3, /usr/bin/python3 that imports it), ncu for the
 # breakdowns (SKIP without it) and mpirun for the steps that start ranks (one in tier 1, several in tier 2,
-# all of tier 3; SKIP without it): .mpi/env.sh is sourced when present (a portable Open MPI that sets PATH
+# the suites of tier 3; SKIP without it): .mpi/env.sh is sourced when present (a portable Open MPI that sets PATH
 # and LD_LIBRARY_PATH).
 # Logs go to $LOGS (build/gpu-check). With $OUT set (a folder for results to be copied off the GPU
 # machine), $OUT/summary.txt and $OUT/gpu-check.tar.gz (all logs so far) are rewritten after every step,
 # and the step in flight writes to $OUT/current.log, so a run stopped from outside still leaves what ran.
-# Exit status 1 if any step failed or the budget stopped or skipped one.
+# Exit status 1 if any step failed or the budget stopped or skipped one (2: bad arguments; 143: stopped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,7 +69,7 @@ case $BUDGET in ""|*[!0-9]*) [ -z "$BUDGET" ] || { echo "check_gpu.sh: --budget 
 # shellcheck disable=SC1091
 [ -f .mpi/env.sh ] && source .mpi/env.sh
 LOGS=${LOGS:-build/gpu-check}
-mkdir -p "$LOGS"
+mkdir -p "$LOGS" ${OUT:+"$OUT"}
 # a check starts from no logs: a comparison must never read a curve an earlier run left
 [ "$MODE$LIST" = check0 ] && rm -f "$LOGS"/*.log "$LOGS"/*.jsonl "$LOGS"/*.json "$LOGS"/*.csv "$LOGS"/*.bin "$LOGS"/summary.txt
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; else
@@ -125,8 +125,9 @@ write_summary() {  # (and, with $OUT, the logs so far: a run stopped from outsid
     printf '%s\n' "${SUMMARY[@]}" ${RUNNING:+"$RUNNING"} >"$LOGS/summary.txt"
     if [ -n "${OUT:-}" ]; then
         cp "$LOGS/summary.txt" "$OUT/summary.txt"
-        tar -czf "$OUT/.gpu-check.tar.gz" --exclude='*.bin' -C "$(dirname "$LOGS")" "$(basename "$LOGS")" &&
-            mv "$OUT/.gpu-check.tar.gz" "$OUT/gpu-check.tar.gz"
+        # (exit 1 is "a file changed as it was read": a stopped step may still be writing its log)
+        tar -czf "$OUT/.gpu-check.tar.gz" --warning=no-file-changed --exclude='*.bin' -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+        [ $? -le 1 ] && mv "$OUT/.gpu-check.tar.gz" "$OUT/gpu-check.tar.gz"
     fi
 }
 skip() {  # skip NAME WHY
@@ -135,10 +136,11 @@ skip() {  # skip NAME WHY
     echo "==== $1: SKIP ($2)"
     write_summary
 }
-# step TIER NAME CMD...: runs CMD if TIER is within --tier, the budget has time left, the steps named in
-# NEEDS passed and (with MPI=1) mpirun exists; stops it after CAP seconds (600 unless set: no hang takes the
-# whole run) or at the budget. Its output goes to $LOGS/NAME.log (to $OUT/current.log while it runs, when
-# $OUT is set); shows its last TAIL (25) lines and PASS, FAIL, TIMEOUT or SKIP (exit status 77) and seconds.
+# step TIER NAME CMD...: runs CMD if TIER is within --tier, the budget has time left (at least MIN seconds,
+# when set), the steps named in NEEDS passed and (with MPI=1) mpirun exists; stops it after CAP seconds (600
+# unless set: no hang takes the whole run) or at the budget, and then whatever it left running. Its output
+# goes to $LOGS/NAME.log (to $OUT/current.log while it runs, when $OUT is set); shows its last TAIL (25)
+# lines and PASS, FAIL, TIMEOUT or SKIP (exit status 77) and seconds.
 step() {
     local tier=$1 name=$2 need
     shift 2
@@ -147,6 +149,9 @@ step() {
     local limit=${CAP:-600} verdict rc secs t0=$SECONDS log="$LOGS/$name.log"
     if [ -n "$BUDGET" ]; then
         if [ $((BUDGET - SECONDS)) -le 0 ]; then status=1; skip "$name" "the budget of $BUDGET s was spent"; return; fi
+        if [ $((BUDGET - SECONDS)) -lt "${MIN:-0}" ]; then
+            status=1; skip "$name" "it needs about $MIN s, $((BUDGET - SECONDS)) s of the budget are left"; return
+        fi
         [ $((BUDGET - SECONDS)) -lt "$limit" ] && limit=$((BUDGET - SECONDS))
     fi
     for need in ${NEEDS:-}; do
@@ -157,13 +162,16 @@ step() {
     fi
     echo "==== $name: $*"
     [ -n "${OUT:-}" ] && log="$OUT/current.log"
-    RUNNING="RUNNING $name (from ${t0} s, stopped after at most $limit s; its output so far: current.log)"
-    write_summary
-    # (in the background and waited for, so that a TERM to this script is handled at once, not after the step)
+    # in the background and waited for, so that a TERM to this script is handled at once, not after the
+    # step; timeout leads a process group of its own, whose leftovers (ranks, daemons) go when it ends
     timeout -k 10 "$limit" "$@" >"$log" 2>&1 &
     STEP_PID=$!
+    RUNNING="RUNNING $name (from ${t0} s, stopped after at most $limit s; its output so far: $log)"
+    write_summary
     wait "$STEP_PID"
     rc=$?
+    kill -KILL -- -"$STEP_PID" 2>/dev/null
+    STEP_PID=""
     secs=$((SECONDS - t0))
     RUNNING=""
     if [ "$log" != "$LOGS/$name.log" ]; then mv "$log" "$LOGS/$name.log"; fi
@@ -184,11 +192,13 @@ step() {
 }
 # stopped from outside: the step in flight is stopped too, the summary says which it was, the logs so far stay
 stopped() {
-    [ -n "${STEP_PID:-}" ] && kill -TERM "$STEP_PID" 2>/dev/null
+    [ -n "$STEP_PID" ] && kill -TERM "$STEP_PID" 2>/dev/null
     if [ -n "$RUNNING" ]; then
         SUMMARY+=("STOPPED ${RUNNING#RUNNING } from outside")
-        RUNNING=""
+    else
+        SUMMARY+=("STOPPED from outside between steps")
     fi
+    RUNNING=""
     write_summary
     exit 143
 }
@@ -217,16 +227,15 @@ CAP=120 step 1 test_fp32_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp32/test_gp
 # targets on an H100: forward >= 150, backward >= 100); the backward is rerun for bit-identical results
 CAP=120 TAIL=40 step 1 flash_forward_bf16 ./dev/cuda/build/attention_forward 4
 CAP=120 TAIL=40 step 1 flash_backward_bf16 ./dev/cuda/build/attention_backward 3
+CAP=120 TAIL=40 step 1 flash_forward_fp16 ./dev/cuda/build/attention_forward 5
+CAP=120 TAIL=40 step 1 flash_backward_fp16 ./dev/cuda/build/attention_backward 4
 # 200 steps of 124M, fast path against the classic path (today's default): the same curve within bf16
 # rounding (2%: flash alone is held to 2% in tier 2, the fused kernels alone to 1%; the fast path's
 # difference is flash's, mainly)
 CAP=120 step 1 bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" "${CLASSIC[@]}" --log "$LOGS/bf16.jsonl"
 CAP=120 step 1 fast_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" "${FAST[@]}" --log "$LOGS/fast_bf16.jsonl"
 NEEDS="bf16_200 fast_bf16_200" step 1 fast_vs_default "${CMP[@]}" "$LOGS/fast_bf16.jsonl" "$LOGS/bf16.jsonl" \
-    --names fast,classic --steps 200 --last 10 --limit 0.02
-# training with --fused-kernels 1 equals --fused-kernels 0 (ids copied without waiting, with accumulation
-# and pipelines; the device-decided optimizer step with clipping, dp, ZeRO-3, tp; FP32)
-MPI=1 step 1 fused_equals_unfused_fp32 bash tests/fused_emulated.sh build/gpu-fp32/train_gpt
+    --names fast,classic --steps 200 --max-skipped 0 --last 10 --limit 0.02
 # llm.c's binary came in the bundle, or LLMC names a checkout (or a folder with train_gpt2cu built)
 if [ -z "${LLMC:-}" ] && [ -d .llmc ]; then LLMC=.llmc; fi
 LLMC_ARGS=()
@@ -244,9 +253,14 @@ CAP=240 TAIL=45 step 1 ncu_fast bash -c "command -v ncu >/dev/null || { echo 'no
     ${NCU[*]} --log-file $LOGS/ncu_fast.csv ./build/gpu-bf16/train_gpt ${G124[*]} --steps 3 ${FAST[*]} >/dev/null || exit 1
     ms=\$(sed -n 's/^measured: GPT-2 124M B=16 this trainer (fast): \\([0-9.]*\\) ms.step\$/\\1/p' $LOGS/benchmark.log 2>/dev/null)
     $PY scripts/ncu_breakdown.py $LOGS/ncu_fast.csv --steps 3 --path fast \${ms:+--step-ms \$ms}"
+# training with --fused-kernels 1 equals --fused-kernels 0 (ids copied without waiting, with accumulation
+# and pipelines; the device-decided optimizer step with clipping, dp, ZeRO-3, tp; FP32): about 20 runs
+# under mpirun, last in tier 1 and capped, so that a hang there cannot cost the speed numbers
+CAP=240 MPI=1 step 1 fused_equals_unfused_fp32 bash tests/fused_emulated.sh build/gpu-fp32/train_gpt
 
 # ---- tier 2: every other check on one process (and a few two-rank comparisons) ---------------------------
-CAP=420 TAIL=12 step 2 benchmark_torch "$PY" scripts/benchmark_gpu.py --configs 124M:16 --steps 30 --warmup 10 --variants classic,fast
+# torch.compile beside the fast path (its compilation takes minutes: not started with less than 200 s left)
+CAP=420 MIN=200 TAIL=12 step 2 benchmark_torch "$PY" scripts/benchmark_gpu.py --configs 124M:16 --steps 30 --warmup 10 --variants fast
 CAP=120 step 2 test_fp32 ./build/gpu-fp32/test_gpt build/ref
 CAP=120 step 2 test_bf16 ./build/gpu-bf16/test_gpt build/ref
 CAP=120 step 2 test_fp16 ./build/gpu-fp16/test_gpt build/ref
@@ -254,22 +268,22 @@ CAP=120 step 2 test_bf16_flash ./build/gpu-bf16/test_gpt build/ref --attention f
 CAP=120 step 2 test_fp16_flash ./build/gpu-fp16/test_gpt build/ref --attention flash
 CAP=120 step 2 test_bf16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-bf16/test_gpt build/ref
 CAP=120 step 2 test_fp16_fused env LLMC_FUSED_KERNELS=1 ./build/gpu-fp16/test_gpt build/ref
-CAP=120 TAIL=40 step 2 flash_forward_fp16 ./dev/cuda/build/attention_forward 5
-CAP=120 TAIL=40 step 2 flash_backward_fp16 ./dev/cuda/build/attention_backward 4
 step 2 dev_cuda bash scripts/check_gpu.sh --dev-cuda
 step 2 cli_gpu bash tests/cli.sh build/gpu-bf16/train_gpt
 step 2 checkpoints_gpu bash tests/checkpoints.sh build/gpu-bf16/train_gpt
 # sublinear checkpointing bit-identical to no recomputation on the GPU (one rank, pp 2, tp 2)
 MPI=1 step 2 recompute_fp32 bash tests/recompute.sh build/gpu-fp32/train_gpt
 step 2 train_default ./build/gpu-bf16/train_gpt
-# FP16 with dynamic loss scaling against BF16, flash alone and the fused kernels alone against the default
-# path, 200 steps of 124M each (the 2% and 1% limits as in tier 1)
+# FP16 with dynamic loss scaling against BF16, flash alone and the fused kernels alone against the classic
+# path, 200 steps of 124M each (the 2% and 1% limits as in tier 1). FP16's loss scale starts high and halves
+# at each overflow, so it skips a few steps at the start and few after: more than 10 of 200 means it does
+# not settle; the other runs have no loss scaling and may skip none.
 CAP=120 step 2 fp16_200 ./build/gpu-fp16/train_gpt "${G200[@]}" "${CLASSIC[@]}" --log "$LOGS/fp16.jsonl"
-NEEDS="fp16_200 bf16_200" step 2 fp16_vs_bf16 "${CMP[@]}" "$LOGS/fp16.jsonl" "$LOGS/bf16.jsonl" --names fp16,bf16 --steps 200 --last 10 --limit 0.02
+NEEDS="fp16_200 bf16_200" step 2 fp16_vs_bf16 "${CMP[@]}" "$LOGS/fp16.jsonl" "$LOGS/bf16.jsonl" --names fp16,bf16 --steps 200 --max-skipped 10 --last 10 --limit 0.02
 CAP=120 step 2 flash_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --attention flash --fused-kernels 0 --log "$LOGS/flash_bf16.jsonl"
-NEEDS="flash_bf16_200 bf16_200" step 2 flash_vs_classic "${CMP[@]}" "$LOGS/flash_bf16.jsonl" "$LOGS/bf16.jsonl" --names flash,classic --steps 200 --last 10 --limit 0.02
+NEEDS="flash_bf16_200 bf16_200" step 2 flash_vs_classic "${CMP[@]}" "$LOGS/flash_bf16.jsonl" "$LOGS/bf16.jsonl" --names flash,classic --steps 200 --max-skipped 0 --last 10 --limit 0.02
 CAP=120 step 2 fused_bf16_200 ./build/gpu-bf16/train_gpt "${G200[@]}" --attention classic --fused-kernels 1 --log "$LOGS/fused_bf16.jsonl"
-NEEDS="fused_bf16_200 bf16_200" step 2 fused_vs_classic "${CMP[@]}" "$LOGS/fused_bf16.jsonl" "$LOGS/bf16.jsonl" --names fused,classic --steps 200 --last 10 --limit 0.01
+NEEDS="fused_bf16_200 bf16_200" step 2 fused_vs_classic "${CMP[@]}" "$LOGS/fused_bf16.jsonl" "$LOGS/bf16.jsonl" --names fused,classic --steps 200 --max-skipped 0 --last 10 --limit 0.01
 step 2 bench_124M_fp32 ./build/gpu-fp32/train_gpt "${G124[@]}" "${CLASSIC[@]}" --batch-size 8 --steps 10 --warmup 5
 # recomputation: a batch that does not fit with --recompute 0 (the plan says so) trains at --recompute 3
 CAP=120 step 2 plan_big ./build/gpu-bf16/train_gpt --plan "${G200[@]}" --batch-size 160 --device-memory 78GiB "${CLASSIC[@]}"
@@ -286,7 +300,7 @@ TPF=(--layers 2 --channels 768 --heads 12 --max-seq-len 256 --seq-len 256 --batc
      --warmup 2 --val-every 0 --sample-every 0 --tp 2)
 MPI=1 step 2 tp_flash bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --fused-kernels 0 --log $LOGS/tp_flash.jsonl"
 MPI=1 step 2 tp_classic bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} ${CLASSIC[*]} --log $LOGS/tp_classic.jsonl"
-NEEDS="tp_flash tp_classic" step 2 tp_flash_vs_classic "${CMP[@]}" "$LOGS/tp_flash.jsonl" "$LOGS/tp_classic.jsonl" --names flash,classic --steps 10 --every --limit 0.02
+NEEDS="tp_flash tp_classic" step 2 tp_flash_vs_classic "${CMP[@]}" "$LOGS/tp_flash.jsonl" "$LOGS/tp_classic.jsonl" --names flash,classic --steps 10 --max-skipped 0 --every --limit 0.02
 # ZeRO-3's BF16 path (the parameter shard updated in place, layers gathered per use): the same reduced chunks
 # and updates as ZeRO-2, so the same model file byte for byte (tests/nccl_emulated.sh checks it emulated)
 MPI=1 step 2 dp_bf16_zero3_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --steps 4 --val-every 0 --sample-every 0'; \
@@ -331,12 +345,15 @@ step 3 flash_emulated make -C dev/cuda layout
 [ "$LIST" = 1 ] && exit 0
 echo "==== summary (logs in $LOGS)"
 printf '%s\n' "${SUMMARY[@]}"
-grep -h "TFLOP/s" "$LOGS"/flash_*.log 2>/dev/null | sed "s|^|flash timing: |"
-grep -h "^measured: " "$LOGS"/benchmark*.log 2>/dev/null  # (the speed, each run as measured)
-grep -h "all kernels: " "$LOGS"/ncu_*.log 2>/dev/null | sed "s|^ *|ncu: |"
+# the numbers: the flash kernels' TFLOP/s, each benchmark run's step time, the kernels' share of a step
+mapfile -t NUMBERS < <(grep -h "TFLOP/s" "$LOGS"/flash_*.log 2>/dev/null | sed "s|^|flash timing: |"
+                       grep -h "^measured: " "$LOGS"/benchmark*.log 2>/dev/null
+                       grep -h "all kernels: " "$LOGS"/ncu_*.log 2>/dev/null | sed "s|^ *|ncu: |")
+printf '%s\n' "${NUMBERS[@]}"
+SUMMARY+=("${NUMBERS[@]}")
 # the fast path becomes the default only when every check of it ran and passed
-FAST_CHECKS=(test_bf16_fast test_fp16_fast test_fp32_fused flash_forward_bf16 flash_backward_bf16 fast_bf16_200
-             fast_vs_default fused_equals_unfused_fp32)
+FAST_CHECKS=(test_bf16_fast test_fp16_fast test_fp32_fused flash_forward_bf16 flash_backward_bf16 flash_forward_fp16
+             flash_backward_fp16 fast_bf16_200 fast_vs_default fused_equals_unfused_fp32)
 passed=0 open=()
 for s in "${FAST_CHECKS[@]}"; do
     if [ "${VERDICT[$s]:-}" = PASS ]; then passed=$((passed + 1)); else open+=("$s: ${VERDICT[$s]:-not run}"); fi

@@ -9,10 +9,13 @@ other step missing from either log means the two runs are not the same job. Prin
 mean loss of the last --last of them in each log, their relative difference, the worst single step's and
 each log's skipped steps.
 
-Exit status: 0 when within --limit, 1 when not or when the logs do not cover the same steps (or not steps
-1..--steps), 77 when a log is missing (the run that writes it did not happen: check_gpu.sh says SKIP).
+Exit status: 0 when within --limit, 1 when not, when the logs do not cover the same steps (or not steps
+1..--steps), when either skipped more than --max-skipped steps (a BF16 or FP32 run skips none: only FP16's
+loss scaling skips), or when a loss is not a number; 77 when a log is missing (the run that writes it did
+not happen: check_gpu.sh says SKIP).
 
-usage: compare_losses.py A.jsonl B.jsonl [--names A,B] [--steps N] [--last 10 | --every] [--limit 0.02]
+usage: compare_losses.py A.jsonl B.jsonl [--names A,B] [--steps N] [--max-skipped N] [--last 10 | --every]
+                         [--limit 0.02]
   --last K   compare the means of the last K common steps (default 10): a steady, noise-averaged criterion
   --every    compare every common step: for short runs, where a mean would hide one diverging step
 """
@@ -42,6 +45,7 @@ def main():
     ap.add_argument("b")
     ap.add_argument("--names", default="a,b", help="what the two logs are, for the printed lines")
     ap.add_argument("--steps", type=int, help="both logs must cover steps 1..N exactly (a loss or a skip each)")
+    ap.add_argument("--max-skipped", type=int, help="the most steps either log may have skipped")
     ap.add_argument("--last", type=int, default=10)
     ap.add_argument("--every", action="store_true")
     ap.add_argument("--limit", type=float, default=0.02)
@@ -58,6 +62,13 @@ def main():
             if steps != set(range(1, args.steps + 1)):
                 print(f"compare_losses: {name}'s log has {len(steps)} steps, not steps 1..{args.steps}: its run did not finish")
                 sys.exit(1)
+    if args.max_skipped is not None and max(len(sa), len(sb)) > args.max_skipped:
+        print(f"compare_losses: {name_a} skipped {len(sa)} steps, {name_b} {len(sb)}: more than {args.max_skipped}")
+        sys.exit(1)
+    bad = [f"{n} step {k}" for n, l in ((name_a, la), (name_b, lb)) for k, x in l.items() if not isinstance(x, (int, float)) or x != x]
+    if bad:
+        print(f"compare_losses: a loss that is not a number: {', '.join(bad[:5])}")
+        sys.exit(1)
     if steps_a != steps_b:
         print(f"compare_losses: {name_a} and {name_b} logged different steps ({len(steps_a)} and {len(steps_b)}): not the same job")
         sys.exit(1)

@@ -8,7 +8,8 @@
 #      --sources-hash follows the sources (a copy with one header changed hashes otherwise);
 #      scripts/prepare_gpu_run.sh refuses bad arguments in one line before it builds anything
 #   2. scripts/compare_losses.py on made-up logs: within the limit 0 (a skipped step, logged without a loss,
-#      left out), over it 1, a log short of --steps 1, a missing log 77 (SKIP), logs of different steps 1
+#      left out), over it 1, a log short of --steps 1, more skips than --max-skipped 1, a loss that is not
+#      a number 1, a missing log 77 (SKIP), logs of different steps 1
 #   3. scripts/ncu_breakdown.py on a made-up Nsight Compute CSV (its "details" layout: a row per launch and
 #      metric): launches and microseconds per step, a library kernel summed into the library line, each
 #      ratio equal to the time over the floor printed beside it, and the step's time outside kernels
@@ -17,7 +18,8 @@
 #      with its stamp), nvidia-smi, ncu, mpirun and llm.c: the bundle is used, every step's verdict is the
 #      one its stand-in decides (a comparison whose run failed part-way SKIPs), the fast-path verdict
 #      names what did not pass, the benchmark and the breakdown read what they should; a step that hangs
-#      is stopped at the budget and the rest SKIP; a TERM during a step stops the run at once, the
+#      is stopped at the budget and the rest SKIP; a step that needs more of the budget than is left is
+#      not started, and the quick ones after it run; a TERM during a step stops the run at once, the
 #      summary naming the step and $OUT/current.log holding its output so far
 # usage: tests/gpu_scripts.sh
 set -u
@@ -43,6 +45,7 @@ list_ok() {  # tiers never decrease; names unique; at least 10 steps per tier
 check "--list: the steps in tier order, each name once, at least 10 per tier" list_ok
 fast=$(sed -n '/^FAST_CHECKS=(/,/)/p' scripts/check_gpu.sh | tr -d '()' | sed 's/FAST_CHECKS=//' | tr -s ' \n' '\n' | grep -v '^$')
 n_fast=$(echo "$fast" | wc -l)
+[ "$n_fast" -ge 5 ] || bad "FAST_CHECKS read from scripts/check_gpu.sh: only $n_fast names"
 fast_in_tier1() {
     local s
     for s in $fast; do grep -q "^1  $s " "$TMP/list" || { echo "    $s is not a tier-1 step"; return 1; }; done
@@ -75,7 +78,7 @@ for a in "--tier 4" "--budget ten" "--frobnicate"; do
 done
 h1=$(bash scripts/check_gpu.sh --sources-hash)
 mkdir -p "$TMP/copy"
-git ls-files -z | xargs -0 -I{} cp --parents {} "$TMP/copy/" 2>/dev/null || cp -r . "$TMP/copy"
+git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$TMP/copy/"  # (tracked files and new ones)
 h2=$(bash "$TMP/copy/scripts/check_gpu.sh" --sources-hash)
 echo "// changed" >>"$TMP/copy/llmc/gelu.h"
 h3=$(bash "$TMP/copy/scripts/check_gpu.sh" --sources-hash)
@@ -102,6 +105,8 @@ def log(name, losses, skipped=()):  # a training log: steps from 1, a skipped st
 log("a", [10.0] * 20)
 log("b", [10.1] * 20, skipped=(3,))   # |10.0 - 10.1| / 10.1 = 0.0099, step 3 skipped
 log("c", [10.0] * 19)
+log("d", [10.0] * 20, skipped=(3, 4))
+log("e", [10.0] * 19 + [None])      # (a loss that is not a number: JSON null)
 EOF
 cmp_rc() { "$PY" scripts/compare_losses.py "$@" >"$TMP/cmp.out" 2>&1; echo $?; }
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --steps 20 --limit 0.01)" = 0 ] && grep -q "^19 steps with a loss in both (skipped: a 0, b 1)" "$TMP/cmp.out" \
@@ -110,6 +115,11 @@ cmp_rc() { "$PY" scripts/compare_losses.py "$@" >"$TMP/cmp.out" 2>&1; echo $?; }
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --limit 0.009 --every)" = 1 ] && ok "0.0099 apart, limit 0.009, every step: fails" || bad "limit 0.009"
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/b.jsonl" --steps 21)" = 1 ] && grep -q "not steps 1..21" "$TMP/cmp.out" && ok "--steps 21 of 20-step logs: fails" \
     || bad "--steps 21"
+[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/d.jsonl" --max-skipped 1)" = 1 ] && grep -q "b 2: more than 1" "$TMP/cmp.out" \
+    && [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/d.jsonl" --max-skipped 2)" = 0 ] && ok "--max-skipped 1: 2 skipped steps fail, --max-skipped 2 passes" \
+    || bad "--max-skipped"
+[ "$(cmp_rc "$TMP/a.jsonl" "$TMP/e.jsonl")" = 1 ] && grep -q "not a number: b step 20" "$TMP/cmp.out" && ok "a null loss: fails, named" \
+    || { bad "a null loss"; cat "$TMP/cmp.out"; }
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/nothing.jsonl")" = 77 ] && ok "a missing log: 77 (SKIP)" || bad "a missing log"
 [ "$(cmp_rc "$TMP/a.jsonl" "$TMP/c.jsonl")" = 1 ] && grep -q "different steps" "$TMP/cmp.out" && ok "20 steps against 19: fails" \
     || bad "different steps"
@@ -179,7 +189,7 @@ exit 0'
 for p in bf16 fp16 fp32; do fake "$R/build/gpu-$p/train_gpt" "$train"; done
 fake "$R/build/gpu-bf16/test_gpt" 'echo "all passed"'
 fake "$R/build/gpu-fp16/test_gpt" 'echo "FAIL: (stand-in)"; exit 1'
-fake "$R/build/gpu-fp32/test_gpt" 'sleep "${FAKE_SLEEP:-0}"; echo "all passed"'
+fake "$R/build/gpu-fp32/test_gpt" 'echo "started"; sleep "${FAKE_SLEEP:-0}"; echo "all passed"'
 for f in dev/cuda/*.cu; do fake "$R/dev/cuda/build/$(basename "$f" .cu)" 'echo "version 4: 123.4 TFLOP/s"'; done
 fake "$R/.llmc/train_gpt2cu" 'for i in $(seq 30); do echo "step $i/30 | loss 10.0 | norm 1.0 | lr 6e-4 | 40.00 ms | 40.0% bf16 MFU | 409600 tok/s"; done'
 touch "$R/build/ref/ref_small_debug.bin"
@@ -201,11 +211,12 @@ rehearse "$R/a" --tier 1 >"$TMP/a.out" 2>&1
 rc=$?
 got=$(awk '$1 ~ /^(PASS|FAIL|SKIP|TIMEOUT)$/ { printf "%s %s\n", $1, ($2 == "-" ? $3 : $4) }' "$R/a/summary.txt" | tr '\n' ' ')
 want="PASS gpu PASS build PASS test_bf16_fast FAIL test_fp16_fast PASS test_fp32_fused PASS flash_forward_bf16 PASS flash_backward_bf16 "
-want+="PASS bf16_200 FAIL fast_bf16_200 SKIP fast_vs_default FAIL fused_equals_unfused_fp32 PASS benchmark PASS ncu_fast "
+want+="PASS flash_forward_fp16 PASS flash_backward_fp16 PASS bf16_200 FAIL fast_bf16_200 SKIP fast_vs_default PASS benchmark PASS ncu_fast "
+want+="FAIL fused_equals_unfused_fp32 "
 [ "$got" = "$want" ] && [ "$rc" = 1 ] && ok "tier 1: each step's verdict as its stand-in decides (the comparison SKIP: its fast run failed), exit 1" \
     || { bad "tier 1's verdicts (exit $rc): got '$got'"; tail -20 "$TMP/a.out"; }
 grep -q "the bundle's binaries (sources" "$R/build/gpu-check/build.log" && ok "the build step used the bundle" || bad "the bundle was not used"
-grep -q "4 of 8 checks passed; not yet: test_fp16_fast: FAIL fast_bf16_200: FAIL fast_vs_default: SKIP fused_equals_unfused_fp32: FAIL" \
+grep -q "6 of 10 checks passed; not yet: test_fp16_fast: FAIL fast_bf16_200: FAIL fast_vs_default: SKIP fused_equals_unfused_fp32: FAIL" \
     "$R/a/summary.txt" && ok "the verdict names the 4 fast-path checks that did not pass" || bad "the verdict: $(tail -1 "$R/a/summary.txt")"
 grep -q "^measured: GPT-2 124M B=16 this trainer (fast): 50.00 ms/step" "$R/build/gpu-check/benchmark.log" &&
     grep -q "^measured: GPT-2 124M B=16 llm.c: 40.00 ms/step" "$R/build/gpu-check/benchmark.log" &&
@@ -214,19 +225,23 @@ grep -q "all kernels: 1.50 ms per step.*the step measured 50.00 ms, so 48.50 ms 
     ok "the ncu breakdown took the benchmark's fast step time" || { bad "the ncu breakdown"; cat "$R/build/gpu-check/ncu_fast.log"; }
 [ "$(ls "$R/a" | tr '\n' ' ')" = "gpu-check.tar.gz summary.txt " ] && ok "\$OUT: the summary and the logs' tarball" || bad "\$OUT holds: $(ls "$R/a")"
 t0=$SECONDS
-FAKE_SLEEP=60 rehearse "$R/b" --tier 1 --budget 6 >"$TMP/b.out" 2>&1
-grep -q "^TIMEOUT .* test_fp32_fused" "$R/b/summary.txt" && grep -q "^SKIP .* flash_forward_bf16  (the budget of 6 s was spent)" "$R/b/summary.txt" &&
-    [ $((SECONDS - t0)) -lt 30 ] && ok "--budget 6: the hanging step stopped at the budget (TIMEOUT), the next ones SKIP ($((SECONDS - t0)) s)" \
-    || { bad "--budget 6 ($((SECONDS - t0)) s)"; cat "$R/b/summary.txt"; }
+FAKE_SLEEP=60 rehearse "$R/b" --tier 1 --budget 10 >"$TMP/b.out" 2>&1
+grep -q "^TIMEOUT .* test_fp32_fused" "$R/b/summary.txt" && grep -q "^SKIP .* flash_forward_bf16  (the budget of 10 s was spent)" "$R/b/summary.txt" &&
+    [ $((SECONDS - t0)) -lt 30 ] && ok "--budget 10: the hanging step stopped at the budget (TIMEOUT), the next ones SKIP ($((SECONDS - t0)) s)" \
+    || { bad "--budget 10 ($((SECONDS - t0)) s)"; cat "$R/b/summary.txt"; }
+rehearse "$R/d" --tier 2 --budget 12 >"$TMP/d.out" 2>&1
+grep -q "^SKIP .* benchmark_torch  (it needs about 200 s, [0-9]* s of the budget are left)" "$R/d/summary.txt" &&
+    grep -q "^PASS .* test_fp32$" "$R/d/summary.txt" && ok "--budget 12: torch.compile's benchmark (MIN=200) not started, the quick steps after it run" \
+    || { bad "MIN"; cat "$R/d/summary.txt"; }
 mkdir -p "$R/c"
 (cd "$R" && PATH="$R/fake:$PATH" OUT="$R/c" PYTHON=$PY FAKE_SLEEP=60 exec bash scripts/check_gpu.sh --tier 1) >"$TMP/c.out" 2>&1 &
 pid=$!  # (check_gpu.sh's own: the subshell became it)
-for _ in $(seq 100); do grep -q "^RUNNING test_fp32_fused" "$R/c/summary.txt" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 200); do grep -q "^started" "$R/c/current.log" 2>/dev/null && break; sleep 0.1; done  # (the step is under way)
 t0=$SECONDS
 kill -TERM "$pid"
 wait "$pid"
 rc=$?
-grep -q "^STOPPED test_fp32_fused (from .*) from outside" "$R/c/summary.txt" && [ -f "$R/c/current.log" ] && [ "$rc" = 143 ] &&
+grep -q "^STOPPED test_fp32_fused (from .*) from outside" "$R/c/summary.txt" && grep -q "^started" "$R/c/current.log" && [ "$rc" = 143 ] &&
     [ $((SECONDS - t0)) -lt 5 ] && ok "stopped from outside during a step: at once, the summary names the step, its output so far in \$OUT/current.log" \
     || { bad "stopped from outside (exit $rc, $((SECONDS - t0)) s)"; cat "$R/c/summary.txt"; }
 
