@@ -10,14 +10,15 @@
 #   --sources-hash  print the hash of the sources and build files the GPU binaries come from
 #
 # The tiers, each in the order its steps run:
-#   1. what decides the fast path (--attention flash --fused-kernels 1), then the speed: test_gpt with it in
-#      every precision against the PyTorch reference; the flash kernels' checks and TFLOP/s (dev/cuda); 200
-#      steps of 124M on the fast path against the classic path (today's default); training with
-#      --fused-kernels 1 equal to without (tests/fused_emulated.sh on the GPU); GPT-2 124M (B=16) through
-#      scripts/benchmark_gpu.py: the classic, flash and fast paths and llm.c side by side; an Nsight Compute
-#      breakdown of a fast step against each kernel's floor (scripts/ncu_breakdown.py). The last line says
-#      whether every fast-path check passed: the condition for making it the default.
-#   2. torch.compile beside the classic and fast paths (its compilation takes minutes), then every other
+#   1. what decides the fast path (--attention flash --fused-kernels 1), and the speed: test_gpt with it in
+#      every precision against the PyTorch reference; the flash kernels' checks and TFLOP/s in BF16 and FP16
+#      (dev/cuda); 200 steps of 124M on the fast path against the classic path (today's default); GPT-2
+#      124M (B=16) through scripts/benchmark_gpu.py: the classic, flash and fast paths and llm.c side by
+#      side; an Nsight Compute breakdown of a fast step against each kernel's floor
+#      (scripts/ncu_breakdown.py); training with --fused-kernels 1 equal to without (tests/fused_emulated.sh
+#      on the GPU). The last line says whether every fast-path check passed: the condition for making it
+#      the default.
+#   2. torch.compile beside the fast path (its compilation takes minutes), then every other
 #      check on one GPU: test_gpt in FP32, BF16, FP16, with flash alone and the fused kernels alone; all
 #      dev/cuda kernels; the command-line and checkpoint suites; sublinear checkpointing; FP16 against
 #      BF16, flash and the fused kernels each alone against classic over 200 steps; a batch that fits only
