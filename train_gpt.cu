@@ -1436,7 +1436,7 @@ static void training_finish(Training* run) {
         save_final_model(run->comm, tc, &model->config, buf);
         free(buf);
     }
-    if (tc->trace) trace_finish(&run->tracer, tc->trace, schedule_flag(tc->pipe_schedule), tc->grad_accum, tc->virtual_stages, run->comm);
+    if (tc->trace) pipeline_trace_finish(&run->tracer, tc->trace, tc->pipe_schedule, tc->grad_accum, tc->virtual_stages, run->comm);
     free(run->tracer.events);
     logger_close(&run->logger);
     run_inputs_free(&run->in, tc);

@@ -192,7 +192,7 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--schedule")) {
         Schedule all[] = {SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1};
         int known = 0;
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < (int)(sizeof(all) / sizeof(all[0])); i++)
             if (!strcmp(v, schedule_flag(all[i]))) tc->pipe_schedule = all[i], known = 1;
         if (!known) fatal("--schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", v);
     } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES);

@@ -56,7 +56,7 @@
 
 #include "comm.h"    // comm_send, comm_recv, comm_sendrecv, comm_join
 #include "common.h"  // fatal, check_internal, malloc_check, calloc_check
-#include "trace.h"   // trace_now_us, trace_add
+#include "trace.h"   // trace_now_us, trace_add, trace_finish
 
 typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1 } Schedule;
 
@@ -67,6 +67,23 @@ static const char* schedule_name(Schedule s) {
 }
 static const char* schedule_flag(Schedule s) {  // --schedule
     return s == SCHEDULE_GPIPE ? "gpipe" : s == SCHEDULE_1F1B ? "1f1b" : s == SCHEDULE_ZBH1 ? "zb-h1" : "interleaved";
+}
+
+// The bubble of a schedule whose actions take equal slots (a forward one, a backward two; ZB-H1's F, B
+// and W one each): the fraction of a step each stage is idle, (P-1)/(M+P-1) for GPipe and 1F1B,
+// (P-1)/(V*M+P-1) with V chunks per stage, (P-1)/(3M+P-1) for ZB-H1; `formula`: which, as text. What
+// --print-schedule's timeline counts and --trace's measured bubble is set beside.
+static double pipeline_ideal_bubble(Schedule sched, int P, int M, int V, const char** formula) {
+    int zb = sched == SCHEDULE_ZBH1;
+    *formula = zb ? "(P-1)/(3M+P-1)" : V > 1 ? "(P-1)/(V*M+P-1)" : "(P-1)/(M+P-1)";
+    return (double)(P - 1) / ((zb ? 3 : V) * M + P - 1);
+}
+
+// --trace's end (llmc/trace.h): the trace written, and the bubble it measured beside the schedule's
+static void pipeline_trace_finish(const Tracer* tracer, const char* path, Schedule sched, int M, int V, Comm* comm) {
+    const char* formula;
+    double ideal = pipeline_ideal_bubble(sched, comm->pp, M, V, &formula);
+    trace_finish(tracer, path, schedule_flag(sched), M, V, ideal, formula, comm);
 }
 
 // What an action does: a forward (F), a backward (B: with ZB-H1 the inputs' gradients only; otherwise the
@@ -517,14 +534,9 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
     // the bubble: every stage is busy 3MV of the step's `width` slots (a forward 1, a backward 2; ZB-H1:
     // F, B and W 1 each)
     int busy = 3 * M * V;
-    if (zb)
-        printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(3M+P-1) = %.1f%%\n", width - busy, width,
-               100.0 * (width - busy) / width, 100.0 * (P - 1) / (3 * M + P - 1));
-    else if (V > 1)
-        printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(V*M+P-1) = %.1f%%\n", width - busy, width,
-               100.0 * (width - busy) / width, 100.0 * (P - 1) / (V * M + P - 1));
-    else
-        printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; (P-1)/(M+P-1) = %.1f%%\n", width - busy, width,
-               100.0 * (width - busy) / width, 100.0 * (P - 1) / (M + P - 1));
+    const char* formula;
+    double ideal = pipeline_ideal_bubble(sched, P, M, V, &formula);
+    printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; %s = %.1f%%\n", width - busy, width,
+           100.0 * (width - busy) / width, formula, 100.0 * ideal);
     free(acts), free(f_end), free(b_end), free(start), free(next), free(free_at), free(steps);
 }

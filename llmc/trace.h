@@ -131,25 +131,23 @@ static void trace_merge(const char* path, int world_size, const char* run_args) 
 
 // Writes the trace (every rank its part, rank 0 merges) and prints the pipeline bubble measured in the
 // traced steps: the fraction of each rank's pipeline time not spent in forward or backward, averaged
-// over the ranks, next to the schedule's (P-1)/(M+P-1), or (P-1)/(V*M+P-1) with V chunks per stage, or
-// ZB-H1's (P-1)/(3M+P-1) (F, B and W taking equal time; the trace records both, for plot_trace.py's
-// title); then the communication engine's rate in those steps.
-static void trace_finish(const Tracer* tracer, const char* path, const char* schedule, int M, int V, Comm* comm) {
+// over the ranks, next to the schedule's `ideal` one, whose `formula` llmc/pipeline.h gives
+// (pipeline_ideal_bubble; the trace records the three, for plot_trace.py's title); then the communication
+// engine's rate in those steps.
+static void trace_finish(const Tracer* tracer, const char* path, const char* schedule, int M, int V, double ideal, const char* formula,
+                         Comm* comm) {
     char label[128], run[256];
     snprintf(label, sizeof(label), "rank %d (dp %d, tp %d, stage %d)", comm->world_rank, comm->dp_rank, comm->tp_rank, comm->pp_rank);
     double bubble = tracer->pipeline_s > 0 ? 1.0 - tracer->busy_s / tracer->pipeline_s : 0.0;
     comm_all_reduce_host(comm, &comm->world, &bubble, 1, REDUCE_AVG);
     int P = comm->pp;
-    int zb = !strcmp(schedule, "zb-h1");
-    double ideal = (double)(P - 1) / ((zb ? 3 : V) * M + P - 1);
-    snprintf(run, sizeof(run), "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"V\": %d, \"bubble_measured\": %.4f, \"bubble_ideal\": %.4f}",
-             schedule, P, M, V, bubble, ideal);
+    snprintf(run, sizeof(run), "{\"schedule\": \"%s\", \"P\": %d, \"M\": %d, \"V\": %d, \"bubble_measured\": %.4f, \"bubble_ideal\": %.4f, "
+             "\"bubble_formula\": \"%s\"}", schedule, P, M, V, bubble, ideal, formula);
     trace_write_rank(tracer, path, comm->world_rank, label);
     comm_barrier_io(comm, &comm->world);  // every part is written
     if (comm->world_rank == 0) {
         trace_merge(path, comm->world_size, run);
-        printf("wrote trace %s; pipeline bubble: measured %.1f%%, %s = %.1f%%\n", path, 100.0 * bubble,
-               zb ? "(P-1)/(3M+P-1)" : V > 1 ? "(P-1)/(V*M+P-1)" : "(P-1)/(M+P-1)", 100.0 * ideal);
+        printf("wrote trace %s; pipeline bubble: measured %.1f%%, %s = %.1f%%\n", path, 100.0 * bubble, formula, 100.0 * ideal);
     }
     comm_barrier_io(comm, &comm->world);  // rank 0 has merged (the collective below waits under --comm-timeout)
     comm_print_stats(comm);

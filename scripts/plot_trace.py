@@ -4,8 +4,9 @@
 Two rows per rank: compute (forward and backward bars labeled with their micro-batch, the optimizer)
 and, below it, communication (pipeline sends and receives, data-parallel reductions, ZeRO-3's
 parameter gathers, tensor-parallel f/g sums, the tied-embedding sum). The gaps in the compute rows
-are the pipeline bubble; the title gives the schedule, P, M (and V) and the bubble the run measured next to its ideal (P-1)/(M+P-1)
-(interleaved: (P-1)/(V*M+P-1); ZB-H1, whose B and W are bars of their own: (P-1)/(3M+P-1)). Needs matplotlib (Debian package python3-matplotlib).
+are the pipeline bubble; the title gives the schedule, P, M (and V) and the bubble the run measured next to its ideal, by the
+formula the trace records ((P-1)/(M+P-1); interleaved: (P-1)/(V*M+P-1); ZB-H1, whose B and W are bars of their own:
+(P-1)/(3M+P-1)). Needs matplotlib (Debian package python3-matplotlib).
 
 usage: plot_trace.py TRACE.json -o OUT.png [--title TEXT] [--step N]
   --step N: draw only the N-th traced optimizer step (1-based; default: all traced steps)
@@ -83,8 +84,8 @@ def main():
     if run and not args.title:
         schedule = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B", "zb-h1": "ZB-H1"}.get(run["schedule"], run["schedule"])
         V = run.get("V", 1)
-        shape, formula = (f"P={run['P']}, M={run['M']}", "(P-1)/(M+P-1)") if V == 1 else (f"P={run['P']}, M={run['M']}, V={V}", "(P-1)/(V*M+P-1)")
-        if run["schedule"] == "zb-h1": formula = "(P-1)/(3M+P-1)"
+        shape = f"P={run['P']}, M={run['M']}" + (f", V={V}" if V > 1 else "")
+        formula = run["bubble_formula"]  # (the schedule's, as llmc/pipeline.h gives it)
         title = (f"{schedule}, {shape}: bubble measured {100 * run['bubble_measured']:.0f}% "
                  f"(ideal {formula} = {100 * run['bubble_ideal']:.0f}%)")
     ax.set_title(title, fontsize=10)
