@@ -82,8 +82,10 @@ fi
 export PYTHON=$PY  # (the suites' own scripts use it too)
 
 # the binaries of scripts/prepare_gpu_run.sh's bundle, if they are of these sources and load here; else built here
-BINS=(build/gpu-{bf16,fp16,fp32}/{train_gpt,test_gpt})
-for f in dev/cuda/*.cu; do BINS+=("dev/cuda/build/$(basename "$f" .cu)"); done
+# (scripts/prepare_gpu_run.sh builds the same two lists)
+GPU_BINS=(build/gpu-{bf16,fp16,fp32}/{train_gpt,test_gpt})
+KERNEL_BINS=()
+for f in dev/cuda/*.cu; do KERNEL_BINS+=("dev/cuda/build/$(basename "$f" .cu)"); done
 prebuilt() {
     local stamp b
     rm -f build/gpu-sources-hash.txt  # (only the bundle's stamp counts, and only if it unpacked whole)
@@ -91,7 +93,7 @@ prebuilt() {
     tar -xzf build/gpu-bundle.tar.gz || { echo "build/gpu-bundle.tar.gz did not unpack"; rm -f build/gpu-sources-hash.txt; return 1; }
     stamp=$(cat build/gpu-sources-hash.txt)
     [ "$stamp" = "$(sources_hash)" ] || { echo "the bundle was built from other sources ($stamp)"; return 1; }
-    for b in "${BINS[@]}"; do
+    for b in "${GPU_BINS[@]}" "${KERNEL_BINS[@]}"; do
         [ -x "$b" ] || { echo "missing: $b"; return 1; }
         if ldd "$b" 2>&1 | grep -q "not found"; then echo "$b: a library does not load"; ldd "$b"; return 1; fi
     done
@@ -101,7 +103,7 @@ prebuilt() {
 if [ "$MODE" = build ]; then
     prebuilt && exit 0
     echo "building here"
-    make -j"$(nproc)" "${BINS[@]:0:6}" && make -k -C dev/cuda -j"$(nproc)" || exit 1
+    make -j"$(nproc)" "${GPU_BINS[@]}" && make -k -C dev/cuda -j"$(nproc)" || exit 1
     "$PY" scripts/gpt2_reference.py --out-dir build/ref || exit 1
     exit 0
 fi

@@ -27,6 +27,7 @@ done
 PY=${PYTHON:-/usr/bin/python3}
 JOBS=$(nproc)
 
+# (the binaries scripts/check_gpu.sh looks for in the bundle: its GPU_BINS and KERNEL_BINS)
 BINS=(build/gpu-{bf16,fp16,fp32}/{train_gpt,test_gpt})
 KERNELS=()
 for f in dev/cuda/*.cu; do KERNELS+=("dev/cuda/build/$(basename "$f" .cu)"); done

@@ -30,6 +30,10 @@ trap 'rm -rf "$TMP"' EXIT
 fails=0
 ok() { echo "  ok    $*"; }
 bad() { echo "  FAIL  $*"; fails=$((fails + 1)); }
+copy_checkout() {  # copy_checkout DEST: this checkout's tracked files and new ones (as a GPU machine gets them)
+    mkdir -p "$1"
+    git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$1/"
+}
 check() {  # check NAME CMD...: CMD must succeed (the status is CMD's, for a `|| show what failed`)
     local name=$1
     shift
@@ -77,8 +81,7 @@ for a in "--tier 4" "--budget ten" "--frobnicate"; do
     [ "$rc" = 2 ] && [ "$(wc -l <"$TMP/err")" = 1 ] && ok "'$a': one line, exit 2 ($(cat "$TMP/err"))" || bad "'$a': exit $rc"
 done
 h1=$(bash scripts/check_gpu.sh --sources-hash)
-mkdir -p "$TMP/copy"
-git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$TMP/copy/"  # (tracked files and new ones)
+copy_checkout "$TMP/copy"
 h2=$(bash "$TMP/copy/scripts/check_gpu.sh" --sources-hash)
 echo "// changed" >>"$TMP/copy/llmc/gelu.h"
 h3=$(bash "$TMP/copy/scripts/check_gpu.sh" --sources-hash)
@@ -166,8 +169,7 @@ check "the four variants' flags, llm.c's command and PyTorch's run are planned" 
 
 echo "5. a rehearsal of tier 1 on stand-ins: fake GPU binaries in a bundle, fake nvidia-smi, ncu, mpirun and llm.c"
 R=$TMP/rehearsal
-mkdir -p "$R"
-git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$R/"  # (tracked files and new ones)
+copy_checkout "$R"
 mkdir -p "$R"/fake "$R"/build/{gpu-bf16,gpu-fp16,gpu-fp32,ref} "$R/dev/cuda/build" "$R/.llmc"
 fake() {  # fake PATH BODY: an executable bash script
     printf '#!/usr/bin/env bash\n%s\n' "$2" >"$1"
