@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # lib.sh: the helpers of the suites that run ranks under mpirun, shared by data_parallel, zero, faults,
-# signals, rank_agreement, launch, staging, tensor_parallel, pipeline_parallel, loss_scale, nccl_emulated
-# and memory_plan_emulated.sh. Source it after setting BIN; it makes the temporary folder $TMP (removed on
-# exit) and counts failures in $fails.
+# signals, rank_agreement, launch, staging, tensor_parallel, pipeline_parallel, loss_scale, nccl_emulated,
+# memory_plan_emulated and kernel_report_emulated.sh. Source it after setting BIN; it makes the temporary
+# folder $TMP (removed on exit) and counts failures in $fails.
 #   make_tokens FILE [SEED]  a token file of 40000 random ids below 512 (seed 3 unless given)
 #   use_small_run          the small 2-layer run most suites use: $TMP/tokens.bin and COMMON
 #   dp_equivalence B ZERO...  dp 2-4 x grad accumulation 1-2 at each ZeRO stage against one rank

@@ -146,6 +146,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         [ "$failed" = 0 ]
         step "GPU target: the memory plan against the device memory the emulated train_gpt allocates (each precision, fused, flash, recompute, ZeRO, TP, PP)"
         bash tests/memory_plan_emulated.sh build/emu
+        step "the static kernel report's calls per step and cuBLAS FLOPs against one emulated step of each path"
+        bash tests/kernel_report_emulated.sh build/emu-bf16/train_gpt
         step "GPU target: --fused-kernels on the emulation (ids copied from pinned memory without waiting, the update decided on the device) equals the unfused run"
         bash tests/fused_emulated.sh build/emu-fp32/train_gpt build/emu-fp16/train_gpt
         step "GPU target: the NCCL engine on the emulation (EMU_DEVICES GPUs, dev/emulate/emulate_nccl.h): DP/ZeRO, TP, PP, 3D, the id over MPI, TCP and a folder, deadlines"

@@ -189,13 +189,20 @@ def header_constants():
 # --------------------------------------------------------------------------------------------------------
 # the floors at GPT-2 124M
 
-def floors(X, consts):
-    """[(kernel, path, calls per step, bytes per step, FLOPs per step, note)] at B=16 T=1024, X bytes per
-    element of floatX; and the matmuls' FLOPs per step."""
-    B, T, C, L, NH, V, Vp = 16, 1024, 768, 12, 12, 50257, 50304
+# the shapes of the floors: GPT-2 124M (maxT 1024, vocabulary padded to a multiple of 128) at B=16, T=1024
+GPT2_124M = dict(B=16, T=1024, C=768, L=12, NH=12, V=50257, maxT=1024)
+
+
+def floors(X, consts, shape=GPT2_124M):
+    """[(kernel, path, calls per step, bytes per step, FLOPs per step, note)] at `shape`, X bytes per
+    element of floatX; the matmuls' FLOPs per step, the classic attention's and the parameter count. The
+    calls and the cuBLAS(Lt) FLOPs are held to an emulated step of the trainer by
+    tests/kernel_report_emulated.sh."""
+    B, T, C, L, NH, V, maxT = (shape[k] for k in ("B", "T", "C", "L", "NH", "V", "maxT"))
+    Vp = (V + 127) // 128 * 128
     hs, BT = C // NH, B * T
     BTC = BT * C
-    P = (Vp * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C)  # parameters (maxT 1024), 124,475,904
+    P = (Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C)  # parameters: 124,475,904 at GPT2_124M
     stats = 2 * BT * 4                                  # a LayerNorm's mean and rstd, fp32
     causal = T * (T + 1) // 2                           # (query, key) pairs a causal head computes
     mm = 2 * B * NH * hs * causal                       # one causal attention matmul, multiply-adds x 2
@@ -251,7 +258,7 @@ def floors(X, consts):
     ]
     # cuBLAS(Lt): forward qkv, attproj, fc, fcproj and the classifier; backward twice that (dinp and dweight)
     mm_fwd = 2 * BT * 12 * C * C * L + 2 * BT * C * Vp
-    attention_classic = 3 * 2 * 2 * B * NH * T * T * hs  # forward QK^T and PV on the full (T,T), backward twice
+    attention_classic = L * 3 * 2 * 2 * B * NH * T * T * hs  # per layer: QK^T and PV on the full (T,T), backward twice
     return rows, 3 * mm_fwd, attention_classic, P
 
 

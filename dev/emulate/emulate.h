@@ -12,7 +12,7 @@
  * and the order of barriers: much of what a first GPU run would otherwise find.
  *
  * How a launch runs. `kernel<<<grid, block, smem, stream>>>(args)` has been rewritten (emulate_source.pl)
- * into `emu::Launch(grid, block, smem, stream).run(kernel, args)`. The blocks run one after the other, on
+ * into `emu::Launch("kernel", grid, block, smem, stream).run(kernel, args)`. The blocks run one after the other, on
  * one OS thread. A block's threads run on workers (fibers: a stack each, switched by a few instructions):
  * a worker runs a thread until it ends or waits at a barrier, and the waiting ones are resumed in passes
  * over the block. The barriers:
@@ -294,11 +294,19 @@ P convert(A&& a) {
 inline bool stream_busy(cudaStream_t s);
 inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string what);
 
+// EMU_COUNTS=FILE: at exit, the process's kernel launches by name and its cuBLAS(Lt) FLOPs go to FILE
+// (emulate_runtime.h, count_write), so tests/kernel_report_emulated.sh can hold dev/cuda/kernel_report.py's
+// calls per step and matmul FLOPs to what a step of the trainer's GPU code issues
+inline std::map<std::string, uint64_t> launch_counts;
+inline void count_launch(const char* kernel);
+
 struct Launch {
+    const char* kernel;  // its name as the source wrote it (emulate_source.pl), for EMU_COUNTS
     dim3 grid, block;
     size_t shared_bytes;
     cudaStream_t stream;
-    Launch(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) : grid(g), block(b), shared_bytes(smem), stream(s) {}
+    Launch(const char* name, dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0)
+        : kernel(name), grid(g), block(b), shared_bytes(smem), stream(s) {}
 
     // runs the kernel over the grid with the arguments converted to its parameter types, as a launch does:
     // at the call, or, where its stream has work queued (emulate_runtime.h), when the stream gets to it,
@@ -308,6 +316,7 @@ struct Launch {
         auto values = std::make_shared<std::tuple<typename std::decay<Params>::type...>>(
             convert<typename std::decay<Params>::type>(std::forward<Args>(args))...);
         if (!admissible((const void*)kernel)) return;
+        count_launch(this->kernel);
         if (stream_busy(stream)) {
             Launch self = *this;
             queue_op(stream, [self, kernel, values]() mutable {

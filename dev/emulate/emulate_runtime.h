@@ -432,6 +432,30 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     free(dgelu_out);
     free(rows_a);
 }
+
+// EMU_COUNTS=FILE (emulate.h, Launch): what this process issued, written to FILE at its exit: a line
+// "launch NAME N" per kernel, then "flops cublasLt N" and "flops cublas_batched N" (2 m n k per product)
+inline uint64_t lt_flops = 0, batched_flops = 0;
+inline void count_write() {
+    FILE* f = fopen(getenv("EMU_COUNTS"), "w");
+    if (f == NULL) {
+        fprintf(stderr, "emulated CUDA: cannot write EMU_COUNTS=%s\n", getenv("EMU_COUNTS"));
+        _exit(1);
+    }
+    for (const auto& [name, n] : launch_counts) fprintf(f, "launch %s %llu\n", name.c_str(), (unsigned long long)n);
+    fprintf(f, "flops cublasLt %llu\nflops cublas_batched %llu\n", (unsigned long long)lt_flops, (unsigned long long)batched_flops);
+    fclose(f);
+}
+inline bool counting() {  // whether EMU_COUNTS is set; the first call arranges the write at exit
+    static const bool on = getenv("EMU_COUNTS") != NULL && atexit(count_write) == 0;
+    return on;
+}
+inline void count_launch(const char* kernel) {
+    if (counting()) launch_counts[kernel]++;
+}
+inline void count_flops(uint64_t* total, int64_t m, int64_t n, int64_t k, int64_t batch) {
+    if (counting()) *total += 2 * (uint64_t)(m * n * k * batch);
+}
 }  // namespace emu
 
 extern "C" {
@@ -447,6 +471,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t tran
                                           cublasGemmAlgo_t) {
     if (compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     float al = *(const float*)alpha, be = *(const float*)beta;  // (host scalars: read at the call)
+    emu::count_flops(&emu::batched_flops, m, n, k, batch);
     emu::in_order(emu::cublas_stream, [=] {
         for (int b = 0; b < batch; b++)
             emu::gemm(transa != CUBLAS_OP_N, transb != CUBLAS_OP_N, m, n, k, al, {(const char*)A + b * strideA * emu::elem(Atype), Atype, lda},
@@ -526,6 +551,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     emu::Epilogue epi = {e, d->bias, (cudaDataType)d->bias_type, d->aux, d->aux_ld};
     cudaDataType d_type = o->type;
     int64_t ldd = o->ld;
+    emu::count_flops(&emu::lt_flops, m, n, k, 1);
     emu::in_order(stream, [=] { emu::gemm(ta, tb, m, n, k, al, opa, opb, be, opc, D, d_type, ldd, epi); }, "a cuBLASLt product");
     return CUBLAS_STATUS_SUCCESS;
 }
