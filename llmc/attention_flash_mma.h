@@ -107,9 +107,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                  : "memory");
 #endif
 }
-#if defined(FLASH_NO_SM80) || defined(DEV_CUDA_EMULATED)  // (the emulation copies at once)
+#ifdef FLASH_NO_SM80
 __device__ __forceinline__ void cp_async_commit() {}
 __device__ __forceinline__ void cp_async_wait_all() {}
+#elif defined(DEV_CUDA_EMULATED)  // (the emulation lands some blocks' copies only at the wait)
+__device__ __forceinline__ void cp_async_commit() { emu::cp_async_commit(); }
+__device__ __forceinline__ void cp_async_wait_all() { emu::cp_async_wait_all(); }
 #else
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }

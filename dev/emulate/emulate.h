@@ -23,9 +23,12 @@
  * A pass in which no thread moves is a deadlock (a barrier that not every thread reaches, which hangs or
  * is undefined on a GPU): the program stops and says which barrier. Threads interleave only at barriers,
  * so a missing barrier shows up only where the order of the passes exposes it: even blocks run their
- * threads lowest first, odd blocks highest first, so in a launch of two blocks or more a thread that
- * reads what another writes without a barrier between reads too early in one of them, whichever thread
- * it is. The memory ordering a barrier gives is not modelled at all. The warp operations share one
+ * threads lowest first, odd blocks highest first, and a pass runs one warp at a time to its next
+ * __syncthreads (run_block), so in a launch of two blocks or more a thread that reads what another
+ * writes without a barrier between reads too early in one of them, whichever thread it is, and a warp
+ * that overwrites what another warp has yet to read does so first in one of them. cp.async copies land
+ * at once in blocks 0 and 1 (of every 4) and at their thread's wait in blocks 2 and 3 (cp_async_16).
+ * The memory ordering a barrier gives is not modelled at all. The warp operations share one
  * barrier per warp: lanes of a warp that meet there from two kinds of warp operation (half at __syncwarp,
  * half at a shuffle; two calls of the same kind from diverged branches are not told apart) stop the
  * program, and so does a mask other than the full warp's, which the one barrier cannot model. (A full
@@ -160,7 +163,15 @@ struct Worker {
     const Barrier* waiting_on;  // the barrier its thread waits at (NULL: none), until its generation moves
     int waiting_generation;
     unsigned exchanges;  // the warp exchanges its thread has made (which of the two slot sets is next)
+    int copies, committed;  // its thread's cp.async copies not yet done (in `pending`), the first `committed` of them committed
 };
+// a cp.async copy held back until its thread waits for it (see cp_async_16)
+struct PendingCopy {
+    void* smem;
+    const void* gmem;
+    bool valid;
+};
+const int PENDING_MAX = 64;  // cp.async copies one thread may have outstanding here (the flash kernels: 16)
 const size_t STACK_BYTES = 256 << 10;  // a worker's stack: a kernel's locals ("registers") live there
 const size_t SHARED_DEFAULT = 48 << 10, SHARED_MAX = 227 << 10;  // sm_90's dynamic shared memory limits
 
@@ -169,6 +180,8 @@ inline int workers_cap = 0, current = -1;
 inline Context scheduler;
 inline int block_threads = 0, next_thread = 0;  // next_thread counts the threads started, in start order
 inline bool reversed = false;  // whether this block starts its threads from the last (odd blocks do)
+inline bool defer_copies = false;  // whether this block's cp.async copies land at the wait (blocks 2, 3 mod 4)
+inline PendingCopy (*pending)[PENDING_MAX] = NULL;  // per worker
 inline Barrier block_barrier;
 inline Barrier* warp_barriers = NULL;  // one per warp of the block
 // per warp, two sets of per-lane slots for the bytes a warp exchange (shuffle, ldmatrix, mma) passes on,
@@ -218,13 +231,16 @@ inline void wait(Barrier* b, const char* name) {
 // a worker whose thread waits at a barrier that has not opened: resuming it would change nothing
 inline bool blocked(const Worker* w) { return w->waiting_on != NULL && w->waiting_on->generation == w->waiting_generation; }
 
+inline void cp_async_complete(int upto);
+
 inline void worker_main() {
     Worker* w = &workers[current];
     while (next_thread < block_threads) {
-        w->thread = thread_started(next_thread++), w->exchanges = 0;
+        w->thread = thread_started(next_thread++), w->exchanges = 0, w->copies = w->committed = 0;
         thread_index = thread_index_of(w->thread);
         progress++;
         body();
+        cp_async_complete(w->copies);  // (what a thread left in flight lands all the same)
         block_barrier.live--, my_warp()->live--, progress++;  // an exited thread no longer holds back a barrier
         open_if_complete(&block_barrier);
         open_if_complete(my_warp());
@@ -240,6 +256,7 @@ inline void grow_workers(int n) {
     workers_cap = n;
     warp_barriers = (Barrier*)realloc(warp_barriers, ((n + 31) / 32) * sizeof(Barrier));
     exchange = (uint64_t(*)[2][32][4])realloc(exchange, ((n + 31) / 32) * sizeof(*exchange));
+    pending = (PendingCopy(*)[PENDING_MAX])realloc(pending, n * sizeof(*pending));
 }
 
 inline void resume(int w) {
@@ -248,29 +265,44 @@ inline void resume(int w) {
     context_switch(&scheduler, &workers[w].context);
 }
 
-// every thread of one block of n threads, to completion: passes over the waiting workers, each followed
-// by new workers for the threads not yet started, until every worker is done. An odd block (by its linear
-// index) starts its threads from the last: a missing barrier between a write and another thread's read
-// shows when the reader runs first, which in a grid of two blocks or more is the case in one of them.
-inline void run_block(int n, bool reverse) {
-    block_threads = n, next_thread = 0, reversed = reverse;
+// resumes workers [first, end), the threads of one warp, until none of them can move (each waits at a
+// __syncthreads, or has ended)
+inline void run_warp(int first, int end) {
+    for (uint64_t seen = ~0ull; seen != progress;) {
+        seen = progress;
+        for (int w = first; w < end; w++)
+            if (!workers[w].done && !blocked(&workers[w])) resume(w);
+    }
+}
+
+// every thread of one block of n threads, to completion: passes over the block until every worker is
+// done, each pass running one warp at a time as far as it can go (to a __syncthreads, or its end) before
+// the next warp moves, then starting the threads not yet started, also a warp at a time. An odd block (by
+// its linear index) starts its threads from the last, so its warps run from the last too. A missing
+// barrier between a write and another thread's read shows when the reader runs first, which in a grid of
+// two blocks or more is the case in one of them: between two threads of one warp, or between warps,
+// however many warp operations (each a wait for the warp's lanes) lie between the write and the read; and
+// so does an overwrite of what another warp has yet to read.
+inline void run_block(int n, bool reverse, bool defer) {
+    block_threads = n, next_thread = 0, reversed = reverse, defer_copies = defer;
     block_barrier = {0, n, 0, ""};
     for (int w = 0; w < (n + 31) / 32; w++) warp_barriers[w] = {0, (w + 1) * 32 <= n ? 32 : n - w * 32, 0, ""};
     for (int used = 0, running = 1; running > 0;) {
         uint64_t before = progress;
-        running = 0;
-        for (int w = 0; w < used; w++) {
-            if (workers[w].done) continue;
-            if (!blocked(&workers[w])) resume(w);
-            running += !workers[w].done;
+        for (int first = 0, end; first < used; first = end) {  // the warps started: workers [first, end) each
+            for (end = first + 1; end < used && workers[end].thread / 32 == workers[first].thread / 32;) end++;
+            run_warp(first, end);
         }
-        while (next_thread < n) {
+        for (int first = used; next_thread < n;) {  // the threads not started yet
+            int warp = thread_started(next_thread) / 32;
             Worker* w = &workers[used];
             w->done = false, w->thread = thread_started(next_thread), w->waiting_on = NULL;
             context_make(&w->context, w->stack, STACK_BYTES, worker_main);
             resume(used++);
-            running += !w->done;
+            if (next_thread == n || thread_started(next_thread) / 32 != warp) run_warp(first, used), first = used;
         }
+        running = 0;
+        for (int w = 0; w < used; w++) running += !workers[w].done;
         if (running > 0 && progress == before) {
             fprintf(stderr, "emulated GPU: deadlock: threads wait at barriers that the others never reach (last seen: %s)\n", waiting_at);
             die("deadlock");
@@ -357,7 +389,8 @@ struct Launch {
                 for (unsigned x = 0; x < grid.x && !launch_refused; x++) {
                     block_index = make_uint3(x, y, z), block_serial++;
                     memset(smem, 0xff, shared_bytes);
-                    run_block(n, (x + grid.x * (y + grid.y * z)) % 2 == 1);
+                    unsigned linear = x + grid.x * (y + grid.y * z);
+                    run_block(n, linear % 2 == 1, linear / 2 % 2 == 1);
                 }
         dynamic_shared_memory = NULL;
         free(smem);
@@ -456,11 +489,31 @@ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     for (int e = 0; e < 4; e++) d[e] += mma_16816_dot(lane, e, a_value, b_value);
 }
 
-// cp.async.cg.shared.global, 16 bytes (zeros when !valid): done at once, so commit and wait are empty
-inline void cp_async_16(void* smem, const void* gmem, bool valid) {
-    if (valid) memcpy(smem, gmem, 16);
-    else memset(smem, 0, 16);
+// cp.async.cg.shared.global, 16 bytes (zeros when !valid). On a GPU the copy lands at some time between
+// the instruction and the cp.async.wait_group that waits for its group; here at one of the two ends, by
+// block: blocks 0 and 1 (mod 4) copy at once, so a copy into a buffer that other threads still read
+// without a barrier between shows in one of the pass orders, and blocks 2 and 3 hold the copy back until
+// its thread waits for it (cp_async_wait_all), so a read of the tile before the wait finds NaN or the
+// tile before. Commit groups are kept: a wait completes the committed copies only.
+inline void cp_async_copy(const PendingCopy& c) {
+    if (c.valid) memcpy(c.smem, c.gmem, 16);
+    else memset(c.smem, 0, 16);
 }
+inline void cp_async_16(void* smem, const void* gmem, bool valid) {
+    if (!defer_copies) return cp_async_copy({smem, gmem, valid});
+    Worker* w = &workers[current];
+    if (w->copies == PENDING_MAX) die("more cp.async copies outstanding in one thread than the emulation holds (PENDING_MAX)");
+    pending[current][w->copies++] = {smem, gmem, valid};
+}
+inline void cp_async_commit() { workers[current].committed = workers[current].copies; }
+// the first `upto` outstanding copies of this thread, in issue order; the rest move to the front
+inline void cp_async_complete(int upto) {
+    Worker* w = &workers[current];
+    for (int i = 0; i < upto; i++) cp_async_copy(pending[current][i]);
+    memmove(pending[current], pending[current] + upto, (w->copies - upto) * sizeof(PendingCopy));
+    w->copies -= upto, w->committed -= upto;
+}
+inline void cp_async_wait_all() { cp_async_complete(workers[current].committed); }  // cp.async.wait_group 0
 
 // the warp operations take a full mask only (all of llmc's do): a partial one would need the lanes it names
 // told apart from the rest, which the one barrier per warp cannot do, so it stops the program

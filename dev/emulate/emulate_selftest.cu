@@ -20,6 +20,13 @@
  *   order       a missing barrier is seen whichever thread reads first: each thread reads the value of
  *               the thread before it without a barrier, which in lowest-first order always finds it
  *               written; the odd one of two blocks (highest first) must read the NaN instead;
+ *   warps       a warp runs to its __syncthreads before the next moves: warp 0 writes after one warp
+ *               barrier, warp 1 reads three warp barriers later, with no __syncthreads between; passes
+ *               that moved every warp one warp operation at a time would always find the value written,
+ *               but the block that runs warp 1 first (the odd one of two) must read the NaN;
+ *   cp.async    a copy lands between its instruction and the wait for its group: blocks 0 and 1 of 4
+ *               find it at once, blocks 2 and 3 only after cp_async_wait_all, and a wait leaves a copy
+ *               not yet committed in flight (it lands at the next commit's wait);
  *   pinned      a cudaMemcpyAsync to the device from pinned host memory reads the host buffer when the
  *               stream gets to it, not at the call: a value written after the call and before the host
  *               waits for the stream is the one copied; a stream or event synchronize between the call
@@ -110,6 +117,38 @@ __global__ void missing_barrier_kernel(float* out) {
     extern __shared__ float dyn[];
     dyn[threadIdx.x] = (float)threadIdx.x;
     out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x > 0 ? dyn[threadIdx.x - 1] : 0.0f;
+}
+
+// the race `warps` must expose: warp 1 reads what warp 0 wrote with warp barriers between, but no
+// __syncthreads. out: 32 values per block, warp 1's
+__global__ void warp_race_kernel(float* out) {
+    __shared__ float s[32];
+    int lane = threadIdx.x % 32;
+    __syncwarp();
+    if (threadIdx.x < 32) s[lane] = (float)lane;
+    __syncwarp();
+    __syncwarp();
+    __syncwarp();
+    if (threadIdx.x >= 32) out[blockIdx.x * 32 + lane] = s[lane];
+}
+
+// each thread copies 16 bytes (4 ints) into its slot of two tiles with cp.async and reads its slot: before
+// committing, after waiting for the first tile's group, with the second tile's copy issued but not yet
+// committed, and after committing and waiting for that one. out: 4 ints per thread
+__global__ void cp_async_kernel(int* out, const int* src) {
+    __shared__ __align__(16) int first[32 * 4];
+    __shared__ __align__(16) int second[32 * 4];
+    int t = threadIdx.x, g = blockIdx.x * 32 + t, *o = out + g * 4;
+    emu::cp_async_16(&first[t * 4], &src[g * 4], true);
+    o[0] = first[t * 4];  // before the wait
+    emu::cp_async_commit();
+    emu::cp_async_16(&second[t * 4], &src[(128 + g) * 4], true);
+    emu::cp_async_wait_all();
+    o[1] = first[t * 4];   // committed and waited for
+    o[2] = second[t * 4];  // not committed: the wait left it in flight
+    emu::cp_async_commit();
+    emu::cp_async_wait_all();
+    o[3] = second[t * 4];
 }
 
 // lanes 0-15 wait for the block, lanes 16-31 for the warp: neither barrier can open
@@ -309,6 +348,31 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 128; i++) stale[i / 64] += read[i] != (float)(i % 64 > 0 ? i % 64 - 1 : 0);
     check_scalar("order: block 0 (lowest first) reads every value written", stale[0], 0.0, 0.0);
     check_scalar("order: block 1 (highest first) reads all 63 too early", stale[1], 63.0, 0.0);
+
+    warp_race_kernel<<<2, 64, 0, main_stream>>>(d_out);
+    dev_download(read, d_out, 64);
+    for (int b = 0; b < 2; b++) {
+        stale[b] = 0;
+        for (int l = 0; l < 32; l++) stale[b] += read[b * 32 + l] != (float)l;
+    }
+    check_scalar("warps: block 0 (warp 0 first) reads what warp 0 wrote", stale[0], 0.0, 0.0);
+    check_scalar("warps: block 1 (warp 1 first) reads all 32 before warp 0 writes", stale[1], 32.0, 0.0);
+
+    int src[256 * 4];
+    for (int i = 0; i < 256 * 4; i++) src[i] = i;
+    int* d_src = dev_alloc<int>(256 * 4);
+    cudaCheck(cudaMemcpy(d_src, src, sizeof(src), cudaMemcpyHostToDevice));
+    cp_async_kernel<<<4, 32, 0, main_stream>>>(d_int, d_src);
+    dev_download(got, d_int, 128 * 4);
+    for (int g = 0; g < 128; g++) {
+        bool deferred = g / 32 >= 2;  // blocks 2 and 3; -1: the NaN bytes shared memory starts with
+        want[g * 4 + 0] = deferred ? -1 : g * 4;
+        want[g * 4 + 1] = g * 4;
+        want[g * 4 + 2] = deferred ? -1 : (128 + g) * 4;
+        want[g * 4 + 3] = (128 + g) * 4;
+    }
+    check_ints("cp.async: at once in blocks 0-1, at the wait for its committed group in blocks 2-3", got, want, 128 * 4);
+    cudaCheck(cudaFree(d_src));
 
     check_pinned_copies(d_int);
     return finish();
