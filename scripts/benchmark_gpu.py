@@ -12,7 +12,7 @@ it runs
      attention), torch.compile, fused AdamW, gradient clipping (unless --skip-pytorch);
   3. llm.c's train_gpt2cu, if --llmc DIR names a local llm.c checkout: the script builds it there
      (`make train_gpt2cu NO_MULTI_GPU=1`, no cuDNN) unless --llmc-no-build, and trains the same size from
-     scratch (-e d12 / d24) on the same token file (llm.c reads the same token format). Without cuDNN,
+     scratch (-e d12 / d24 / d48) on the same token file (llm.c reads the same token format). Without cuDNN,
      llm.c's attention is its own (matmuls and a softmax kernel), not a flash attention: the table says so;
 and prints the device, then ms/step, tokens/s, MFU and the ratios to llm.c and to torch.compile. The
 first --warmup steps of each run are not counted. MFU counts 6N + 6LCT flops per token (N parameters,
@@ -45,7 +45,7 @@ import traceback
 
 V, VP, T = 50257, 50304, 1024
 # name: (layers, channels, heads, llm.c's -e model descriptor)
-SIZES = {"124M": (12, 768, 12, "d12"), "350M": (24, 1024, 16, "d24")}
+SIZES = {"124M": (12, 768, 12, "d12"), "350M": (24, 1024, 16, "d24"), "1.5B": (48, 1600, 25, "d48")}
 OURS = "build/gpu-bf16/train_gpt"
 # this trainer's GPU paths, each named by the flags that select it (both flags given, so a change of the
 # defaults cannot change what a name measures)
@@ -227,7 +227,7 @@ def print_table(args, size, B, results):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--configs", default="124M:16,124M:32,350M:16", help="SIZE:B list, SIZE in 124M, 350M")
+    p.add_argument("--configs", default="124M:16,124M:32,350M:16", help="SIZE:B list, SIZE in 124M, 350M, 1.5B (GPT-2 XL, 1,557,686,400 parameters)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--data", default="data/devil_train.bin")

@@ -24,7 +24,7 @@
 #      BF16, flash and the fused kernels each alone against classic over 200 steps; a batch that fits only
 #      with --recompute 3; the classic path's breakdown; tensor parallelism with flash against classic;
 #      ZeRO-3, staged sends and ZB-H1 equal byte for byte to their references in BF16; pipeline traces;
-#      the benchmark at 124M B=32 and 350M.
+#      the benchmark at 124M B=32 and 350M, and at 1.5B (B=8) against llm.c.
 #   3. the suites of multi-rank runs (data parallelism, ZeRO, faults, signals, rank agreement, launch,
 #      staging, tensor and pipeline parallelism), ranks sharing the one GPU through the MPI engine, also
 #      with the engine's chunked staging (LLMC_MPI_STAGE_BYTES); the host emulation of the flash kernels.
@@ -334,6 +334,10 @@ MPI=1 step 2 trace_gpu_zbh1 bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./
 MPI=1 step 2 trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule 1f1b --trace $LOGS/trace_gpu_staged.json"
 TAIL=24 step 2 benchmark_more "$PY" scripts/benchmark_gpu.py --configs 124M:32,350M:16 --steps 20 --warmup 5 \
     --variants classic,flash,fused,fast "${LLMC_ARGS[@]}"
+# GPT-2 XL (1.5B) at B=8 against llm.c (the goal there: at least llm.c's tokens/s); without recomputation
+# the classic path's plan is 62.3 GiB (--plan --device-memory 80GiB: B=11 fits)
+CAP=480 MIN=240 TAIL=12 step 2 benchmark_xl "$PY" scripts/benchmark_gpu.py --configs 1.5B:8 --steps 10 --warmup 3 \
+    --variants classic,fast --skip-pytorch "${LLMC_ARGS[@]}"
 
 # ---- tier 3: the multi-rank suites, ranks sharing the GPU --------------------------------------------------
 DP_SUITES=(data_parallel zero faults signals rank_agreement launch staging)
