@@ -23,6 +23,9 @@
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits, and
 #      so does ZeRO-3 (the same reduced chunks and updates; the parameters gathered per layer, not per step);
 #      BF16 ZB-H1 gives 1F1B's bits (the same products, each weight gradient accumulated in the same order)
+#   5. (BF16) the MPI engine staged through host slots in 4 KiB chunks (LLMC_MPI_STAGE_BYTES: copy streams
+#      and events) gives the whole-buffer bits, in dp 2 ZeRO-2 and in pp 3 1F1B, with the copy streams'
+#      work run after the main stream's and before it (EMU_STREAMS=main-late, dev/emulate/README.md)
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
 # and a send waits for its receive (emulate_nccl.h): a buffer touched before its stream is waited for gives
 # wrong results here (part 1's rematerialized pipeline: its sends leave a buffer the next forward overwrites).
@@ -276,6 +279,28 @@ if [ -n "$BIN_BF16" ]; then
     else
         echo "  FAIL  BF16 pp=3 M=4: ZB-H1 differs from 1F1B"; fails=$((fails + 1))
     fi
+    echo "5. the MPI engine's staging through host slots (LLMC_MPI_STAGE_BYTES, llmc/comm/staging.h), its copy streams after and before the main stream's work"
+    # Chunks of 4 KiB: each buffer goes through the two slots many times. The copy streams' work runs
+    # after the main stream's (the emulation's default: a slot reused before its upload has read it shows)
+    # and before it (EMU_STREAMS=main-late: a download before the main stream's writes it waits for
+    # shows). The staged runs must give the whole-buffer MPI run's bits (dp 2 ZeRO-2, reduced in float on
+    # the wire) and the NCCL 1F1B run's (pp 3: sends are exact copies).
+    for order in default main-late; do
+        for r in "dp:2:bf16-1:--batch-size 2 --zero 2" "pp:3:bf16-1f1b:--pp 3 --schedule 1f1b --batch-size 8 --micro-batches 4"; do
+            IFS=: read -r name np want flags <<< "$r"
+            read -r -a flags <<< "$flags"
+            EMU_STREAMS=$order EMU_DEVICES=1 LLMC_MPI_STAGE_BYTES=4096 timeout 120 "${MPIRUN[@]}" -x EMU_STREAMS -x LLMC_MPI_STAGE_BYTES \
+                -np "$np" "$BIN_BF16" "${COMMON[@]}" "${flags[@]}" --log "$TMP/staged-$name.jsonl" --save-model "$TMP/staged-$name.bin" \
+                >"$TMP/staged-$name.out" 2>&1 || { echo "  FAIL  staged $name run ($order)"; tail -3 "$TMP/staged-$name.out"; fails=$((fails + 1)); continue; }
+            if grep -q "engine MPI" "$TMP/staged-$name.out" && cmp -s "$TMP/$want.bin" "$TMP/staged-$name.bin" &&
+                [ "$(grep -o '"loss": [^,]*' "$TMP/$want.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/staged-$name.jsonl")" ]; then
+                echo "  ok    BF16 ${flags[*]}, streams $order: the MPI engine staged in 4 KiB chunks = $want, byte for byte"
+            else
+                echo "  FAIL  BF16 ${flags[*]}, streams $order: the staged MPI run differs from $want (or did not take the MPI engine)"
+                fails=$((fails + 1))
+            fi
+        done
+    done
 fi
 
 if [ $fails -ne 0 ]; then echo "nccl_emulated: $fails failure(s)"; exit 1; fi

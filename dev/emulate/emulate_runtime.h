@@ -20,10 +20,19 @@
 // ----------------------------------------------------------------------------------------------------
 // streams and events
 //
-// Kernels, copies and memsets run at their call, in the host's order, while their stream has nothing
-// queued. Two kinds of operation are queued on their stream instead and carried out as late as CUDA
-// allows, when the host waits for the stream (cudaStreamSynchronize, cudaStreamQuery, cudaEventSynchronize
-// or cudaStreamWaitEvent on an event recorded after them, cudaDeviceSynchronize, a copy to the host):
+// On the default stream (stream 0, the trainer's main stream), kernels, copies and memsets run at their
+// call, in the host's order, while the stream has nothing queued. A stream the program creates
+// (cudaStreamCreateWithFlags: the communication groups', the staging copies') runs behind the host
+// instead: everything issued on it is queued and carried out only when the host waits for something, so
+// main-stream work that reads what a side stream writes without waiting for an event of it reads too
+// early, and side-stream work that reads what the main stream overwrites after it without such a wait
+// reads too late, as either may on a GPU. EMU_STREAMS=main-late mirrors the order: the default stream's
+// work is queued too, and a wait of the host runs the created streams' queues before the default
+// stream's, so a created stream that reads what the main stream has yet to write (started before the
+// main stream's event that says its input is ready), or overwrites what the main stream has yet to read,
+// does so here. Two kinds of operation are queued on any stream and carried out as late as CUDA allows,
+// when the host waits for the stream (cudaStreamSynchronize, cudaStreamQuery, cudaEventSynchronize or
+// cudaStreamWaitEvent on an event recorded after them, cudaDeviceSynchronize, a copy to the host):
 //   - what needs other processes (emulate_nccl.h's collectives, sends and receives): a send reads its
 //     buffer, and a receive or collective writes its, only then;
 //   - a copy to the device from pinned host memory (cudaMallocHost's): it reads the host buffer only
@@ -50,6 +59,8 @@ struct Stream {
 };
 inline Stream default_stream;  // stream 0 (the trainer's main stream)
 inline std::vector<Stream*> streams = {&default_stream};
+// EMU_STREAMS=main-late: the default stream runs behind the host too, and after the created streams
+inline bool main_late = getenv("EMU_STREAMS") != NULL && strcmp(getenv("EMU_STREAMS"), "main-late") == 0;
 inline Stream* stream_of(cudaStream_t s) { return s ? (Stream*)s : &default_stream; }
 struct Event {
     double ms;       // host time of the record (the work before it on the host has finished by then)
@@ -61,8 +72,10 @@ struct Event {
 // `held` only up to its operation number `upto` (a wait for an event runs its stream no further than the
 // event, so what was queued after it still runs late)
 inline void progress_all(const Stream* held = NULL, long upto = 0) {
-    for (Stream* s : streams)
+    for (size_t i = 0; i < streams.size(); i++) {
+        Stream* s = streams[main_late ? streams.size() - 1 - i : i];  // (main-late: the default stream last)
         while (!s->queue.empty() && !(s == held && s->done >= upto) && s->queue.front().step()) s->queue.pop_front(), s->done++;
+    }
 }
 // how long a wait for other processes may take (EMU_NCCL_TIMEOUT, default 300 s)
 inline double wait_timeout_s() {
@@ -93,7 +106,12 @@ inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string wha
     st->queue.push_back({std::move(step), std::move(what)});
     st->queued++;
 }
-inline bool stream_busy(cudaStream_t s) { return !stream_of(s)->queue.empty(); }
+// whether an operation issued on s now is queued: always on a created stream (it runs behind the host),
+// on the default stream while it has work queued (always, with EMU_STREAMS=main-late)
+inline bool stream_busy(cudaStream_t s) {
+    Stream* st = stream_of(s);
+    return st != &default_stream || main_late || !st->queue.empty();
+}
 // an operation on s: at the call where s has nothing queued, else queued behind what it has
 inline void in_order(cudaStream_t s, std::function<void()> op, const char* what) {
     if (!stream_busy(s)) op();
@@ -148,13 +166,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     emu::wait_until([st, position] { return st->done >= position; }, "cudaEventSynchronize", st, position);
     return cudaSuccess;
 }
-// Later work on s follows the event. Where s has operations queued, the wait joins its queue; otherwise
-// the host waits here, since what it launches on s next runs at the call.
+// Later work on s follows the event. Where s queues what is issued on it (a created stream, or one with
+// operations queued), the wait joins its queue; otherwise the host waits here, since what it launches on
+// s next runs at the call.
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     emu::Stream *st = ((emu::Event*)e)->stream, *waiter = emu::stream_of(s);
     long position = ((emu::Event*)e)->position;
     if (st == waiter || st->done >= position) return cudaSuccess;
-    if (!waiter->queue.empty()) emu::queue_op(s, [st, position] { return st->done >= position; }, "a wait for an event of another stream");
+    if (emu::stream_busy(s)) emu::queue_op(s, [st, position] { return st->done >= position; }, "a wait for an event of another stream");
     else emu::wait_until([st, position] { return st->done >= position; }, "cudaStreamWaitEvent", st, position);
     return cudaSuccess;
 }

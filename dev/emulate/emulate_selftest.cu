@@ -27,6 +27,13 @@
  *   cp.async    a copy lands between its instruction and the wait for its group: blocks 0 and 1 of 4
  *               find it at once, blocks 2 and 3 only after cp_async_wait_all, and a wait leaves a copy
  *               not yet committed in flight (it lands at the next commit's wait);
+ *   streams     a created stream runs behind the host: a kernel on it that writes a value, then a
+ *               main-stream kernel that reads it without waiting for the stream: the read comes first;
+ *               with cudaStreamWaitEvent on an event recorded after the write: after it; and a
+ *               side-stream kernel that reads what the main stream overwrites after it, unwaited: late.
+ *               With EMU_STREAMS=main-late (set here by emu::main_late) the mirror: a created stream's
+ *               read of what the main stream writes before it, unwaited, comes first; waited for, after;
+ *               and its write of what the main stream reads before it, unwaited, comes first too;
  *   pinned      a cudaMemcpyAsync to the device from pinned host memory reads the host buffer when the
  *               stream gets to it, not at the call: a value written after the call and before the host
  *               waits for the stream is the one copied; a stream or event synchronize between the call
@@ -185,6 +192,57 @@ static int first_after_wait(const int* d) {
     cudaCheck(cudaStreamSynchronize(main_stream));
     dev_download(&v, d, 1);
     return v;
+}
+
+__global__ void set_kernel(int* p, int v) { *p = v; }
+__global__ void copy_int_kernel(int* dst, const int* src) { *dst = *src; }
+
+// the streams case (see the top of the file): d[0] the value, d[1] what the side stream copied of it
+static void check_side_stream(int* d) {
+    cudaStream_t side;
+    cudaEvent_t written;
+    cudaCheck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreate(&written));
+    int got[3], want[3] = {7, 70, 2};
+    set_kernel<<<1, 1, 0, main_stream>>>(d, 1);
+    set_kernel<<<1, 1, 0, side>>>(d, 7);            // the write, unwaited
+    times_ten_kernel<<<1, 1, 0, main_stream>>>(d);  // reads 1, writes 10; the side stream's 7 lands later
+    cudaCheck(cudaDeviceSynchronize());
+    dev_download(got, d, 1);
+    set_kernel<<<1, 1, 0, side>>>(d, 7);  // the write, waited for
+    cudaCheck(cudaEventRecord(written, side));
+    cudaCheck(cudaStreamWaitEvent(main_stream, written, 0));
+    times_ten_kernel<<<1, 1, 0, main_stream>>>(d);
+    cudaCheck(cudaDeviceSynchronize());
+    dev_download(got + 1, d, 1);
+    set_kernel<<<1, 1, 0, main_stream>>>(d, 1);
+    copy_int_kernel<<<1, 1, 0, side>>>(d + 1, d);  // reads d[0] when the side stream runs: after the overwrite
+    set_kernel<<<1, 1, 0, main_stream>>>(d, 2);
+    cudaCheck(cudaDeviceSynchronize());
+    dev_download(got + 2, d + 1, 1);
+    check_ints("streams: a created stream's work runs after the main stream's unless waited for", got, want, 3);
+    emu::main_late = true;  // the mirror (EMU_STREAMS=main-late)
+    int want_late[3] = {1, 8, 5};
+    set_kernel<<<1, 1, 0, main_stream>>>(d, 1);
+    cudaCheck(cudaDeviceSynchronize());
+    set_kernel<<<1, 1, 0, main_stream>>>(d, 7);
+    copy_int_kernel<<<1, 1, 0, side>>>(d + 1, d);  // the read, unwaited: before the main stream's write
+    cudaCheck(cudaDeviceSynchronize());
+    dev_download(got, d + 1, 1);
+    set_kernel<<<1, 1, 0, main_stream>>>(d, 8);
+    cudaCheck(cudaEventRecord(written, main_stream));
+    cudaCheck(cudaStreamWaitEvent(side, written, 0));
+    copy_int_kernel<<<1, 1, 0, side>>>(d + 1, d);  // the read, waited for
+    cudaCheck(cudaDeviceSynchronize());
+    dev_download(got + 1, d + 1, 1);
+    copy_int_kernel<<<1, 1, 0, main_stream>>>(d + 2, d);  // the main stream's read of 8 ...
+    set_kernel<<<1, 1, 0, side>>>(d, 5);                   // ... and a later write, unwaited: it comes first
+    cudaCheck(cudaDeviceSynchronize());
+    dev_download(got + 2, d + 2, 1);
+    emu::main_late = false;
+    check_ints("streams (main-late): a created stream's work runs before the main stream's unless it waits", got, want_late, 3);
+    cudaCheck(cudaEventDestroy(written));
+    cudaCheck(cudaStreamDestroy(side));
 }
 
 // the pinned case (see the top of the file)
@@ -374,6 +432,7 @@ int main(int argc, char** argv) {
     check_ints("cp.async: at once in blocks 0-1, at the wait for its committed group in blocks 2-3", got, want, 128 * 4);
     cudaCheck(cudaFree(d_src));
 
+    check_side_stream(d_int);
     check_pinned_copies(d_int);
     return finish();
 }
