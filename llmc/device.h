@@ -623,6 +623,11 @@ struct alignas(16) Pack128 {
     floatX v[16 / sizeof(floatX)];
 };
 static inline bool aligned16(const void* p) { return p == NULL || ((uintptr_t)p % 16) == 0; }
+#ifdef DEV_CUDA_EMULATED  // (a GPU faults on a misaligned 16-byte access; the emulation says so too)
+__device__ static inline Pack128 load128(const floatX* p) { return emu::check_aligned(p, 16, "load128"), *(const Pack128*)p; }
+__device__ static inline void store128(floatX* p, Pack128 x) { emu::check_aligned(p, 16, "store128"), *(Pack128*)p = x; }
+#else
 __device__ static inline Pack128 load128(const floatX* p) { return *(const Pack128*)p; }
 __device__ static inline void store128(floatX* p, Pack128 x) { *(Pack128*)p = x; }
+#endif
 #endif

@@ -36,7 +36,9 @@
  *
  * What is checked at launch, as the GPU would refuse it: block size (<= 1024 threads, and <= the kernel's
  * __launch_bounds__), grid limits (y, z <= 65535), dynamic shared memory above 48 KiB without
- * cudaFuncSetAttribute's opt-in, and above the device's 227 KiB. Shared memory, dynamic and static, starts
+ * cudaFuncSetAttribute's opt-in, and above the device's 227 KiB. At run time, a 16-byte access that is not
+ * 16-byte aligned (ldmatrix rows, cp.async, llmc's load128/store128) stops the program, as the GPU's
+ * "misaligned address" does (check_aligned). Shared memory, dynamic and static, starts
  * each block filled with NaN bytes (0xff), so a read before a write shows up in the result.
  * Atomics are plain read-modify-writes: threads never interleave inside one.
  *
@@ -428,6 +430,14 @@ struct Shared {
     }
 };
 
+// What a GPU stops with "misaligned address": an access of n bytes (a 16-byte vector, a cp.async, an
+// ldmatrix row) at an address that is not a multiple of n. Host memory would take it silently.
+inline void check_aligned(const void* p, size_t n, const char* what) {
+    if ((uintptr_t)p % n == 0) return;
+    fprintf(stderr, "emulated GPU: misaligned address: %s of %zu bytes at %p\n", what, n, p);
+    die("misaligned address");
+}
+
 // A warp exchange: this lane's bytes go to its slot of the next slot set, then it waits for the warp;
 // returns the slot set, in which lane l's bytes are at [l]
 inline const uint64_t (*publish(const void* bytes, size_t n, const char* name))[4] {
@@ -459,6 +469,7 @@ inline uint16_t half_of(uint32_t reg, int j) { return (uint16_t)(j ? reg >> 16 :
 // matrix i. Each lane publishes the 16 bytes of its row, so the warp's load is complete before any lane
 // goes on (and may overwrite the tile), as on the GPU.
 inline void ldmatrix_x4(uint32_t r[4], const void* row_address, bool trans) {
+    check_aligned(row_address, 16, "an ldmatrix row");
     const uint64_t(*slots)[4] = publish(row_address, 16, "ldmatrix");
     int lane = workers[current].thread % 32;
     for (int i = 0; i < 4; i++) {
@@ -500,6 +511,7 @@ inline void cp_async_copy(const PendingCopy& c) {
     else memset(c.smem, 0, 16);
 }
 inline void cp_async_16(void* smem, const void* gmem, bool valid) {
+    check_aligned(smem, 16, "a cp.async destination"), check_aligned(gmem, 16, "a cp.async source");
     if (!defer_copies) return cp_async_copy({smem, gmem, valid});
     Worker* w = &workers[current];
     if (w->copies == PENDING_MAX) die("more cp.async copies outstanding in one thread than the emulation holds (PENDING_MAX)");

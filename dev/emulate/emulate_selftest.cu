@@ -41,10 +41,12 @@
  *               what it copied; a copy from pageable memory reads its source at the call, also when it
  *               is queued behind a pinned one, and lands in the stream's order; a wait for an event runs
  *               the stream only up to the event (a pinned copy queued after it still reads late).
- * Four programs the emulation must stop, each with an error that names the fault (the Makefile checks the
+ * Five programs the emulation must stop, each with an error that names the fault (the Makefile checks the
  * exit status and the message): `emulate_selftest deadlock`, a warp whose lanes wait at two barriers that
  * can never open; `divergent`, half a warp at __syncwarp and half at a shuffle; `mask`, a shuffle with a
- * partial mask; `freed`, pinned memory freed while a copy from it is still queued.
+ * partial mask; `freed`, pinned memory freed while a copy from it is still queued; `misaligned`, an
+ * ldmatrix row 2 bytes off its 16-byte alignment (a GPU's "misaligned address"; cp.async and the
+ * trainer's 16-byte load128/store128 are checked the same way).
  */
 #include "../cuda/common.cuh"
 
@@ -170,6 +172,14 @@ __global__ void deadlock_kernel(int* out) {
 __global__ void divergent_kernel(int* out) {
     if (threadIdx.x < 16) __syncwarp();
     else out[threadIdx.x] = __shfl_xor_sync(0xffffffff, (int)threadIdx.x, 1);
+}
+
+// an ldmatrix whose rows start 2 bytes into the tile
+__global__ void misaligned_kernel(uint32_t* out) {
+    __shared__ uint16_t tile[32][9];
+    uint32_t r[4];
+    emu::ldmatrix_x4(r, &tile[threadIdx.x][1], false);
+    out[threadIdx.x] = r[0];
 }
 
 __global__ void mask_kernel(int* out) { out[threadIdx.x] = __shfl_xor_sync(0x0000ffff, (int)threadIdx.x, 1); }
@@ -303,6 +313,7 @@ int main(int argc, char** argv) {
         if (strcmp(argv[1], "deadlock") == 0) deadlock_kernel<<<1, 32, 0, main_stream>>>(d_int);
         else if (strcmp(argv[1], "divergent") == 0) divergent_kernel<<<1, 32, 0, main_stream>>>(d_int);
         else if (strcmp(argv[1], "mask") == 0) mask_kernel<<<1, 32, 0, main_stream>>>(d_int);
+        else if (strcmp(argv[1], "misaligned") == 0) misaligned_kernel<<<1, 32, 0, main_stream>>>((uint32_t*)d_int);
         else if (strcmp(argv[1], "freed") == 0) {  // freed before the stream has run the copy from it
             int* pinned = NULL;
             cudaCheck(cudaMallocHost((void**)&pinned, sizeof(int)));
