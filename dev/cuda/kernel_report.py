@@ -207,7 +207,7 @@ def floors(X, consts, shape=GPT2_124M):
     causal = T * (T + 1) // 2                           # (query, key) pairs a causal head computes
     mm = 2 * B * NH * hs * causal                       # one causal attention matmul, multiply-adds x 2
     # the norm's block partials: a block per 256 elements of each tensor, at most 1024 (llmc/global_norm.h)
-    sizes = [Vp * C, 1024 * C] + L * [C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C] + [C, C]
+    sizes = [Vp * C, maxT * C] + L * [C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C] + [C, C]
     norm_partials = sum(min(1024, -(-n // 256)) for n in sizes)
     rows = [
         ("encoder_forward_kernel", "both", 1, 2 * BTC * X + T * C * X + 4 * BT, 0, "wte rows + wpe in, (B,T,C) out"),

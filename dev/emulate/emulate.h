@@ -44,9 +44,11 @@
  *
  * The runtime calls the programs make (cudaMalloc, cudaMemcpy, events, properties) and their cuBLAS(Lt)
  * products are defined over host memory in emulate_runtime.h, included at the end. A launch or copy has
- * finished when its call returns, unless its stream has work queued: the emulated NCCL's operations and
- * copies from pinned host memory wait in their stream's queue until the host waits for the stream, and
- * what is issued behind them joins the queue (emulate_runtime.h, "streams and events"). "Device" memory
+ * finished when its call returns if it is on the default stream and that has nothing queued: a stream the
+ * program created (and with EMU_STREAMS=main-late the default stream too) queues all its work, the
+ * emulated NCCL's operations and copies from pinned host memory wait in their stream's queue until the
+ * host waits for the stream, and what is issued behind them joins the queue (emulate_runtime.h, "streams
+ * and events"). "Device" memory
  * is host memory, so a kernel that dereferences a host pointer does not fail here as it would on a GPU.
  */
 #pragma once
@@ -235,9 +237,13 @@ inline bool blocked(const Worker* w) { return w->waiting_on != NULL && w->waitin
 
 inline void cp_async_complete(int upto);
 
+inline bool starting = false;  // whether run_block's start loop resumed the running worker
+
+// A worker runs its thread; one whose thread ended takes the next thread to start only when the start
+// loop resumed it (so a warp run to its barrier by run_warp never starts a thread of the next warp)
 inline void worker_main() {
     Worker* w = &workers[current];
-    while (next_thread < block_threads) {
+    do {
         w->thread = thread_started(next_thread++), w->exchanges = 0, w->copies = w->committed = 0;
         thread_index = thread_index_of(w->thread);
         progress++;
@@ -246,7 +252,7 @@ inline void worker_main() {
         block_barrier.live--, my_warp()->live--, progress++;  // an exited thread no longer holds back a barrier
         open_if_complete(&block_barrier);
         open_if_complete(my_warp());
-    }
+    } while (starting && next_thread < block_threads);
     w->done = true;
     yield();  // never resumed
 }
@@ -300,7 +306,7 @@ inline void run_block(int n, bool reverse, bool defer) {
             Worker* w = &workers[used];
             w->done = false, w->thread = thread_started(next_thread), w->waiting_on = NULL;
             context_make(&w->context, w->stack, STACK_BYTES, worker_main);
-            resume(used++);
+            starting = true, resume(used++), starting = false;
             if (next_thread == n || thread_started(next_thread) / 32 != warp) run_warp(first, used), first = used;
         }
         running = 0;
@@ -324,7 +330,7 @@ P convert(A&& a) {
     }
 }
 
-// emulate_runtime.h, "streams and events": whether a stream has work queued, and queueing an operation
+// emulate_runtime.h, "streams and events": whether what is issued on a stream now is queued, and queueing it
 inline bool stream_busy(cudaStream_t s);
 inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string what);
 
@@ -343,7 +349,7 @@ struct Launch {
         : kernel(name), grid(g), block(b), shared_bytes(smem), stream(s) {}
 
     // runs the kernel over the grid with the arguments converted to its parameter types, as a launch does:
-    // at the call, or, where its stream has work queued (emulate_runtime.h), when the stream gets to it,
+    // at the call, or, where its stream queues it (emulate_runtime.h, stream_busy), when the stream gets to it,
     // with the arguments of the call
     template <typename... Params, typename... Args>
     void run(void (*kernel)(Params...), Args&&... args) {
@@ -523,7 +529,7 @@ inline void cp_async_complete(int upto) {
     Worker* w = &workers[current];
     for (int i = 0; i < upto; i++) cp_async_copy(pending[current][i]);
     memmove(pending[current], pending[current] + upto, (w->copies - upto) * sizeof(PendingCopy));
-    w->copies -= upto, w->committed -= upto;
+    w->copies -= upto, w->committed = std::max(0, w->committed - upto);
 }
 inline void cp_async_wait_all() { cp_async_complete(workers[current].committed); }  // cp.async.wait_group 0
 

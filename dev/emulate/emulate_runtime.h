@@ -1,10 +1,11 @@
 /*
  * emulate_runtime.h: the CUDA runtime and the cuBLAS(Lt) calls that dev/cuda and llmc make, over host
  * memory, for the CPU emulation of emulate.h (which includes this file last). "Device" memory is host
- * memory; kernels, copies and memsets run at their call unless their stream has work queued: what needs
- * other processes (the emulated NCCL's operations) and copies from pinned host memory wait in their
- * stream's queue until the host waits for the stream, and so does what follows them on it (see "streams
- * and events" below). The device reports an H100's limits, so grids and shared memory are sized as there.
+ * memory; kernels, copies and memsets on the default stream run at their call unless it has work queued,
+ * those on a stream the program created are queued until the host waits (see "streams and events"
+ * below, and EMU_STREAMS=main-late there); what needs other processes (the emulated NCCL's operations)
+ * and copies from pinned host memory wait in their stream's queue until the host waits for the stream,
+ * and so does what follows them on it. The device reports an H100's limits, so grids and shared memory are sized as there.
  * Device allocations are counted against its 80 GiB: cudaMemGetInfo reports what is allocated (with no
  * CUDA context beside it, so a memory plan can be compared with it exactly; pinned host memory is not
  * device memory and not counted), and an allocation beyond the 80 GiB fails as on the GPU.
@@ -38,7 +39,7 @@
 //   - a copy to the device from pinned host memory (cudaMallocHost's): it reads the host buffer only
 //     then, as a GPU's copy engine may read it long after cudaMemcpyAsync has returned. (From pageable
 //     memory CUDA stages the bytes before the call returns: such a copy reads its source at the call.)
-// Whatever is issued on a stream while it has work queued joins the queue behind it (kernels, cuBLAS
+// Whatever is issued on a stream that queues (a created one, or one with work queued) joins the queue behind it (kernels, cuBLAS
 // products, memsets, copies), so the stream's order holds and the host runs ahead of the stream as it
 // does of a GPU. A host buffer written, or freed (cudaFreeHost stops the program), before the host has
 // waited for the copy or communication that reads it gives wrong results here, as it may on a GPU; so
@@ -60,10 +61,16 @@ struct Stream {
 inline Stream default_stream;  // stream 0 (the trainer's main stream)
 inline std::vector<Stream*> streams = {&default_stream};
 // EMU_STREAMS=main-late: the default stream runs behind the host too, and after the created streams
-inline bool main_late = getenv("EMU_STREAMS") != NULL && strcmp(getenv("EMU_STREAMS"), "main-late") == 0;
+inline bool streams_order(const char* v) {  // EMU_STREAMS: unset, "default" or "main-late"; anything else stops
+    if (v == NULL || strcmp(v, "default") == 0) return false;
+    if (strcmp(v, "main-late") == 0) return true;
+    fprintf(stderr, "emulated CUDA: EMU_STREAMS=%s: want default or main-late\n", v);
+    exit(1);
+}
+inline bool main_late = streams_order(getenv("EMU_STREAMS"));
 inline Stream* stream_of(cudaStream_t s) { return s ? (Stream*)s : &default_stream; }
 struct Event {
-    double ms;       // host time of the record (the work before it on the host has finished by then)
+    double ms;       // host time of the record (not of the stream reaching it: a queued stream's timings are 0)
     Stream* stream;  // the stream it was recorded on, and that stream's position then: the event has
     long position;   // happened once the stream has completed that many operations
 };
@@ -112,7 +119,7 @@ inline bool stream_busy(cudaStream_t s) {
     Stream* st = stream_of(s);
     return st != &default_stream || main_late || !st->queue.empty();
 }
-// an operation on s: at the call where s has nothing queued, else queued behind what it has
+// an operation on s: at the call where s does not queue (stream_busy), else queued behind what it has
 inline void in_order(cudaStream_t s, std::function<void()> op, const char* what) {
     if (!stream_busy(s)) op();
     else queue_op(s, [op] { return op(), true; }, what);
@@ -452,13 +459,15 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
     free(rows_a);
 }
 
-// EMU_COUNTS=FILE (emulate.h, Launch): what this process issued, written to FILE at its exit: a line
+// EMU_COUNTS=FILE (emulate.h, Launch): what this process issued, written to FILE at its exit (one
+// process per FILE: ranks would overwrite each other's): a line
 // "launch NAME N" per kernel, then "flops cublasLt N" and "flops cublas_batched N" (2 m n k per product)
 inline uint64_t lt_flops = 0, batched_flops = 0;
 inline void count_write() {
     FILE* f = fopen(getenv("EMU_COUNTS"), "w");
     if (f == NULL) {
         fprintf(stderr, "emulated CUDA: cannot write EMU_COUNTS=%s\n", getenv("EMU_COUNTS"));
+        fflush(NULL);
         _exit(1);
     }
     for (const auto& [name, n] : launch_counts) fprintf(f, "launch %s %llu\n", name.c_str(), (unsigned long long)n);

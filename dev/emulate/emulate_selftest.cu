@@ -209,6 +209,8 @@ __global__ void copy_int_kernel(int* dst, const int* src) { *dst = *src; }
 
 // the streams case (see the top of the file): d[0] the value, d[1] what the side stream copied of it
 static void check_side_stream(int* d) {
+    bool order = emu::main_late;  // (EMU_STREAMS as this program was started with: both orders are set here)
+    emu::main_late = false;
     cudaStream_t side;
     cudaEvent_t written;
     cudaCheck(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
@@ -249,7 +251,7 @@ static void check_side_stream(int* d) {
     set_kernel<<<1, 1, 0, side>>>(d, 5);                   // ... and a later write, unwaited: it comes first
     cudaCheck(cudaDeviceSynchronize());
     dev_download(got + 2, d + 2, 1);
-    emu::main_late = false;
+    emu::main_late = order;
     check_ints("streams (main-late): a created stream's work runs before the main stream's unless it waits", got, want_late, 3);
     cudaCheck(cudaEventDestroy(written));
     cudaCheck(cudaStreamDestroy(side));
