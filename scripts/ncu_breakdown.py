@@ -79,10 +79,9 @@ def read_launches(path):
 def floors_us(path):
     """{kernel: floor in us per step} on this path at GPT-2 124M, B=16, T=1024, BF16; and the matmuls' floor."""
     rows, mm_flops, attention_classic, _ = kernel_report.floors(2, kernel_report.header_constants())
-    wanted = ("both", "fused", "flash") if path == "fast" else ("both", "classic")
     out = {}
     for k, p, _, nbytes, flops, _ in rows:
-        if p in wanted and not k.startswith("("):
+        if p in kernel_report.PATH_ROWS[path] and not k.startswith("("):
             us = 1e6 * max(nbytes / kernel_report.HBM_BYTES_PER_S, flops / kernel_report.CUBLAS_FLOPS_PER_S)
             out[k] = out.get(k, 0.0) + us
     library = mm_flops + (attention_classic if path == "classic" else 0)

@@ -48,10 +48,9 @@ def counts(f):
 
 a, b = counts(two), counts(three)
 step = {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b)}
-wanted = ("both", "fused", "flash") if path == "fast" else ("both", "classic")
 expected = {}
 for k, p, calls, *_ in rows:
-    if p in wanted and not k.startswith("("):
+    if p in kr.PATH_ROWS[path] and not k.startswith("("):
         expected[k] = expected.get(k, 0) + calls
 launched = {name: n for (kind, name), n in step.items() if kind == "launch" and n > 0}
 bad = []

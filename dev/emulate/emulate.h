@@ -334,10 +334,7 @@ P convert(A&& a) {
 inline bool stream_busy(cudaStream_t s);
 inline void queue_op(cudaStream_t s, std::function<bool()> step, std::string what);
 
-// EMU_COUNTS=FILE: at exit, the process's kernel launches by name and its cuBLAS(Lt) FLOPs go to FILE
-// (emulate_runtime.h, count_write), so tests/kernel_report_emulated.sh can hold dev/cuda/kernel_report.py's
-// calls per step and matmul FLOPs to what a step of the trainer's GPU code issues
-inline std::map<std::string, uint64_t> launch_counts;
+// EMU_COUNTS=FILE: a launch counted by its kernel's name (emulate_runtime.h, count_launch)
 inline void count_launch(const char* kernel);
 
 struct Launch {

@@ -461,7 +461,9 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
 
 // EMU_COUNTS=FILE (emulate.h, Launch): what this process issued, written to FILE at its exit (one
 // process per FILE: ranks would overwrite each other's): a line
-// "launch NAME N" per kernel, then "flops cublasLt N" and "flops cublas_batched N" (2 m n k per product)
+// "launch NAME N" per kernel, then "flops cublasLt N" and "flops cublas_batched N" (2 m n k per product).
+// tests/kernel_report_emulated.sh holds dev/cuda/kernel_report.py's step to what a trainer step issues.
+inline std::map<std::string, uint64_t> launch_counts;
 inline uint64_t lt_flops = 0, batched_flops = 0;
 inline void count_write() {
     FILE* f = fopen(getenv("EMU_COUNTS"), "w");
