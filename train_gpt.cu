@@ -1271,9 +1271,9 @@ static void print_run_summary(const Training* run) {
     }
 }
 
-// Everything the loop needs, in this order: outputs checked, the start point read, the ranks agreed on
-// the job, this rank's model built, the inputs opened, the activations allocated, the run state restored.
-static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
+// Everything the loop needs, in this order: outputs checked, the start point read (and --attention's default
+// made for its model), the ranks agreed on the job, this rank's model built, the inputs opened, the activations allocated, the run state restored.
+static void training_setup(Training* run, TrainConfig* tc, Comm* comm) {
     memset(run, 0, sizeof(*run));
     run->tc = tc;
     run->comm = comm;
@@ -1283,6 +1283,7 @@ static void training_setup(Training* run, const TrainConfig* tc, Comm* comm) {
     GPT2Config config = tc->arch;
     float *params = NULL, *m = NULL, *v = NULL;
     read_start_point(tc, comm->dp, run->main_rank, &run->state, &config, &params, &m, &v);
+    tc->kernels.flash_attention = attention_choice(tc->kernels.flash_attention, config.C, config.NH, sizeof(floatX), 0);
     if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
     check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
@@ -1446,9 +1447,11 @@ static void training_finish(Training* run) {
 // Trains as configured, as one rank of `comm`. If losses != NULL, the mean training loss of each step
 // (over the whole DP group) is stored there at index step, up to max_losses, so tests can compare runs.
 // Returns the last validation loss (or NAN).
-static float train(const TrainConfig* tc, Comm* comm, float* losses, long long max_losses) {
+static float train(const TrainConfig* given, Comm* comm, float* losses, long long max_losses) {
+    TrainConfig resolved = *given;  // with the kernel choice made for the model (training_setup)
+    const TrainConfig* tc = &resolved;
     Training run;
-    training_setup(&run, tc, comm);
+    training_setup(&run, &resolved, comm);
     int stop_sig = 0;  // a stop signal every rank knows of (agreed after each step)
     run.loop_start = wall_seconds();
     stop_signal_install();

@@ -49,6 +49,16 @@ static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) 
         fatal("--attention flash needs head size 64 (every GPT-2 size has it), got %d channels / %d heads = %g", C, NH, (double)C / NH);
 }
 
+// --attention as the run (or plan) takes it: a choice given on the command line as given (it is validated
+// where the model is built); the default, ATTENTION_AUTO, flash wherever it can run: 16-bit activations
+// (`bytes` = the element size of the run or plan) and head size 64, on the GPU target or in a plan of a
+// GPU run; classic elsewhere (FP32, other head sizes, the CPU target's own runs).
+static int attention_choice(int given, int C, int NH, size_t bytes, int for_plan) {
+    if (given != ATTENTION_AUTO) return given;
+    int gpu = !TARGET_IS_CPU || for_plan;
+    return gpu && bytes == 2 && NH > 0 && C % NH == 0 && C / NH == 64;
+}
+
 // ----------------------------------------------------------------------------------------------------
 // CPU reference
 

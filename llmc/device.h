@@ -103,11 +103,12 @@ typedef struct {
     // (LayerNorm backward in one pass, residual + LayerNorm forward, 16-byte GELU, bias-gradient and
     // classifier kernels), cached cuBLASLt plans and their epilogues (GELU and bias gradients inside the
     // products, llmc/matmul.h), no host synchronization for the inputs of a micro-step,
-    // and a step's losses summed on the device (one copy per step, llmc/classifier.h loss_mean). Off by
-    // default until check_gpu.sh has passed with it. The CPU target accepts it and runs the same reference
-    // loops (identical results).
+    // and a step's losses summed on the device (one copy per step, llmc/classifier.h loss_mean). On by
+    // default since check_gpu.sh passed with it (README's status). The CPU target accepts it and runs the
+    // same reference loops (identical results).
     int fused;
-    // --attention flash (llmc/attention.h; 0: classic attention). The activations follow it (the (B, NH, T)
+    // --attention flash (llmc/attention.h; 0: classic attention; ATTENTION_AUTO, the default until the model
+    // is known: flash where it can run, see attention_choice). The activations follow it (the (B, NH, T)
     // logsumexp instead of the (B, NH, T, T) probabilities), and so does the memory plan.
     int flash_attention;
     // Not a flag: 1 keeps GELU in its own kernel where --fused-kernels would put it in the fc product's
@@ -120,6 +121,7 @@ typedef struct {
     // has no CPU matmul and ignores it.
     int cpu_blas;
 } KernelChoice;
+enum { ATTENTION_AUTO = -1 };
 
 // The name of the device this rank computes on (for the log): the GPU's, or the CPU's model name.
 static inline void device_name(char* buf, size_t cap) {

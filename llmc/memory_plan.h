@@ -12,6 +12,7 @@
 #include "attention.h"        // attention_flash_validate, attention_cpu_scratch_bytes
 #include "comm.h"             // Comm
 #include "device.h"           // KernelChoice
+#include "encoder.h"          // encoder_scratch_bytes
 #include "model_file.h"       // GPT2Config, model_file_read, validate_config
 #include "param_layout.h"     // Placement
 #include "pipeline.h"         // pipeline_slots
@@ -89,7 +90,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     // 4) and the step report's 6 floats (llmc/step_report.h)
     if (kernels->fused)
         reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
-    size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
+    size_t embedding = encoder_scratch_bytes(BT, c->C, kernels->fused) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
 
@@ -189,13 +190,16 @@ static void print_best_segment(PlanRank plan_rank, const GPT2Config* c, const Tr
 
 // --plan: prints the per-rank memory of the configuration on the command line and, with
 // --device-memory, the largest micro-batch that fits. The world size is dp x tp x pp (--dp defaults to 1).
-static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* precision, double device_memory) {
-    GPT2Config c = tc->arch;
-    if (tc->model_file) model_file_read(tc->model_file, &c, NULL);
+static void print_plan(PlanRank plan_rank, const TrainConfig* given, const char* precision, double device_memory) {
+    GPT2Config c = given->arch;
+    if (given->model_file) model_file_read(given->model_file, &c, NULL);
     validate_config(&c, "plan");
-    validate_tp(&c, tc->tp);
-    if (tc->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", tc->T, c.maxT);
+    validate_tp(&c, given->tp);
+    if (given->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", given->T, c.maxT);
     size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
+    TrainConfig planned = *given;  // with the attention the planned run would take
+    planned.kernels.flash_attention = attention_choice(given->kernels.flash_attention, c.C, c.NH, elem_bytes, 1);
+    const TrainConfig* tc = &planned;
     if (tc->kernels.flash_attention) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
     int dp = tc->dp > 0 ? tc->dp : 1;
     printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
@@ -204,8 +208,8 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* tc, const char* pr
     if (tc->recompute_segment > 1) snprintf(segment, sizeof(segment), " (segments of %d layers)", tc->recompute_segment);
     char schedule[48] = "";
     if (tc->pp > 1) snprintf(schedule, sizeof(schedule), " (%s)", schedule_name(tc->pipe_schedule));
-    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, recompute %d%s, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
-           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
+    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, %s attention, recompute %d%s, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
+           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->kernels.flash_attention ? "flash" : "classic", tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
            tc->grad_accum > 1 ? "es" : "", schedule);
     plan_stages(plan_rank, &c, tc, dp, tc->B, elem_bytes, 1);
     if (tc->recompute == 3) print_best_segment(plan_rank, &c, tc, dp, elem_bytes);

@@ -98,6 +98,11 @@ static void default_train_config(TrainConfig* tc) {
     tc->comm_timeout = 120.0;
     tc->io_timeout = 3600.0;
     tc->kernels.cpu_blas = cpu_blas_linked;  // llmc/matmul.h: OpenBLAS where the build linked it
+    // the GPU's fast path, the default since it passed scripts/check_gpu.sh (README's status): the fused
+    // kernels (the CPU target runs its one set of loops either way), and flash attention wherever it can
+    // run (made for the model: attention_choice)
+    tc->kernels.fused = 1;
+    tc->kernels.flash_attention = ATTENTION_AUTO;
     tc->B = 8;
     tc->T = 64;
     tc->grad_accum = 1;

@@ -67,6 +67,10 @@ static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2
            getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks",
            tc->kernels.cpu_blas ? "OpenBLAS (--cpu-matmul blas)" : "reference GEMM (--cpu-matmul reference)");
 #endif
+#ifndef LLMC_CPU
+    printf("kernels: %s attention (--attention), fused kernels %s (--fused-kernels)\n", tc->kernels.flash_attention ? "flash" : "classic",
+           tc->kernels.fused ? "on" : "off");
+#endif
     printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, num_parameters);
     printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum, tokens_per_step,
            tc->steps);

@@ -109,8 +109,10 @@ def llmc_binary(args):
 
 
 def llmc_command(args, size, B):
+    # llm.c takes "step % val_loss_every" unguarded: -v 0 divides by zero (SIGFPE). -v steps+1 validates at
+    # step 0 and at the last step only, on one batch (-m 1), both outside its timed steps; -s 0 samples never.
     return [llmc_binary(args), "-i", args.data, "-j", args.data, "-b", str(B), "-t", str(T), "-x", str(args.steps),
-            "-v", "0", "-s", "0", "-e", SIZES[size][3], "-r", "0", "-l", "6e-4", "-u", "10"]
+            "-v", str(args.steps + 1), "-m", "1", "-s", "0", "-e", SIZES[size][3], "-r", "0", "-l", "6e-4", "-u", "10"]
 
 
 def build_llmc(args):
