@@ -1283,7 +1283,7 @@ static void training_setup(Training* run, TrainConfig* tc, Comm* comm) {
     GPT2Config config = tc->arch;
     float *params = NULL, *m = NULL, *v = NULL;
     read_start_point(tc, comm->dp, run->main_rank, &run->state, &config, &params, &m, &v);
-    tc->kernels.flash_attention = attention_choice(tc->kernels.flash_attention, config.C, config.NH, sizeof(floatX), 0);
+    tc->kernels.flash_attention = attention_choice(tc->kernels.flash_attention, tc->B, tc->T, config.C, config.NH, sizeof(floatX), 0);
     if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
     check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);

@@ -51,12 +51,17 @@ static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) 
 
 // --attention as the run (or plan) takes it: a choice given on the command line as given (it is validated
 // where the model is built); the default, ATTENTION_AUTO, flash wherever it can run: 16-bit activations
-// (`bytes` = the element size of the run or plan) and head size 64, on the GPU target or in a plan of a
-// GPU run; classic elsewhere (FP32, other head sizes, the CPU target's own runs).
-static int attention_choice(int given, int C, int NH, size_t bytes, int for_plan) {
+// (`bytes` = the element size of the run or plan), head size 64 and a micro-batch of B sequences whose
+// grid fits, on the GPU target with a GPU of compute capability 8.0 or newer, or in a plan of a GPU run;
+// classic elsewhere (FP32, other head sizes, older GPUs, the CPU target's own runs).
+static int attention_choice(int given, int B, int T, int C, int NH, size_t bytes, int for_plan) {
     if (given != ATTENTION_AUTO) return given;
-    int gpu = !TARGET_IS_CPU || for_plan;
-    return gpu && bytes == 2 && NH > 0 && C % NH == 0 && C / NH == 64;
+    if (bytes != 2 || NH <= 0 || C % NH != 0 || C / NH != 64 || !flash_grid_fits(B, T, NH)) return 0;
+#ifdef LLMC_CPU
+    return for_plan;
+#else
+    return for_plan || flash_device_capability() >= 80;
+#endif
 }
 
 // ----------------------------------------------------------------------------------------------------

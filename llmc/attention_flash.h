@@ -46,25 +46,35 @@
 #include "attention_flash_forward.h"  // flash_tc_forward
 #include "attention_flash_backward.h"  // the three backward kernels
 
+// the grid of a launch fits: B*NH blocks in y, B*T*NH rows in an int
+static int flash_grid_fits(long long B, long long T, long long NH) { return B * NH <= 65535 && B * T * NH <= 0x7fffffffLL; }
+
 #ifndef LLMC_CPU
 // ----------------------------------------------------------------------------------------------------
 // launchers (Tp = __nv_bfloat16 or __half)
 
-// what every launch needs: head size 64, a grid that fits (B*NH blocks in y, B*T*NH rows in an int) and a
-// GPU with the sm_80 instructions (checked once per device: a clear error instead of a trap)
+// the compute capability of this rank's GPU, major * 10 + minor (flash needs 80: cp.async, bf16 mma.sync)
+static int flash_device_capability(void) {
+    int device, major = 0, minor = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
+}
+
+// what every launch needs: head size 64, a grid that fits and a GPU with the sm_80 instructions (checked
+// once per device: a clear error instead of a trap)
 static void flash_check_launch(int B, int T, int C, int NH) {
     if (NH <= 0 || C % NH != 0 || C / NH != FLASH_HS)
         fatal("--attention flash needs head size %d (channels %d / heads %d)", FLASH_HS, C, NH);
-    if ((long long)B * NH > 65535 || (long long)B * T * NH > 0x7fffffffLL)
+    if (!flash_grid_fits(B, T, NH))
         fatal("--attention flash: B*NH = %lld (at most 65535) or B*T*NH = %lld too large", (long long)B * NH, (long long)B * T * NH);
     static int checked_device = -1;
     int device;
     cudaCheck(cudaGetDevice(&device));
     if (device == checked_device) return;
-    int major = 0, minor = 0;
-    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    if (major < 8) fatal("--attention flash needs a GPU of compute capability 8.0 or newer (cp.async, bf16 mma.sync); this one is %d.%d", major, minor);
+    int cc = flash_device_capability();
+    if (cc < 80) fatal("--attention flash needs a GPU of compute capability 8.0 or newer (cp.async, bf16 mma.sync); this one is %d.%d", cc / 10, cc % 10);
     checked_device = device;
 }
 

@@ -198,7 +198,7 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* given, const char*
     if (given->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", given->T, c.maxT);
     size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
     TrainConfig planned = *given;  // with the attention the planned run would take
-    planned.kernels.flash_attention = attention_choice(given->kernels.flash_attention, c.C, c.NH, elem_bytes, 1);
+    planned.kernels.flash_attention = attention_choice(given->kernels.flash_attention, given->B, given->T, c.C, c.NH, elem_bytes, 1);
     const TrainConfig* tc = &planned;
     if (tc->kernels.flash_attention) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
     int dp = tc->dp > 0 ? tc->dp : 1;

@@ -41,8 +41,8 @@ PYEOF
     fi
 }
 check 1 fp32
-check 1 fp32 --recompute 2 --grad-accum 2
-check 1 bf16
+check 1 fp32 --recompute 2 --grad-accum 2 --fused-kernels 0
+check 1 bf16 --fused-kernels 0 --attention classic  # (the default here is the fast path)
 check 1 bf16 --fused-kernels 1 --attention flash --recompute 3
 check 1 bf16 --attention flash --recompute 3 --recompute-segment 2
 check 1 bf16 --fused-kernels 1  # (no recomputation: GELU in the fc product's epilogue)
