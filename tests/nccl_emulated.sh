@@ -204,9 +204,12 @@ expect_end "rank 1 killed after step 3" "did not complete within 3 s" $rc 90
 # rank 1 stopped at step 3 (SIGSTOP: alive, its connections open) under ZeRO-2: rank 0's main stream waits
 # for the DP stream's reduce-scatter, and its host waits inside CUDA (the emulation: in that wait itself;
 # a GPU: in the next copy), where the engine's polling never runs; the watchdog (llmc/watchdog.h) must end
-# it with one line within --comm-timeout (without it: a hang, here until EMU_NCCL_TIMEOUT)
+# it with one line within --comm-timeout (without it: a hang, here until EMU_NCCL_TIMEOUT). --fused-kernels 0:
+# the plain step's host waits there; the fused step's host does not, and blocks in its next communication,
+# whose deadline ends it with the line of the case above
 mkdir -p "$TMP/ids4"
-launch_two -- --batch-size 2 --steps 100000 --zero 2 --nccl-id-dir "$TMP/ids4" --comm-timeout 3 --fault-rank 1 --fault-step 3 --fault-stop 1
+launch_two -- --batch-size 2 --steps 100000 --zero 2 --nccl-id-dir "$TMP/ids4" --comm-timeout 3 --fault-rank 1 --fault-step 3 --fault-stop 1 \
+    --fused-kernels 0
 for _ in $(seq 600); do grep -q "stopping myself" "$TMP/rank1.out" && break; sleep 0.1; done
 t0=$SECONDS rc=0
 wait "$pid0" || rc=$?
