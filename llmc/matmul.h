@@ -24,9 +24,9 @@
  * of making it per call, and lets cuBLASLt's epilogues do what otherwise takes a pass over memory of its own:
  *   bias gradient      dbias = column sums of dout, read while the dweight product reads dout (BGRADB)
  *   GELU after fc      matmul_forward_gelu:  pre = inp . weight^T + bias, out = gelu(pre), one pass (GELU_AUX_BIAS)
- *   GELU before fcproj matmul_backward_gelu_input: dpre = (dout . weight) * gelu'(pre), and fc's bias gradient as
- *                      its column sums, in the dinp product (DGELU_BGRAD)
  *   residual add       matmul_forward_residual: the residual stream read as the product's C (beta = 1)
+ * (Not GELU's backward: cuBLASLt's DGELU_BGRAD epilogue ran on an H200 as a pass of its own after the
+ * product, slower than the 16-byte kernels: matmul_backward_gelu_input.)
  * An epilogue writes its bias gradient (it cannot add), so it lands in scratch and residual_forward adds it.
  * Where cuBLASLt has no algorithm for an epilogue, the same launcher takes the separate kernels instead.
  */
@@ -222,7 +222,6 @@ typedef enum {
     EPI_NONE,           // D = op(A) op(B) [+ D]
     EPI_BIAS,           // D = op(A) op(B) + bias (m), broadcast over the n columns
     EPI_GELU_AUX_BIAS,  // aux = op(A) op(B) + bias (m); D = gelu(aux)       (aux: m x n, like D)
-    EPI_DGELU_BGRAD,    // D = op(A) op(B) * gelu'(aux); vec (m) = sums of D over its n columns
     EPI_BGRADB,         // D = op(A) op(B) [+ D]; vec (n) = sums of op(B) over its k rows
 } Epilogue;
 
@@ -244,7 +243,7 @@ typedef struct {
 static void matmul_plan_point(MatmulPlan* p, const void* vec, const void* aux) {
     if (p->epilogue != EPI_NONE)
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
-    if (p->epilogue == EPI_GELU_AUX_BIAS || p->epilogue == EPI_DGELU_BGRAD)
+    if (p->epilogue == EPI_GELU_AUX_BIAS)
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
 }
 
@@ -254,14 +253,14 @@ static void matmul_plan_create(MatmulPlan* p, const void* vec, const void* aux) 
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     const cublasLtEpilogue_t lt_epilogue[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-                                              CUBLASLT_EPILOGUE_DGELU_BGRAD, CUBLASLT_EPILOGUE_BGRADB};
+                                              CUBLASLT_EPILOGUE_BGRADB};
     cublasLtEpilogue_t epilogue = lt_epilogue[p->epilogue];
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (p->epilogue != EPI_NONE) {  // the vector is of the output's type (a bias gradient can be no other)
         cudaDataType_t vec_type = CUDA_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type, sizeof(vec_type)));
     }
-    if (p->epilogue == EPI_GELU_AUX_BIAS || p->epilogue == EPI_DGELU_BGRAD) {  // the GELU input: m x n like D
+    if (p->epilogue == EPI_GELU_AUX_BIAS) {  // the GELU input: m x n like D
         int64_t aux_ld = p->m;
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
@@ -523,8 +522,11 @@ static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, con
 // The input half of the backward of a linear layer whose input was gelu(pre) (the MLP's fcproj, after
 // matmul_forward_gelu), carried on through GELU: dpre (N,IC) = (dout . weight) * gelu'(pre), and
 // dbias_pre (IC) += column sums of dpre, the bias gradient of the layer that made pre (so that layer's
-// matmul_backward_weight gets no dbias). With --fused-kernels on the GPU the dinp product does both in
-// its epilogue. The weight half is matmul_backward_weight, as for any linear layer.
+// matmul_backward_weight gets no dbias). The weight half is matmul_backward_weight, as for any linear layer.
+// cuBLASLt's DGELU_BGRAD epilogue would do GELU's part and the bias gradient in the dinp product, but on an
+// H200 (GPT-2 124M, B=16, BF16; Nsight Compute) it ran as a kernel of its own after the product, 334 µs a
+// call, where --fused-kernels' 16-byte GELU-backward and bias-gradient kernels take about 90 and 45
+// (dev/cuda, the same GPU): so the separate kernels, on both paths.
 static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const floatX* dout, const floatX* pre, const floatX* weight,
                                        int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
@@ -534,11 +536,6 @@ static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const fl
     bias_backward_cpu(dbias_pre, dpre, N, IC);
 #else
     int fused = kernels->fused;
-    floatX* grad = fused ? (floatX*)scratch_get(scratch, (size_t)IC * sizeof(floatX)) : NULL;
-    if (fused && IC % 8 == 0 && matmul_cublaslt(dpre, weight, dout, IC, N, OC, false, false, false, fused, EPI_DGELU_BGRAD, grad, pre)) {
-        bias_accumulate(dbias_pre, grad, IC);
-        return;
-    }
     matmul_backward_input(dpre, dout, weight, N, IC, OC, kernels);
     gelu_backward(dpre, pre, dpre, (size_t)N * IC, fused);
     bias_backward_gpu(dbias_pre, dpre, N, IC, scratch, fused);
