@@ -83,13 +83,16 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     size_t attention = kernels->flash_attention ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
                                                 : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
-    // --fused-kernels: 512 LayerNorm partial rows (LNB_BLOCKS); the bias gradients come from cuBLASLt's
-    // epilogues, one vector at a time (llmc/matmul.h; where cuBLASLt refused an epilogue, the launcher's
-    // 128 partial rows of floats would take more than planned); the gradient norm's table of ranges on the
-    // device (llmc/global_norm.h: 2 ints a range, and one; a range per tensor owned, at most 12 a layer and
-    // 4) and the step report's 6 floats (llmc/step_report.h)
-    if (kernels->fused)
-        reductions = 512 * 2 * c->C * 4 + widest * elem_bytes + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
+    // --fused-kernels: 512 LayerNorm partial rows (LNB_BLOCKS); the bias gradients of qkv, attproj and
+    // fcproj come from cuBLASLt's epilogues, one vector at a time, and fc's from 128 partial rows of 4C/tp
+    // floats (BIAS_VEC_CHUNKS, llmc/matmul.h), in the same scratch, so the larger of the two (where cuBLASLt
+    // refused an epilogue, the partial rows of a wider layer would take more than planned); the gradient
+    // norm's table of ranges on the device (llmc/global_norm.h: 2 ints a range, and one; a range per tensor
+    // owned, at most 12 a layer and 4) and the step report's 6 floats (llmc/step_report.h)
+    if (kernels->fused) {
+        size_t bias = 128 * 4 * Cl * 4 > widest * elem_bytes ? 128 * 4 * Cl * 4 : widest * elem_bytes;
+        reductions = 512 * 2 * c->C * 4 + bias + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
+    }
     size_t embedding = encoder_scratch_bytes(BT, c->C, kernels->fused) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
