@@ -8,8 +8,8 @@
 #    copy (dev/emulate/README.md). A host that rewrote the ids of a micro-batch before their copy had run
 #    would train on the wrong tokens: so a run with gradient accumulation (several micro-batches through
 #    one activation set) and with pipelines (slots; 1F1B, interleaved with 2 chunks per stage, and ZB-H1,
-#    whose deferred weight products take cuBLASLt's bias-gradient epilogue apart from the input products'
-#    GELU-gradient one) must equal the unfused run.
+#    whose deferred weight products take cuBLASLt's bias-gradient epilogue apart from the input pass's fc
+#    bias gradient) must equal the unfused run.
 # 2. Its optimizer step has no wait before AdamW (llmc/step_report.h): norm, clip factor and the skip
 #    verdict are computed on the device and summed across ranks by device collectives. With a
 #    --grad-clip small enough that every step is clipped (it moves the losses by ~6e-5 relative, six

@@ -16,8 +16,9 @@
  * Versions 3 and 4 need OC % 4 == 0.
  *
  * CPU reference: a plain loop summing each column in double (llmc's bias_backward_cpu sums in float).
- * dbias starts from random values. With --fused-kernels the trainer takes the sums from cuBLASLt's BGRADB
- * epilogue of the weight-gradient product instead (llmc/matmul.h), where cuBLASLt offers it.
+ * dbias starts from random values. With --fused-kernels the trainer takes qkv's, attproj's and fcproj's sums
+ * from cuBLASLt's BGRADB epilogue of the weight-gradient product instead (llmc/matmul.h), where cuBLASLt
+ * offers it, and fc's from version 4.
  * Tolerance 1e-3 abs + 1e-4 rel (sums of 8192 values of size ~1, in float on the GPU).
  * Checked and timed for the OC of GPT-2 124M's linear layers: 768 (attproj, fcproj), 2304 (qkv),
  * 3072 (fc).

@@ -354,9 +354,9 @@ cudaError_t cudaFuncSetAttribute(T* kernel, cudaFuncAttribute attr, int value) {
 
 // ----------------------------------------------------------------------------------------------------
 // cuBLAS and cuBLASLt, as far as llmc calls them: the handles, the strided batched product of the
-// classic attention and cuBLASLt's matmul with the epilogues llmc uses (BIAS, GELU_AUX_BIAS, DGELU_BGRAD,
-// BGRADB), as plain loops in float over column-major matrices (the products and epilogues cuBLASLt
-// documents; not its summation order). An attribute or an epilogue llmc does not use is refused with
+// classic attention and cuBLASLt's matmul with the epilogues llmc uses (BIAS, GELU_AUX_BIAS, BGRADB), as
+// plain loops in float over column-major matrices (the products and epilogues cuBLASLt documents; not its
+// summation order). An attribute or an epilogue llmc does not use is refused with
 // CUBLAS_STATUS_NOT_SUPPORTED, so nothing passes unnoticed.
 
 namespace emu {
@@ -379,7 +379,7 @@ struct LtDesc {  // behind a cublasLtMatmulDesc_t
     int32_t epilogue;          // cublasLtEpilogue_t
     const void* bias;          // the bias, or where a bias gradient goes
     int32_t bias_type;         // cudaDataType
-    const void* aux;           // the GELU input: written by GELU_AUX_BIAS, read by DGELU_BGRAD (of D's type)
+    const void* aux;           // the GELU input, written by GELU_AUX_BIAS (of D's type)
     int64_t aux_ld;
 };
 struct LtLayout {  // behind a cublasLtMatrixLayout_t
@@ -390,12 +390,8 @@ struct LtLayout {  // behind a cublasLtMatrixLayout_t
 // element (i, l) of op(X) for a column-major X of leading dimension ld
 inline size_t op_index(bool trans, size_t i, size_t l, int64_t ld) { return trans ? l + i * ld : i + l * ld; }
 
-// GELU as cuBLASLt's epilogues define it: the tanh form GPT-2 uses, and its derivative
+// GELU as cuBLASLt's epilogue defines it: the tanh form GPT-2 uses
 inline float gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
-inline float gelu_grad(float x) {
-    float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
-}
 
 // What follows the product (cublasLtEpilogue_t, llmc's subset): `vec` is the bias (read) or the bias
 // gradient (written), of type vec_type; `aux` the GELU input, of D's type.
@@ -410,7 +406,6 @@ struct Epilogue {
 // D (m x n) = alpha op(A) (m x k) . op(B) (k x n) + beta C, column-major, then the epilogue:
 //   BIAS           D += bias (m), broadcast over the n columns
 //   GELU_AUX_BIAS  aux = D + bias (stored in D's type); D = gelu(D + bias), from the unrounded sum
-//   DGELU_BGRAD    D = D * gelu'(aux); bias gradient (m) = sums of D over its n columns, before rounding
 //   BGRADB         bias gradient (n) = sums of op(B) over its k rows
 // C is not read when beta = 0. The operands are first copied to float rows, so the products are
 // contiguous dot products.
@@ -427,8 +422,6 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
         for (int64_t l = 0; l < k; l++) rows_a[i * k + l] = load_element(A.p, op_index(ta, i, l, A.ld), A.type);
     for (int64_t j = 0; j < n; j++)
         for (int64_t l = 0; l < k; l++) cols_b[j * k + l] = load_element(B.p, op_index(tb, l, j, B.ld), B.type);
-    bool dgelu = epi.kind == CUBLASLT_EPILOGUE_DGELU_BGRAD;
-    float* dgelu_out = dgelu ? (float*)malloc((size_t)(m * n) * sizeof(float)) : NULL;  // D before rounding, for the bias gradient
 #pragma omp parallel for
     for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < m; i++) {
@@ -440,14 +433,7 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                 store_element((void*)epi.aux, i + j * epi.aux_ld, d_type, out);
                 out = gelu(out);
             }
-            if (dgelu) dgelu_out[i + j * m] = out = out * gelu_grad(load_element(epi.aux, i + j * epi.aux_ld, d_type));
             store_element(D, i + j * ldd, d_type, out);
-        }
-    if (dgelu)  // the bias gradient of the layer that made the GELU input
-        for (int64_t i = 0; i < m; i++) {
-            float s = 0.0f;
-            for (int64_t j = 0; j < n; j++) s += dgelu_out[i + j * m];
-            store_element((void*)epi.vec, i, epi.vec_type, s);
         }
     if (epi.kind == CUBLASLT_EPILOGUE_BGRADB)
         for (int64_t j = 0; j < n; j++) {
@@ -455,7 +441,6 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
             for (int64_t l = 0; l < k; l++) s += cols_b[j * k + l];
             store_element((void*)epi.vec, j, epi.vec_type, s);
         }
-    free(dgelu_out);
     free(rows_a);
 }
 
@@ -568,9 +553,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
         return CUBLAS_STATUS_INVALID_VALUE;
     int32_t e = d->epilogue;
     if (e != CUBLASLT_EPILOGUE_DEFAULT && e != CUBLASLT_EPILOGUE_BIAS && e != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
-        e != CUBLASLT_EPILOGUE_DGELU_BGRAD && e != CUBLASLT_EPILOGUE_BGRADB)
+        e != CUBLASLT_EPILOGUE_BGRADB)
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    bool gelu = e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    bool gelu = e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     // what cuBLASLt requires of the epilogue's operands: a vector, and a GELU input with an ld that is a
     // multiple of 8 and covers D's rows
     if (e != CUBLASLT_EPILOGUE_DEFAULT && d->bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
