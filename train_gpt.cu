@@ -1272,7 +1272,8 @@ static void print_run_summary(const Training* run) {
 }
 
 // Everything the loop needs, in this order: outputs checked, the start point read (and --attention's default
-// made for its model), the ranks agreed on the job, this rank's model built, the inputs opened, the activations allocated, the run state restored.
+// made for its model), the ranks agreed on the job, this rank's model built, the inputs opened, the
+// activations allocated, the run state restored.
 static void training_setup(Training* run, TrainConfig* tc, Comm* comm) {
     memset(run, 0, sizeof(*run));
     run->tc = tc;

@@ -15,9 +15,10 @@
  *      a float4 dwpe kernel. The grouping by token is computed once on the host before the timing (in
  *      training it can be prepared together with the batch, off the GPU's critical path), so the time is
  *      the two kernels only.
- *   4  the project's --fused-kernels launcher (llmc/encoder.h): as version 1, but a token's positions
- *      cut into chunks of at most 64, a block each, split between its 8 warps, 16 bytes per lane; the
- *      sums added in warp order, then in chunk order. Deterministic.
+ *   4  version 3's scheme in chunks: a token's positions cut into chunks of at most 64, a block each,
+ *      split between its 8 warps, 16 bytes per lane; the sums added in warp order, then in chunk order
+ *      (a second kernel for the tokens of several chunks). Deterministic. The candidate for the trainer
+ *      (llmc/encoder.h says why): not yet run on a GPU.
  * Versions 2 and 3 need C % 4 == 0.
  *
  * The ids are skewed as text is (id = 2000 u^3 for u uniform in [0, 1): the commonest id takes ~8% of the
@@ -83,9 +84,96 @@ __global__ void encoder_backward_wpe_float4_kernel(float* dwpe, const float* dou
     ((float4*)dwpe)[idx] = p;
 }
 
-struct Grouping {  // positions grouped by token, on the device (version 3)
-    int n_unique;
+// version 4, on the host: each token's positions (a grouping of n_unique tokens, its `start`) cut into
+// chunks of at most ENCODER_WTE_CHUNK, in order. Writes to `buf`: chunk_token, chunk_begin, chunk_slot
+// (n_chunks each: the chunk's token, its first index into positions, and -1 for a token's only chunk or
+// else the row of partial sums it writes), then multi_token (n_multi: the tokens of several chunks) and
+// multi_slot (n_multi + 1: their rows of partial sums, multi_slot[m] to multi_slot[m + 1], in chunk
+// order). Returns n_chunks; n_multi in *n_multi.
+#define ENCODER_WTE_CHUNK 64
+static int chunk_positions(int* buf, const int* start, int n_unique, int* n_multi) {
+    int n_chunks = 0, multi = 0;
+    for (int u = 0; u < n_unique; u++) {
+        int count = (start[u + 1] - start[u] + ENCODER_WTE_CHUNK - 1) / ENCODER_WTE_CHUNK;
+        n_chunks += count;
+        multi += count > 1;
+    }
+    int *chunk_token = buf, *chunk_begin = buf + n_chunks, *chunk_slot = buf + 2 * n_chunks;
+    int *multi_token = buf + 3 * n_chunks, *multi_slot = multi_token + multi;
+    int k = 0, m = 0, slot = 0;
+    multi_slot[0] = 0;
+    for (int u = 0; u < n_unique; u++) {
+        int count = (start[u + 1] - start[u] + ENCODER_WTE_CHUNK - 1) / ENCODER_WTE_CHUNK;
+        for (int j = 0; j < count; j++, k++) {
+            chunk_token[k] = u;
+            chunk_begin[k] = start[u] + j * ENCODER_WTE_CHUNK;
+            chunk_slot[k] = count > 1 ? slot++ : -1;
+        }
+        if (count > 1) multi_token[m] = u, multi_slot[++m] = slot;
+    }
+    *n_multi = multi;
+    return n_chunks;
+}
+
+// version 4: version 1's sums, one block per chunk k of at most ENCODER_WTE_CHUNK positions of one
+// token (chunk_positions), its positions split between the block's warps (warp w: the chunk's positions
+// w, w + ENCODER_WTE_WARPS, ...) and a row read 16 bytes per lane, 32 lanes a tile of TILE channels at a
+// time. The warps' sums meet in shared memory and are added in warp order: into the token's row (its only
+// chunk) or into the chunk's row of `partial` (C floats), for encoder_backward_wte_combine_kernel. Needs
+// C % Pack128::size == 0 and dout 16-byte aligned.
+#define ENCODER_WTE_WARPS 8
+typedef struct {  // the grouping and its chunks on the device (group_positions_by_token, chunk_positions)
+    const int *token, *start, *positions, *chunk_token, *chunk_begin, *chunk_slot, *multi_token, *multi_slot;
+    int n_multi;
+} EncoderChunks;
+__global__ void __launch_bounds__(ENCODER_WTE_WARPS * 32) encoder_backward_wte_chunk_kernel(floatX* dwte, float* partial,
+                                                                                           const floatX* dout, EncoderChunks g, int C) {
+    constexpr int TILE = 32 * Pack128::size;  // channels per tile (256 in 16-bit builds, 128 in FP32)
+    __shared__ float warp_sums[ENCODER_WTE_WARPS][TILE];
+    int k = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int u = g.chunk_token[k], begin = g.chunk_begin[k], slot = g.chunk_slot[k];
+    int end = min(begin + ENCODER_WTE_CHUNK, g.start[u + 1]);
+    floatX* row = dwte + (size_t)g.token[u] * C;
+    for (int c0 = 0; c0 < C; c0 += TILE) {
+        int c = c0 + lane * Pack128::size;  // this lane's 16 bytes (all inside the row, or all past it)
+        float sum[Pack128::size] = {};
+        if (c < C) {
+#pragma unroll 4
+            for (int i = begin + warp; i < end; i += ENCODER_WTE_WARPS) {
+                Pack128 d = load128(dout + (size_t)g.positions[i] * C + c);
+                for (int e = 0; e < Pack128::size; e++) sum[e] += floatX_to_float(d.v[e]);
+            }
+        }
+        for (int e = 0; e < Pack128::size; e++) warp_sums[warp][lane * Pack128::size + e] = sum[e];
+        __syncthreads();
+        for (int j = threadIdx.x; j < TILE && c0 + j < C; j += blockDim.x) {
+            float s = 0.0f;
+            for (int w = 0; w < ENCODER_WTE_WARPS; w++) s += warp_sums[w][j];
+            if (slot < 0) row[c0 + j] = float_to_floatX(floatX_to_float(row[c0 + j]) + s);
+            else partial[(size_t)slot * C + c0 + j] = s;
+        }
+        __syncthreads();  // (the next tile overwrites warp_sums)
+    }
+}
+
+// version 4: a token of several chunks (blockIdx.y: the m-th), one thread per channel: its chunks'
+// sums added in chunk order, then into its row. Launched with at least one row of blocks (so that every
+// step launches it), which returns when no token has several chunks.
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_combine_kernel(floatX* dwte, const float* partial,
+                                                                                      EncoderChunks g, int C) {
+    int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= g.n_multi || c >= C) return;
+    float s = 0.0f;
+    for (int q = g.multi_slot[m]; q < g.multi_slot[m + 1]; q++) s += partial[(size_t)q * C + c];
+    floatX* row = dwte + (size_t)g.token[g.multi_token[m]] * C;
+    row[c] = float_to_floatX(floatX_to_float(row[c]) + s);
+}
+
+struct Grouping {  // positions grouped by token, on the device (version 3), and their chunks (version 4)
+    int n_unique, n_chunks;
     int *token, *start, *positions;
+    EncoderChunks chunks;
+    float* partial;  // version 4's rows of partial sums
 };
 
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's grouping (its model owns one)
@@ -94,13 +182,12 @@ static HostStaging trainer_staging = {};      // and the same on the host
 static const int NV = 4;
 static const char* version_names[NV + 1] = {"", "grouped by token on the host, deterministic (llmc)",
                                             "atomicAdd: not deterministic", "grouping prepared once, float4 kernels",
-                                            "grouped by token, in chunks of positions, warps side by side (llmc --fused-kernels)"};
+                                            "grouping and chunks prepared once, a block per chunk of <= 64 positions"};
 
 static void run_version(int v, float* dwte, float* dwpe, const float* dout, const int* d_inp, const int* inp, const Grouping& g,
                         int B, int T, int C, int Vp) {
     switch (v) {
         case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, &trainer_staging, 0); break;
-        case 4: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, &trainer_staging, 1); break;
         case 2:
             encoder_backward_atomic_kernel<<<grid_for((size_t)B * T * C / 4, 256), 256, 0, main_stream>>>(dwte, dwpe, dout, d_inp, B, T, C, 0, Vp);
             break;
@@ -108,6 +195,16 @@ static void run_version(int v, float* dwte, float* dwpe, const float* dout, cons
             int threads = min(1024, ((C / 4 + 31) / 32) * 32);
             if (g.n_unique > 0)
                 encoder_backward_wte_float4_kernel<<<g.n_unique, threads, 0, main_stream>>>(dwte, dout, g.token, g.start, g.positions, C);
+            cudaCheck(cudaGetLastError());
+            encoder_backward_wpe_float4_kernel<<<grid_for((size_t)T * C / 4, 256), 256, 0, main_stream>>>(dwpe, dout, B, T, C);
+            break;
+        }
+        case 4: {  // (the wpe kernel of version 3, so that 3 and 4 differ in the wte kernels only)
+            if (g.n_chunks > 0)
+                encoder_backward_wte_chunk_kernel<<<g.n_chunks, ENCODER_WTE_WARPS * 32, 0, main_stream>>>(dwte, g.partial, dout, g.chunks, C);
+            cudaCheck(cudaGetLastError());
+            dim3 grid(grid_for(C, ENCODER_THREADS), g.chunks.n_multi > 0 ? g.chunks.n_multi : 1);
+            encoder_backward_wte_combine_kernel<<<grid, ENCODER_THREADS, 0, main_stream>>>(dwte, g.partial, g.chunks, C);
             cudaCheck(cudaGetLastError());
             encoder_backward_wpe_float4_kernel<<<grid_for((size_t)T * C / 4, 256), 256, 0, main_stream>>>(dwpe, dout, B, T, C);
             break;
@@ -140,8 +237,18 @@ int main(int argc, char** argv) {
     int n_kept = 0;
     Grouping g;
     g.n_unique = group_positions_by_token(host, inp, BT, 0, Vp, &n_kept);
-    int* d_group = dev_upload(host, 2 * (size_t)g.n_unique + 1 + n_kept);
+    // version 4's chunks after the grouping: at most n_unique + BT / 64 chunks (3 ints each), fewer than
+    // BT / 64 tokens of several (2 ints each, and one)
+    int n_grouping = 2 * g.n_unique + 1 + n_kept, n_multi = 0;
+    int* chunk_host = (int*)malloc_check((3 * ((size_t)g.n_unique + BT / ENCODER_WTE_CHUNK + 1) + 2 * (BT / ENCODER_WTE_CHUNK + 1) + 1) * sizeof(int));
+    g.n_chunks = chunk_positions(chunk_host, host + g.n_unique, g.n_unique, &n_multi);
+    int* d_group = dev_upload(host, n_grouping);
+    int* d_chunks = dev_upload(chunk_host, 3 * (size_t)g.n_chunks + 2 * n_multi + 1);
     g.token = d_group, g.start = d_group + g.n_unique, g.positions = d_group + 2 * g.n_unique + 1;
+    g.chunks = {g.token, g.start, g.positions, d_chunks, d_chunks + g.n_chunks, d_chunks + 2 * g.n_chunks,
+                d_chunks + 3 * g.n_chunks, d_chunks + 3 * g.n_chunks + n_multi, n_multi};
+    int n_slots = chunk_host[3 * g.n_chunks + 2 * n_multi];  // multi_slot[n_multi]: the rows of partial sums
+    g.partial = dev_alloc<float>((size_t)(n_slots > 0 ? n_slots : 1) * C);
     printf("%d positions, %d distinct tokens\n", BT, g.n_unique);
 
     int* d_inp = dev_upload(inp, BT);
@@ -158,10 +265,11 @@ int main(int argc, char** argv) {
         float ms = benchmark_ms([&] { run_version(v, d_dwte, d_dwpe, d_dout, d_inp, inp, g, B, T, C, Vp); });
         print_bandwidth("encoder_backward", ms, bytes);
     }
-    cudaCheck(cudaFree(d_group)), cudaCheck(cudaFree(d_inp)), cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_group)), cudaCheck(cudaFree(d_chunks)), cudaCheck(cudaFree(g.partial));
+    cudaCheck(cudaFree(d_inp)), cudaCheck(cudaFree(d_dout));
     cudaCheck(cudaFree(d_dwte)), cudaCheck(cudaFree(d_dwpe));
     scratch_free(&trainer_scratch);
     host_staging_free(&trainer_staging);
-    free(inp), free(dout), free(dwte0), free(dwpe0), free(dwte_ref), free(dwpe_ref), free(host);
+    free(inp), free(dout), free(dwte0), free(dwpe0), free(dwte_ref), free(dwpe_ref), free(host), free(chunk_host);
     return finish();
 }
