@@ -406,6 +406,41 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec
     }
 }
 
+// --fused-kernels, fc's backward through GELU (matmul_backward_gelu_input): gelu_backward_vec_kernel and
+// the kernel above in one pass, so dinp is not read back. Each thread's 16 bytes of a row of dinp = dout *
+// GELU'(inp) are written, then added to its sums as rounded, rows in the kernel above's order: the partial
+// rows are the bits the two kernels give. dinp may alias dout (each element read before it is written).
+// Same grid, block and partial rows; needs OC % Pack128::size == 0 and 16-byte aligned buffers.
+__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) gelu_bias_backward_partial_kernel(floatX* dinp, float* partial,
+                                                                                         const floatX* inp, const floatX* dout,
+                                                                                         int N, int OC) {
+    const int P = Pack128::size;
+    __shared__ float s[BIAS_ROW_LANES][32 * Pack128::size];
+    int pack = blockIdx.x * 32 + threadIdx.x;
+    bool active = pack * P < OC;
+    float sum[Pack128::size];
+    for (int k = 0; k < P; k++) sum[k] = 0.0f;
+    if (active) {
+#pragma unroll 4
+        for (int n = blockIdx.y * BIAS_ROW_LANES + threadIdx.y; n < N; n += gridDim.y * BIAS_ROW_LANES) {
+            size_t i = (size_t)n * OC + (size_t)pack * P;
+            Pack128 x = load128(inp + i), d = load128(dout + i), dx;
+            for (int k = 0; k < P; k++) {
+                dx.v[k] = float_to_floatX(floatX_to_float(d.v[k]) * gelu_derivative(floatX_to_float(x.v[k])));
+                sum[k] += floatX_to_float(dx.v[k]);
+            }
+            store128(dinp + i, dx);
+        }
+    }
+    for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && active) {
+        for (int i = 1; i < BIAS_ROW_LANES; i++)
+            for (int k = 0; k < P; k++) sum[k] += s[i][threadIdx.x * P + k];
+        for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
+    }
+}
+
 // dbias (OC) += column sums of dout (N, OC) by the kernels above; `scratch` holds the partial sums
 static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, Scratch* scratch, int fused) {
     bool vec = fused && OC % Pack128::size == 0 && aligned16(dout);
@@ -416,6 +451,23 @@ static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, 
     else bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
     launchCheck();
     bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, chunks, OC);
+    launchCheck();
+}
+
+// dinp (N, OC) = dout * GELU'(inp) and dbias (OC) += column sums of dinp: with --fused-kernels (`fused`) and
+// 16-byte rows in one pass (the kernel above, then the same finish), else gelu_backward then bias_backward_gpu
+static void gelu_bias_backward_gpu(floatX* dinp, floatX* dbias, const floatX* inp, const floatX* dout, int N, int OC,
+                                   Scratch* scratch, int fused) {
+    if (!(fused && OC % Pack128::size == 0 && aligned16(dinp) && aligned16(inp) && aligned16(dout))) {
+        gelu_backward(dinp, inp, dout, (size_t)N * OC, fused);
+        bias_backward_gpu(dbias, dinp, N, OC, scratch, fused);
+        return;
+    }
+    float* partial = (float*)scratch_get(scratch, (size_t)BIAS_VEC_CHUNKS * OC * sizeof(float));
+    dim3 grid(ceil_div(OC / Pack128::size, 32), BIAS_VEC_CHUNKS), block(32, BIAS_ROW_LANES);
+    gelu_bias_backward_partial_kernel<<<grid, block, 0, main_stream>>>(dinp, partial, inp, dout, N, OC);
+    launchCheck();
+    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
     launchCheck();
 }
 
@@ -525,8 +577,9 @@ static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, con
 // matmul_backward_weight gets no dbias). The weight half is matmul_backward_weight, as for any linear layer.
 // cuBLASLt's DGELU_BGRAD epilogue would do GELU's part and the bias gradient in the dinp product, but on an
 // H200 (GPT-2 124M, B=16, BF16; Nsight Compute) it ran as a kernel of its own after the product, 334 µs a
-// call, where --fused-kernels' 16-byte GELU-backward and bias-gradient kernels take about 90 and 45
-// (dev/cuda, the same GPU): so the separate kernels, on both paths.
+// call, where --fused-kernels' 16-byte GELU-backward and bias-gradient kernels took about 90 and 45
+// (dev/cuda, the same GPU; on an H100 in training 100 and 44 + 7): so our own kernels, on both paths, and
+// with --fused-kernels the two in one pass (gelu_bias_backward_gpu).
 static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const floatX* dout, const floatX* pre, const floatX* weight,
                                        int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
@@ -535,9 +588,7 @@ static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const fl
     gelu_backward_cpu(dpre, pre, dpre, (size_t)N * IC);
     bias_backward_cpu(dbias_pre, dpre, N, IC);
 #else
-    int fused = kernels->fused;
     matmul_backward_input(dpre, dout, weight, N, IC, OC, kernels);
-    gelu_backward(dpre, pre, dpre, (size_t)N * IC, fused);
-    bias_backward_gpu(dbias_pre, dpre, N, IC, scratch, fused);
+    gelu_bias_backward_gpu(dpre, dbias_pre, pre, dpre, N, IC, scratch, kernels->fused);
 #endif
 }

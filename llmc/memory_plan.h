@@ -12,6 +12,7 @@
 #include "attention.h"        // attention_flash_validate, attention_cpu_scratch_bytes
 #include "comm.h"             // Comm
 #include "device.h"           // KernelChoice
+#include "encoder.h"          // encoder_scratch_bytes
 #include "model_file.h"       // GPT2Config, model_file_read, validate_config
 #include "param_layout.h"     // Placement
 #include "pipeline.h"         // pipeline_slots
@@ -92,7 +93,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
         size_t bias = 128 * 4 * Cl * 4 > widest * elem_bytes ? 128 * 4 * Cl * 4 : widest * elem_bytes;
         reductions = 512 * 2 * c->C * 4 + bias + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
     }
-    size_t embedding = (3 * BT + 1) * sizeof(int) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
+    size_t embedding = encoder_scratch_bytes(BT, c->C, kernels->fused) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
 

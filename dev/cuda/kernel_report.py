@@ -22,8 +22,9 @@ shared memory) and once to PTX (the kernel's instructions before ptxas schedules
 The minimum bytes are each input read once and each output written once (a read-modify-write counts
 twice); FLOPs count multiply-adds as two. Calls per step are those of the fast path (--fused-kernels 1
 --attention flash) or, for the kernels only the classic path uses, of that path: the "path" column says.
-"fallbk": a --fused-kernels kernel that runs only where cuBLASLt's epilogue does not (with --recompute,
-or where it offers no algorithm); "(epilogue ...)": the bytes an epilogue adds to its product.
+"fallbk": a --fused-kernels kernel that runs only where the fused one cannot (cuBLASLt's epilogue with
+--recompute or where it offers no algorithm; a one-pass kernel where rows are not 16-byte aligned);
+"(epilogue ...)": the bytes an epilogue adds to its product.
 dev/cuda/README.md explains how to read the report.
 
 usage: kernel_report.py [--nvcc NVCC] [--arch sm_90] [--precision bf16|fp16|fp32] [--keep DIR]
@@ -232,23 +233,28 @@ def floors(X, consts, shape=GPT2_124M):
         ("loss_mean_kernel", "fused", 1, 4 * BT, 0, ""),
         ("layernorm_backward_fused_kernel", "fused", 2 * L + 1, (2 * L + 1) * (4 * BTC * X + stats), 0,
          "dout, inp, dinp (+=) in, dinp out"),
-        ("layernorm_backward_finish_kernel", "both", 2 * L + 1, 0, 0, "(C-sized partial sums: negligible)"),
+        ("layernorm_backward_finish_kernel", "classic", 2 * L + 1, 0, 0, "(C-sized partial sums: negligible)"),
+        ("layernorm_backward_finish_warps_kernel", "fused", 2 * L + 1, 0, 0, "the same, 8 warps per 32 columns"),
         ("layernorm_backward_dinp_kernel", "classic", 2 * L + 1, (2 * L + 1) * (4 * BTC * X + stats), 0, ""),
         ("layernorm_backward_partial_kernel", "classic", 2 * L + 1, (2 * L + 1) * (2 * BTC * X + stats), 0, ""),
-        ("gelu_backward_vec_kernel", "fused", L, L * 3 * 4 * BTC * X, 0, "(not cuBLASLt's DGELU_BGRAD: slower on an H200)"),
+        ("gelu_bias_backward_partial_kernel", "fused", L, L * 3 * 4 * BTC * X, 0,
+         "GELU's backward and fc's bias-gradient partial sums, one pass (not cuBLASLt's DGELU_BGRAD: slower)"),
+        ("gelu_backward_vec_kernel", "fallbk", L, L * 3 * 4 * BTC * X, 0, "(B,T,4C): dout and inp in, dinp out"),
         ("gelu_backward_kernel", "classic", L, L * 3 * 4 * BTC * X, 0, ""),
         ("flash_tc_backward_dot_kernel", "flash", L, L * (2 * BTC * X + 4 * B * NH * T), 0, "D = rowsum(dO * O)"),
         ("flash_tc_backward_dkdv_kernel", "flash", L, L * (6 * BTC * X + 8 * B * NH * T), L * 4 * mm,
          "QK^T, dO V^T, P^T dO, dS^T Q"),
         ("flash_tc_backward_dq_kernel", "flash", L, L * (5 * BTC * X + 8 * B * NH * T), L * 3 * mm, "QK^T, dO V^T, dS K"),
         ("causal_softmax_backward_kernel", "classic", L, L * 3 * B * NH * causal * X, 0, ""),
-        ("bias_backward_partial_vec_kernel", "fused", L, L * 4 * C * BT * X, 0, "dout of fc (the others' in BGRADB)"),
+        ("bias_backward_partial_vec_kernel", "fallbk", L, L * 4 * C * BT * X, 0, "dout of fc (the others' in BGRADB)"),
         ("bias_backward_partial_kernel", "classic", 4 * L, L * 9 * C * BT * X, 0, ""),
         ("bias_backward_finish_kernel", "classic", 4 * L, 0, 0, "(C-sized partial sums: negligible)"),
         ("bias_backward_finish_kernel", "fused", L, 0, 0, "fc's"),
         ("(epilogue BGRADB)", "fused", 3 * L, 0, 0, "qkv, attproj, fcproj: dout's column sums as dweight reads it"),
         ("residual_forward_kernel", "fused", 3 * L, 0, 0, "an epilogue's bias gradient added to dbias (C-sized: negligible)"),
-        ("encoder_backward_wte_kernel", "both", 1, BTC * X, 0, "dout in (+ the touched rows of dwte)"),
+        ("encoder_backward_wte_kernel", "classic", 1, BTC * X, 0, "dout in (+ the touched rows of dwte)"),
+        ("encoder_backward_wte_chunk_kernel", "fused", 1, BTC * X, 0, "the same, in chunks of <= 64 positions, a block each"),
+        ("encoder_backward_wte_combine_kernel", "fused", 1, 0, 0, "the sums of a frequent token's chunks (rows of C floats: negligible)"),
         ("encoder_backward_wpe_kernel", "both", 1, BTC * X + 2 * T * C * X, 0, ""),
         ("sum_squares_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["NORM_BATCH"]), P * X, 0,
          f"every gradient once ({2 + 12 * L + 2} tensors, {consts['NORM_BATCH']} per launch)"),

@@ -19,11 +19,11 @@
  *      that is a multiple of the 16-byte pack (Pack128: 4 floats here, 8 bf16 in the BF16 trainer).
  *      4 warps per block; each warp keeps its dweight/dbias sums in its own fp32 copy in shared memory
  *      (32*C bytes per block, opted in above 48 KiB), the block adds its warps' copies in order into
- *      one of 512 partial rows, the finishing kernel of version 1 adds those in order. The row is read
- *      twice (the second time from L1/L2). Deterministic, no atomics.
- *   4  version 3's pass, then its 512 partial rows summed by 8 warps per 32 columns, each warp a strided
- *      eighth of the rows, the warps' sums in warp order (version 3's finish, one thread per column over
- *      all rows, took ~21 us a call on an H200). The candidate for the trainer: not yet run on a GPU.
+ *      one of 512 partial rows, and a finishing kernel adds those: 8 warps per 32 columns, each warp a
+ *      strided eighth of the rows, the warps' sums in warp order (version 1's finish, one thread per
+ *      column over all rows, took ~21 us a call on an H200; on an H100 this version takes 0.106 ms at
+ *      the timed shape, 0.120 with that finish). The row is read twice (the second time from L1/L2).
+ *      Deterministic, no atomics.
  * Checked at GPT-2 124M's training shape (B=16, T=1024, C=768; timed there), and, check only, at
  * N=37, C=772 (ragged) and N=2000, C=1600 (GPT-2 1.5B's width; version 2 does not go that wide).
  *
@@ -126,51 +126,12 @@ static void launch_fused(float* dinp, float* partial, const float* dout, const f
         dinp, partial, dout, inp, w, mean, rstd, N, C);
 }
 
-// version 4's finish: the trainer's sums of its 512 partial rows, 32 consecutive of the 2C columns
-// (dweight's C, then dbias's C) per block, the rows split between its LNF_WARPS warps (warp w: rows w, w + LNF_WARPS, ...),
-// whose sums are added in warp order. The trainer's finish gives each column one thread adding the 512
-// rows in turn, on 3 blocks at C = 768: ~21 µs a call, 25 calls per step (Nsight Compute, H200).
-#define LNF_WARPS 8
-__global__ void __launch_bounds__(32 * LNF_WARPS) layernorm_backward_finish_warps_kernel(floatX* dweight, floatX* dbias,
-                                                                                         const float* partial, int chunks, int C) {
-    __shared__ float warp_sums[LNF_WARPS][32];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int j = blockIdx.x * 32 + lane;  // the column: dweight[j] for j < C, else dbias[j - C]
-    float s = 0.0f;
-    if (j < 2 * C) {
-#pragma unroll 4
-        for (int i = warp; i < chunks; i += LNF_WARPS) s += partial[(size_t)i * 2 * C + j];
-    }
-    warp_sums[warp][lane] = s;
-    __syncthreads();
-    if (warp == 0 && j < 2 * C) {
-        float total = 0.0f;
-        for (int w = 0; w < LNF_WARPS; w++) total += warp_sums[w][lane];
-        floatX* out = j < C ? dweight + j : dbias + (j - C);
-        *out = float_to_floatX(floatX_to_float(*out) + total);
-    }
-}
-
-// version 4: the trainer's one-pass kernel (llmc/layernorm.h) into its 512 partial rows, then the finish above
-static void launch_trainer_pass_warps_finish(float* dinp, float* dw, float* db, float* partial, const float* dout, const float* inp,
-                                             const float* w, const float* mean, const float* rstd, int N, int C) {
-    void (*pass)(float*, float*, const float*, const float*, const float*, const float*, const float*, int, int) =
-        layernorm_backward_fused_kernel;  // (the trainer's, not version 2's template)
-    size_t smem = (size_t)LNB_WARPS * 2 * C * sizeof(float);
-    if (smem > 48 * 1024) cudaCheck(cudaFuncSetAttribute(pass, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int blocks = min(LNB_BLOCKS, ceil_div(N, LNB_WARPS));
-    pass<<<blocks, 32 * LNB_WARPS, smem, main_stream>>>(dinp, partial, dout, inp, w, mean, rstd, N, C);
-    cudaCheck(cudaGetLastError());
-    layernorm_backward_finish_warps_kernel<<<ceil_div(2 * C, 32), 32 * LNF_WARPS, 0, main_stream>>>(dw, db, partial, blocks, C);
-}
-
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's partial sums (its model owns one)
 
-static const int NV = 4;
+static const int NV = 3;
 static const char* version_names[NV + 1] = {"", "3 kernels, inputs read twice (llmc)",
                                             "fused one pass, sums in registers",
-                                            "fused one pass, sums in shared (--fused-kernels)",
-                                            "version 3, its partial rows summed by 8 warps per 32 columns"};
+                                            "fused one pass, sums in shared (--fused-kernels)"};
 
 // runs version v; false when it cannot run at this shape (then there is nothing to check)
 static bool run_version(int v, float* dinp, float* dw, float* db, float* partial, const float* dout, const float* inp,
@@ -180,10 +141,6 @@ static bool run_version(int v, float* dinp, float* dw, float* db, float* partial
         case 3:  // the trainer's kernels under --fused-kernels 1
             if (!layernorm_fused_ok(dinp, dout, inp, w, NULL, C)) fatal("version 3 needs C %% 4 == 0 and aligned buffers");
             layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, &trainer_scratch, 1);
-            break;
-        case 4:
-            if (!layernorm_fused_ok(dinp, dout, inp, w, NULL, C)) fatal("version 4 needs C %% 4 == 0 and aligned buffers");
-            launch_trainer_pass_warps_finish(dinp, dw, db, partial, dout, inp, w, mean, rstd, N, C);
             break;
         case 2: {
             if (C % 4 != 0 || C > 1024) {
@@ -230,7 +187,7 @@ static void run_shape(int selected, int N, int C, bool timed) {
     float *d_inp = dev_upload(inp, n), *d_w = dev_upload(w, C), *d_dout = dev_upload(dout, n);
     float *d_mean = dev_upload(mean, N), *d_rstd = dev_upload(rstd, N);
     float *d_dinp = dev_alloc<float>(n), *d_dw = dev_alloc<float>(C), *d_db = dev_alloc<float>(C);
-    float* d_partial = dev_alloc<float>((size_t)LNB_BLOCKS * 2 * C);  // (versions 2 and 4: 256 and 512 rows)
+    float* d_partial = dev_alloc<float>((size_t)LN2_BLOCKS * 2 * C);
     const double bytes = 4.0 * n * sizeof(float) + 2.0 * N * sizeof(float);
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
