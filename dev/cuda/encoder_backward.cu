@@ -19,6 +19,9 @@
  *      as in version 3: a token's positions cut into chunks of at most 64, a block each, split between
  *      its 8 warps, 16 bytes per lane; the sums added in warp order, then in chunk order (a second kernel
  *      for the tokens of several chunks). Deterministic. On an H100: 0.05 ms against version 3's 0.17.
+ *   5  the trainer's launcher with --fused-kernels 1 (llmc/encoder.h): version 4's kernels, with the grouping
+ *      and the chunks made on the host and sent to the device by the launcher each call, as in training
+ *      (so, like version 1, the time includes them); checks the launcher's layout of its scratch.
  * Versions 2 and 3 need C % 4 == 0.
  *
  * The ids are skewed as text is (id = 2000 u^3 for u uniform in [0, 1): the commonest id takes ~8% of the
@@ -94,15 +97,17 @@ struct Grouping {  // positions grouped by token, on the device (version 3), and
 static Scratch trainer_scratch = {NULL, 0};  // the trainer's launcher's grouping (its model owns one)
 static HostStaging trainer_staging = {};      // and the same on the host
 
-static const int NV = 4;
+static const int NV = 5;
 static const char* version_names[NV + 1] = {"", "grouped by token on the host, deterministic (llmc)",
                                             "atomicAdd: not deterministic", "grouping prepared once, float4 kernels",
-                                            "grouping and chunks prepared once, a block per chunk of <= 64 positions (llmc --fused-kernels)"};
+                                            "grouping and chunks prepared once, a block per chunk of <= 64 positions (llmc --fused-kernels)",
+                                            "the trainer's launcher with --fused-kernels 1 (llmc), grouping and chunks on the host"};
 
 static void run_version(int v, float* dwte, float* dwpe, const float* dout, const int* d_inp, const int* inp, const Grouping& g,
                         int B, int T, int C, int Vp) {
     switch (v) {
         case 1: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, &trainer_staging, 0); break;
+        case 5: encoder_backward(dwte, dwpe, dout, d_inp, inp, B, T, C, 0, Vp, &trainer_scratch, &trainer_staging, 1); break;
         case 2:
             encoder_backward_atomic_kernel<<<grid_for((size_t)B * T * C / 4, 256), 256, 0, main_stream>>>(dwte, dwpe, dout, d_inp, B, T, C, 0, Vp);
             break;
