@@ -6,9 +6,10 @@
  * deadline (mpi_wait). On the CPU target the buffers are host memory already (mpi_run_direct); on the
  * GPU target each operation's buffer is copied whole to host memory and back (mpi_run_host_copy), or, with
  * LLMC_MPI_STAGE_BYTES set, staged through pinned host slots in chunks, the copies of one chunk
- * overlapping the transfer of another (mpi_run_staged, staging.h; not yet run on a GPU). An operation completes before its call
- * returns, except in strict mode, where mpi_post queues it and the join (mpi_flush) runs the queue in
- * order. Each operation's bytes and time are counted while c->stats.on (comm_print_stats).
+ * overlapping the transfer of another (mpi_run_staged, staging.h; byte for byte the whole-buffer copies'
+ * results on an H200). An operation completes before its call returns, except in strict mode, where
+ * mpi_post queues it and the join (mpi_flush) runs the queue in order. Each operation's bytes and time are
+ * counted while c->stats.on (comm_print_stats).
  *
  * Also here: MPI's part of the start-up (MPI_Init, the node-local ranks, the choice of the engine, the
  * group communicators) and of the shutdown. A build without MPI gets the placeholders at the bottom.
