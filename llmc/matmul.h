@@ -383,6 +383,19 @@ __global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kern
 // 32 packs (32 * Pack128::size columns, 256 in bf16); BIAS_VEC_CHUNKS chunks of rows, each summed into one
 // partial row, which bias_backward_finish_kernel adds up in order. Needs OC % Pack128::size == 0.
 #define BIAS_VEC_CHUNKS 128
+// the vector kernels' end: each thread's sums of its Pack128::size columns (sum) added over the block's
+// row-lanes in row-lane order, through the block's shared `s`, into the block's partial row (blockIdx.y)
+__device__ inline void bias_partial_row_write(float* partial, float (*s)[32 * Pack128::size], float* sum, int pack, bool active,
+                                              int OC) {
+    const int P = Pack128::size;
+    for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && active) {
+        for (int i = 1; i < BIAS_ROW_LANES; i++)
+            for (int k = 0; k < P; k++) sum[k] += s[i][threadIdx.x * P + k];
+        for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
+    }
+}
 __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec_kernel(float* partial, const floatX* dout, int N,
                                                                                         int OC) {
     const int P = Pack128::size;
@@ -397,13 +410,7 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec
             for (int k = 0; k < P; k++) sum[k] += floatX_to_float(d.v[k]);
         }
     }
-    for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
-    __syncthreads();
-    if (threadIdx.y == 0 && active) {
-        for (int i = 1; i < BIAS_ROW_LANES; i++)
-            for (int k = 0; k < P; k++) sum[k] += s[i][threadIdx.x * P + k];
-        for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
-    }
+    bias_partial_row_write(partial, s, sum, pack, active, OC);
 }
 
 // --fused-kernels, fc's backward through GELU (matmul_backward_gelu_input): gelu_backward_vec_kernel and
@@ -432,13 +439,7 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) gelu_bias_backward_partia
             store128(dinp + i, dx);
         }
     }
-    for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
-    __syncthreads();
-    if (threadIdx.y == 0 && active) {
-        for (int i = 1; i < BIAS_ROW_LANES; i++)
-            for (int k = 0; k < P; k++) sum[k] += s[i][threadIdx.x * P + k];
-        for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
-    }
+    bias_partial_row_write(partial, s, sum, pack, active, OC);
 }
 
 // dbias (OC) += column sums of dout (N, OC) by the kernels above; `scratch` holds the partial sums
