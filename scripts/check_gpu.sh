@@ -2,8 +2,10 @@
 # check_gpu.sh: the GPU truth for everything landed, on a machine with an NVIDIA GPU, most important first,
 # so that a short stay on a GPU spends its minutes where they matter.
 #
-# usage: scripts/check_gpu.sh [--tier N] [--budget SECONDS] [--list] [--sources-hash]
+# usage: scripts/check_gpu.sh [--tier N] [--only STEP,...] [--budget SECONDS] [--list] [--sources-hash]
 #   --tier N        run the steps of tiers 1 to N only [3: every step]
+#   --only S1,S2    run these steps only, of any tier (with gpu and build, which the others need; names as
+#                   --list prints them); a comparison whose runs are not among them is SKIP
 #   --budget S      start no step after S seconds and stop the one still running then: the summary says
 #                   TIMEOUT for it and SKIP for the rest [no limit]
 #   --list          print every step (tier, name, command) and run nothing
@@ -48,11 +50,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-TIER=3 BUDGET="" LIST=0 MODE=check
+TIER=3 BUDGET="" LIST=0 MODE=check ONLY=
 while [ $# -gt 0 ]; do
     case $1 in
         --tier) TIER=${2:?--tier needs 1, 2 or 3}; shift 2 ;;
         --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
+        --only) ONLY=${2:?--only needs step names, e.g. zero_fp32,cli_gpu}; shift 2 ;;
         --list) LIST=1; shift ;;
         --sources-hash|--build|--dev-cuda) MODE=${1#--}; shift ;;  # (the last two: steps of this script)
         *) echo "check_gpu.sh: unknown argument '$1' (see the header of scripts/check_gpu.sh)" >&2; exit 2 ;;
@@ -65,6 +68,12 @@ sources_hash() {  # what the prepared files come from: the trainer, its tests, l
 }
 [ "$MODE" = sources-hash ] && { sources_hash; exit 0; }
 case $TIER in 1|2|3) ;; *) echo "check_gpu.sh: --tier takes 1, 2 or 3, not '$TIER'" >&2; exit 2 ;; esac
+if [ -n "$ONLY" ] && [ "$LIST" = 0 ]; then  # every name must be a step's (a typo would run nothing, silently)
+    names=$(bash "$0" --list | awk '$1 ~ /^[123]$/ { print $2 }')
+    for n in ${ONLY//,/ }; do
+        grep -qx -- "$n" <<<"$names" || { echo "check_gpu.sh: --only: no step is named '$n' (--list prints them)" >&2; exit 2; }
+    done
+fi
 case $BUDGET in ""|*[!0-9]*) [ -z "$BUDGET" ] || { echo "check_gpu.sh: --budget takes whole seconds, not '$BUDGET'" >&2; exit 2; } ;; esac
 
 # shellcheck disable=SC1091
@@ -149,6 +158,7 @@ step() {
     shift 2
     if [ "$LIST" = 1 ]; then printf '%s  %-30s %s\n' "$tier" "$name" "$*"; return; fi
     [ "$tier" -le "$TIER" ] || return 0
+    [ -z "$ONLY" ] || [[ ",gpu,build,$ONLY," == *",$name,"* ]] || return 0
     local limit=${CAP:-600} verdict rc secs t0=$SECONDS log="$LOGS/$name.log"
     if [ -n "$BUDGET" ]; then
         if [ $((BUDGET - SECONDS)) -le 0 ]; then status=1; skip "$name" "the budget of $BUDGET s was spent"; return; fi

@@ -4,7 +4,8 @@
 #   1. scripts/check_gpu.sh: its steps run in the order of their tiers, each name once, and every check the
 #      fast-path verdict counts is a tier-1 step; with a budget of 0 every step is reported SKIP, the
 #      verdict says none passed, the exit status is 1, and $OUT gets the summary and the logs' tarball, two
-#      files (few files to copy off a GPU machine); --tier 1 keeps to tier 1; bad arguments exit 2;
+#      files (few files to copy off a GPU machine); --tier 1 keeps to tier 1; --only keeps to the steps it
+#      names (and gpu, build), of any tier, and refuses a name no step has; bad arguments exit 2;
 #      --sources-hash follows the sources (a copy with one header changed hashes otherwise);
 #      scripts/prepare_gpu_run.sh refuses bad arguments in one line before it builds anything
 #   2. scripts/compare_losses.py on made-up logs: within the limit 0 (a skipped step, logged without a loss,
@@ -74,6 +75,14 @@ OUT="$TMP/out" LOGS="$TMP/logs" PYTHON=$PY bash scripts/check_gpu.sh --budget 0 
 n1=$(grep -c '^1  ' "$TMP/list")
 n_skip=$(grep -c '^SKIP ' "$TMP/out/summary.txt")
 [ "$n_skip" = "$n1" ] && ok "--tier 1: its $n1 steps only" || bad "--tier 1: $n_skip steps, expected $n1"
+OUT="$TMP/out" LOGS="$TMP/logs" PYTHON=$PY bash scripts/check_gpu.sh --budget 0 --only zero_fp32,benchmark_torch >/dev/null 2>&1
+only=$(awk '/^SKIP / { print $3 }' "$TMP/out/summary.txt" | tr '\n' ' ')
+[ "$only" = "gpu build benchmark_torch zero_fp32 " ] && ok "--only zero_fp32,benchmark_torch: gpu, build and those two, in the run's order" \
+    || bad "--only zero_fp32,benchmark_torch: steps '$only'"
+bash scripts/check_gpu.sh --only zero_fp32,no_such_step >/dev/null 2>"$TMP/err"
+rc=$?
+[ "$rc" = 2 ] && grep -q "no step is named 'no_such_step'" "$TMP/err" && ok "--only with an unknown name: exit 2, naming it" \
+    || bad "--only with an unknown name: exit $rc, stderr: $(cat "$TMP/err")"
 for a in "--tier 4" "--budget ten" "--frobnicate"; do
     # shellcheck disable=SC2086
     bash scripts/check_gpu.sh $a --list >/dev/null 2>"$TMP/err"
