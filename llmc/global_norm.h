@@ -71,9 +71,10 @@ __global__ void __launch_bounds__(NORM_THREADS) sum_squares_kernel(float* partia
     if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// --fused-kernels 1: many ranges in one launch, each summed by its blocks exactly as its own launch of
-// `blocks` blocks would sum it (so the partial sums, and the norm, are the same bits as with a launch per
-// range: tests/fused_emulated.sh, on the emulation, an H200 and an H100). The ranges
+// --fused-kernels 1 (in training on an H200 and an H100; dev/cuda/global_norm.cu version 3 holds its group
+// sums to the host path's bits): many ranges in one launch, each summed by its blocks exactly as its own
+// launch of `blocks` blocks would sum it (so the partial sums, and the norm, are the same bits as with a
+// launch per range). The ranges
 // travel as the kernel's parameter (read in place; __grid_constant__: never written), under the
 // 4 KiB a launch's parameters may take: NORM_BATCH ranges per launch, all of GPT-2 124M's 148 in one.
 #ifndef NORM_BATCH  // (a test may give a smaller batch, to run several launches)

@@ -4,8 +4,9 @@
 #
 # usage: scripts/check_gpu.sh [--tier N] [--only STEP,...] [--budget SECONDS] [--list] [--sources-hash]
 #   --tier N        run the steps of tiers 1 to N only [3: every step]
-#   --only S1,S2    run these steps only, of any tier (with gpu and build, which the others need; names as
-#                   --list prints them); a comparison whose runs are not among them is SKIP
+#   --only S1,S2    run these steps only, of any tier whatever --tier says (with gpu and build, which the
+#                   others need; names as --list prints them, which lists every step even then); a
+#                   comparison whose runs are not among them is SKIP
 #   --budget S      start no step after S seconds and stop the one still running then: the summary says
 #                   TIMEOUT for it and SKIP for the rest [no limit]
 #   --list          print every step (tier, name, command) and run nothing
@@ -69,9 +70,12 @@ sources_hash() {  # what the prepared files come from: the trainer, its tests, l
 [ "$MODE" = sources-hash ] && { sources_hash; exit 0; }
 case $TIER in 1|2|3) ;; *) echo "check_gpu.sh: --tier takes 1, 2 or 3, not '$TIER'" >&2; exit 2 ;; esac
 if [ -n "$ONLY" ] && [ "$LIST" = 0 ]; then  # every name must be a step's (a typo would run nothing, silently)
-    names=$(bash "$0" --list | awk '$1 ~ /^[123]$/ { print $2 }')
-    for n in ${ONLY//,/ }; do
-        grep -qx -- "$n" <<<"$names" || { echo "check_gpu.sh: --only: no step is named '$n' (--list prints them)" >&2; exit 2; }
+    names=$(bash scripts/check_gpu.sh --list | awk '$1 ~ /^[123]$/ { print $2 }') && [ -n "$names" ] \
+        || { echo "check_gpu.sh: --only: could not list the steps" >&2; exit 2; }
+    IFS=, read -r -a only_names <<<"$ONLY"
+    [ ${#only_names[@]} -gt 0 ] || { echo "check_gpu.sh: --only needs step names" >&2; exit 2; }
+    for n in "${only_names[@]}"; do
+        grep -qxF -- "$n" <<<"$names" || { echo "check_gpu.sh: --only: no step is named '$n' (--list prints them)" >&2; exit 2; }
     done
 fi
 case $BUDGET in ""|*[!0-9]*) [ -z "$BUDGET" ] || { echo "check_gpu.sh: --budget takes whole seconds, not '$BUDGET'" >&2; exit 2; } ;; esac
@@ -157,8 +161,8 @@ step() {
     local tier=$1 name=$2 need
     shift 2
     if [ "$LIST" = 1 ]; then printf '%s  %-30s %s\n' "$tier" "$name" "$*"; return; fi
-    [ "$tier" -le "$TIER" ] || return 0
-    [ -z "$ONLY" ] || [[ ",gpu,build,$ONLY," == *",$name,"* ]] || return 0
+    if [ -n "$ONLY" ]; then [[ ",gpu,build,$ONLY," == *",$name,"* ]] || return 0
+    else [ "$tier" -le "$TIER" ] || return 0; fi
     local limit=${CAP:-600} verdict rc secs t0=$SECONDS log="$LOGS/$name.log"
     if [ -n "$BUDGET" ]; then
         if [ $((BUDGET - SECONDS)) -le 0 ]; then status=1; skip "$name" "the budget of $BUDGET s was spent"; return; fi

