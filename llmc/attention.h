@@ -45,7 +45,7 @@ static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) 
 #endif
     if (bytes != 2) fatal("--attention flash needs 16-bit activations (a BF16 or FP16 build%s); FP32 computes attention the classic way",
                           for_plan ? ", or --precision bf16|fp16 with --plan" : "");
-    if (NH <= 0 || C % NH != 0 || C / NH != 64)
+    if (!flash_head_size_ok(C, NH))
         fatal("--attention flash needs head size 64 (every GPT-2 size has it), got %d channels / %d heads = %g", C, NH, (double)C / NH);
 }
 
@@ -56,7 +56,7 @@ static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) 
 // classic elsewhere (FP32, other head sizes, older GPUs, the CPU target's own runs).
 static int attention_choice(int given, int B, int T, int C, int NH, size_t bytes, int for_plan) {
     if (given != ATTENTION_AUTO) return given;
-    if (bytes != 2 || NH <= 0 || C % NH != 0 || C / NH != 64 || !flash_grid_fits(B, T, NH)) return 0;
+    if (bytes != 2 || !flash_head_size_ok(C, NH) || !flash_grid_fits(B, T, NH)) return 0;
 #ifdef LLMC_CPU
     return for_plan;
 #else

@@ -46,7 +46,8 @@
 #include "attention_flash_forward.h"  // flash_tc_forward
 #include "attention_flash_backward.h"  // the three backward kernels
 
-// the grid of a launch fits: B*NH blocks in y, B*T*NH rows in an int
+// the head size is the one this path supports; the grid of a launch fits: B*NH blocks in y, B*T*NH rows in an int
+static int flash_head_size_ok(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH == FLASH_HS; }
 static int flash_grid_fits(long long B, long long T, long long NH) { return B * NH <= 65535 && B * T * NH <= 0x7fffffffLL; }
 
 #ifndef LLMC_CPU
@@ -65,7 +66,7 @@ static int flash_device_capability(void) {
 // what every launch needs: head size 64, a grid that fits and a GPU with the sm_80 instructions (checked
 // once per device: a clear error instead of a trap)
 static void flash_check_launch(int B, int T, int C, int NH) {
-    if (NH <= 0 || C % NH != 0 || C / NH != FLASH_HS)
+    if (!flash_head_size_ok(C, NH))
         fatal("--attention flash needs head size %d (channels %d / heads %d)", FLASH_HS, C, NH);
     if (!flash_grid_fits(B, T, NH))
         fatal("--attention flash: B*NH = %lld (at most 65535) or B*T*NH = %lld too large", (long long)B * NH, (long long)B * T * NH);

@@ -190,6 +190,13 @@ typedef struct {  // the grouping and its chunks on the device (group_positions_
     const int *token, *start, *positions, *chunk_token, *chunk_begin, *chunk_slot, *multi_token, *multi_slot;
     int n_multi;
 } EncoderChunks;
+// the views of a grouping of n_unique tokens at `grouping` and of its chunks at `chunks`, as
+// group_positions_by_token and chunk_positions lay them out
+static EncoderChunks encoder_chunks_view(const int* grouping, int n_unique, const int* chunks, int n_chunks, int n_multi) {
+    EncoderChunks g = {grouping, grouping + n_unique, grouping + 2 * n_unique + 1, chunks, chunks + n_chunks, chunks + 2 * n_chunks,
+                       chunks + 3 * n_chunks, chunks + 3 * n_chunks + n_multi, n_multi};
+    return g;
+}
 __global__ void __launch_bounds__(ENCODER_WTE_WARPS * 32) encoder_backward_wte_chunk_kernel(floatX* dwte, float* partial,
                                                                                            const floatX* dout, EncoderChunks g, int C) {
     constexpr int TILE = 32 * Pack128::size;  // channels per tile (256 in 16-bit builds, 128 in FP32)
@@ -269,22 +276,21 @@ static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, con
 #else
     const int block = ENCODER_THREADS;
     int BT = B * T, n_kept = 0;
+    int chunked = fused && C % Pack128::size == 0 && aligned16(dout);  // (the chunk kernel's 16-byte rows)
     // (waits for the previous call's copy from the buffer, if it has not run yet)
-    int* host = (int*)host_staging_get(staging, encoder_scratch_ints(BT, fused) * sizeof(int), fused);
+    int* host = (int*)host_staging_get(staging, encoder_scratch_ints(BT, chunked) * sizeof(int), fused);
     int n_unique = group_positions_by_token(host, inp_host, BT, vocab_start, vocab_rows, &n_kept);
     int n_grouping = 2 * n_unique + 1 + n_kept, n_chunks = 0, n_multi = 0;
-    if (fused) n_chunks = chunk_positions(host + n_grouping, host + n_unique, n_unique, &n_multi);
+    if (chunked) n_chunks = chunk_positions(host + n_grouping, host + n_unique, n_unique, &n_multi);
     // the device scratch: the chunks' rows of partial sums (floats), then the ints as on the host
-    float* partial = (float*)scratch_get(scratch, encoder_scratch_bytes(BT, C, fused));
-    int* dev = (int*)(partial + (fused ? 2 * (BT / ENCODER_WTE_CHUNK + 1) * (size_t)C : 0));
-    size_t bytes = (n_grouping + (fused ? 3 * (size_t)n_chunks + 2 * n_multi + 1 : 0)) * sizeof(int);
+    float* partial = (float*)scratch_get(scratch, encoder_scratch_bytes(BT, C, chunked));
+    int* dev = (int*)(partial + (chunked ? 2 * (BT / ENCODER_WTE_CHUNK + 1) * (size_t)C : 0));
+    size_t bytes = (n_grouping + (chunked ? 3 * (size_t)n_chunks + 2 * n_multi + 1 : 0)) * sizeof(int);
     // --fused-kernels: no wait; the copy reads the pinned `host` when the stream gets to it (after the
     // previous micro-step's kernels that read `dev`: one stream), and the next call waits for it
     host_staging_upload(staging, dev, bytes, fused);
-    if (fused && C % Pack128::size == 0 && aligned16(dout)) {
-        const int* chunks = dev + n_grouping;
-        EncoderChunks g = {dev, dev + n_unique, dev + 2 * n_unique + 1, chunks, chunks + n_chunks, chunks + 2 * n_chunks,
-                           chunks + 3 * n_chunks, chunks + 3 * n_chunks + n_multi, n_multi};
+    if (chunked) {
+        EncoderChunks g = encoder_chunks_view(dev, n_unique, dev + n_grouping, n_chunks, n_multi);
         if (n_chunks > 0)
             encoder_backward_wte_chunk_kernel<<<n_chunks, ENCODER_WTE_WARPS * 32, 0, main_stream>>>(dwte, partial, dout, g, C);
         launchCheck();

@@ -442,6 +442,12 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) gelu_bias_backward_partia
     bias_partial_row_write(partial, s, sum, pack, active, OC);
 }
 
+// dbias (OC) += the sums of `chunks` partial rows (OC floats each), in order: the kernels above end here
+static void bias_backward_finish(floatX* dbias, const float* partial, int chunks, int OC) {
+    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, chunks, OC);
+    launchCheck();
+}
+
 // dbias (OC) += column sums of dout (N, OC) by the kernels above; `scratch` holds the partial sums
 static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, Scratch* scratch, int fused) {
     bool vec = fused && OC % Pack128::size == 0 && aligned16(dout);
@@ -451,8 +457,7 @@ static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, 
     if (vec) bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
     else bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
     launchCheck();
-    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, chunks, OC);
-    launchCheck();
+    bias_backward_finish(dbias, partial, chunks, OC);
 }
 
 // dinp (N, OC) = dout * GELU'(inp) and dbias (OC) += column sums of dinp: with --fused-kernels (`fused`) and
@@ -468,8 +473,7 @@ static void gelu_bias_backward_gpu(floatX* dinp, floatX* dbias, const floatX* in
     dim3 grid(ceil_div(OC / Pack128::size, 32), BIAS_VEC_CHUNKS), block(32, BIAS_ROW_LANES);
     gelu_bias_backward_partial_kernel<<<grid, block, 0, main_stream>>>(dinp, partial, inp, dout, N, OC);
     launchCheck();
-    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, BIAS_VEC_CHUNKS, OC);
-    launchCheck();
+    bias_backward_finish(dbias, partial, BIAS_VEC_CHUNKS, OC);
 }
 
 // dbias (OC) += grad (OC): the bias gradient an epilogue wrote (it cannot add), added to the accumulated one

@@ -92,7 +92,7 @@ expect_error "--device-memory 1e308GiB" "--device-memory must be a positive, fin
 echo "sizes that must not crash, run unbounded or allocate absurdly"
 # ~100000 OpenMP threads crashed inside the OpenMP runtime (a segfault) at the first parallel loop (the
 # CPU target's: the GPU target runs one host thread and has no OpenMP to bound)
-if "$BIN" --help | grep -q "target CPU"; then
+if cpu_target; then
     OMP_NUM_THREADS=100000 expect_error "OMP_NUM_THREADS=100000" "OMP_NUM_THREADS=100000 is more than 1024 threads per rank" "${TINY[@]}" "${GOOD[@]}"
 else
     echo "  skip  OMP_NUM_THREADS=100000: the GPU target has no OpenMP"
@@ -142,7 +142,7 @@ live_change "id 505, V 500, mid-run" 505 "${TINY[@]}" --vocab 500
 echo "CPU target: the memory plan against the peak resident memory of runs"
 # (a GPU build's plan is of device memory, which resident host memory does not show: test_gpt checks it
 # against the bytes allocated, tests/memory_plan_emulated.sh against the emulated device's)
-if [[ "$("$BIN" --help)" != *"target CPU"* ]]; then
+if ! cpu_target; then
     echo "  skip  GPU target: its plan counts device memory, not this process's resident memory"
 else
 # The plan counts the model's buffers, the CPU matmuls' scratch and the host copies of loading and
@@ -265,7 +265,7 @@ check "diverging run: every checkpoint finite, no model" eval 'finite_model "$TM
 # The CPU target accepts --fused-kernels and runs the same reference loops: losses and gradient norms must
 # agree in every printed digit (gradient accumulation and --recompute 2 included, as they take the fused
 # paths of the layer forward on the GPU). On the GPU the fused kernels round differently: test_gpt checks them.
-if "$BIN" --help | grep -q "target CPU"; then
+if cpu_target; then
     echo "fused kernels (CPU target)"
     for f in 0 1; do
         timeout 120 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --grad-accum 2 --recompute 2 --fused-kernels $f \
@@ -282,7 +282,7 @@ fi
 
 # --cpu-matmul: OpenBLAS and the reference GEMM sum in other orders, so a run's losses agree to fp32
 # rounding (test_gpt bounds the layers and 10 steps of a model at 1e-5; 3 steps here, from the command line)
-if "$BIN" --help | grep -q "target CPU" && "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 1 --cpu-matmul blas >/dev/null 2>&1; then
+if cpu_target && "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 1 --cpu-matmul blas >/dev/null 2>&1; then
     echo "--cpu-matmul (CPU target)"
     for m in reference blas; do
         timeout 120 "$BIN" "${TINY[@]}" "${GOOD[@]}" --steps 3 --cpu-matmul $m --log "$TMP/mm_$m.jsonl" >/dev/null 2>&1 \

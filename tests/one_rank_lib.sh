@@ -6,7 +6,9 @@
 #                      (the caller writes $TMP/good.bin)
 #   expect_error NAME PATTERN ARGS...   the trainer exits 1 with one stderr line "error: ...PATTERN"
 #   check NAME CONDITION...             a shell condition that must hold
+#   cpu_target                          true when $BIN is the CPU target (its --help says so)
 PY=${PYTHON:-/usr/bin/python3}
+cpu_target() { [[ "$("$BIN" --help)" == *"target CPU"* ]]; }
 REF=build/ref/ref_small_model.bin
 [ -x "$BIN" ] || { echo "no trainer at $BIN"; exit 1; }
 [ -f "$REF" ] || { echo "no reference model at $REF (run scripts/gpt2_reference.py first)"; exit 1; }

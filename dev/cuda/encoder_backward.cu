@@ -89,8 +89,7 @@ __global__ void encoder_backward_wpe_float4_kernel(float* dwpe, const float* dou
 
 struct Grouping {  // positions grouped by token, on the device (version 3), and their chunks (version 4)
     int n_unique, n_chunks;
-    int *token, *start, *positions;
-    EncoderChunks chunks;
+    EncoderChunks chunks;  // (token, start, positions: the grouping)
     float* partial;  // version 4's rows of partial sums
 };
 
@@ -114,7 +113,8 @@ static void run_version(int v, float* dwte, float* dwpe, const float* dout, cons
         case 3: {
             int threads = min(1024, ((C / 4 + 31) / 32) * 32);
             if (g.n_unique > 0)
-                encoder_backward_wte_float4_kernel<<<g.n_unique, threads, 0, main_stream>>>(dwte, dout, g.token, g.start, g.positions, C);
+                encoder_backward_wte_float4_kernel<<<g.n_unique, threads, 0, main_stream>>>(dwte, dout, g.chunks.token, g.chunks.start,
+                                                                                            g.chunks.positions, C);
             cudaCheck(cudaGetLastError());
             encoder_backward_wpe_float4_kernel<<<grid_for((size_t)T * C / 4, 256), 256, 0, main_stream>>>(dwpe, dout, B, T, C);
             break;
@@ -163,9 +163,7 @@ int main(int argc, char** argv) {
     g.n_chunks = chunk_positions(chunk_host, host + g.n_unique, g.n_unique, &n_multi);
     int* d_group = dev_upload(host, n_grouping);
     int* d_chunks = dev_upload(chunk_host, 3 * (size_t)g.n_chunks + 2 * n_multi + 1);
-    g.token = d_group, g.start = d_group + g.n_unique, g.positions = d_group + 2 * g.n_unique + 1;
-    g.chunks = {g.token, g.start, g.positions, d_chunks, d_chunks + g.n_chunks, d_chunks + 2 * g.n_chunks,
-                d_chunks + 3 * g.n_chunks, d_chunks + 3 * g.n_chunks + n_multi, n_multi};
+    g.chunks = encoder_chunks_view(d_group, g.n_unique, d_chunks, g.n_chunks, n_multi);
     int n_slots = chunk_host[3 * g.n_chunks + 2 * n_multi];  // multi_slot[n_multi]: the rows of partial sums
     g.partial = dev_alloc<float>((size_t)(n_slots > 0 ? n_slots : 1) * C);
     printf("%d positions, %d distinct tokens\n", BT, g.n_unique);

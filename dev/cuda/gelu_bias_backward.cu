@@ -6,9 +6,9 @@
  * Memory-bound: dout and inp read, dinp written: 3 * N * OC * 4 bytes at least (here, fp32).
  *
  * versions
- *   1  the two --fused-kernels kernels one after the other, as the trainer ran them before version 2:
- *      gelu_backward_vec_kernel (llmc/gelu.h), then bias_backward_partial_vec_kernel and
- *      bias_backward_finish_kernel (llmc/matmul.h), which read dinp back.
+ *   1  the two --fused-kernels kernels one after the other, as the trainer ran them before version 2 (and
+ *      still does where rows are not 16-byte): gelu_backward's gelu_backward_vec_kernel (llmc/gelu.h), then
+ *      bias_backward_gpu's bias_backward_partial_vec_kernel and finish (llmc/matmul.h), reading dinp back.
  *   2  the trainer's kernel with --fused-kernels 1 (llmc/matmul.h gelu_bias_backward_gpu): one pass, each
  *      thread's 16 bytes of dinp written and added to its column sums in version 1's row order, then the
  *      same finishing kernel. Its dinp and dbias must be version 1's bits exactly: that is checked too,
@@ -31,20 +31,17 @@ static const int NV = 2;
 static const char* version_names[NV + 1] = {"", "GELU's backward, then the bias gradient reading dinp back",
                                             "one pass (llmc --fused-kernels)"};
 
-static void run_version(int v, float* dinp, float* dbias, float* partial, const float* inp, const float* dout, int N, int OC) {
-    const dim3 grid(ceil_div(OC / Pack128::size, 32), BIAS_VEC_CHUNKS), lanes(32, BIAS_ROW_LANES);
-    const size_t n = (size_t)N * OC;
+static Scratch trainer_scratch = {NULL, 0};  // the launchers' partial rows (the trainer's model owns one)
+
+// each version through the trainer's launchers with --fused-kernels 1 (llmc/gelu.h, llmc/matmul.h)
+static void run_version(int v, float* dinp, float* dbias, const float* inp, const float* dout, int N, int OC) {
     if (OC % Pack128::size != 0) fatal("both versions need OC %% 4 == 0");
     if (v == 1) {
-        gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(dinp, inp, dout, n);
-        cudaCheck(cudaGetLastError());
-        bias_backward_partial_vec_kernel<<<grid, lanes, 0, main_stream>>>(partial, dinp, N, OC);
+        gelu_backward(dinp, inp, dout, (size_t)N * OC, 1);
+        bias_backward_gpu(dbias, dinp, N, OC, &trainer_scratch, 1);
     } else {
-        gelu_bias_backward_partial_kernel<<<grid, lanes, 0, main_stream>>>(dinp, partial, inp, dout, N, OC);
+        gelu_bias_backward_gpu(dinp, dbias, inp, dout, N, OC, &trainer_scratch, 1);
     }
-    cudaCheck(cudaGetLastError());
-    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial,
-                                                                                                            BIAS_VEC_CHUNKS, OC);
     cudaCheck(cudaGetLastError());
 }
 
@@ -63,14 +60,14 @@ static void run_shape(int selected, int N, int OC, bool timed, uint64_t seed) {
         dbias_ref[o] += (float)s;
     }
     float *d_inp = dev_upload(inp, n), *d_dout = dev_upload(dout, n), *d_dinp = dev_alloc<float>(n);
-    float *d_dbias = dev_alloc<float>(OC), *d_partial = dev_alloc<float>((size_t)BIAS_VEC_CHUNKS * OC);
+    float* d_dbias = dev_alloc<float>(OC);
     float *v1_dinp = NULL, *v1_dbias = NULL;  // version 1's results, which version 2 must equal bit for bit
     for (int v = 1; v <= NV; v++) {
         if (!version_selected(selected, v)) continue;
         printf("version %d: %s\n", v, version_names[v]);
         cudaCheck(cudaMemset(d_dinp, 0, n * sizeof(float)));
         dev_set(d_dbias, dbias0, OC);
-        run_version(v, d_dinp, d_dbias, d_partial, d_inp, d_dout, N, OC);
+        run_version(v, d_dinp, d_dbias, d_inp, d_dout, N, OC);
         check_close("dinp", d_dinp, dinp_ref, n, 1e-6, 1e-5);
         check_close("dbias", d_dbias, dbias_ref, OC, 1e-3, 1e-4);
         if (v == 1) {
@@ -82,16 +79,16 @@ static void run_shape(int selected, int N, int OC, bool timed, uint64_t seed) {
             printf("  in place (dinp = dout):\n");
             cudaCheck(cudaMemcpy(d_dinp, d_dout, n * sizeof(float), cudaMemcpyDeviceToDevice));
             dev_set(d_dbias, dbias0, OC);
-            run_version(v, d_dinp, d_dbias, d_partial, d_inp, d_dinp, N, OC);
+            run_version(v, d_dinp, d_dbias, d_inp, d_dinp, N, OC);
             check_close("dinp=v1", d_dinp, v1_dinp, n, 0.0, 0.0);
             check_close("dbias=v1", d_dbias, v1_dbias, OC, 0.0, 0.0);
         }
         if (timed)
-            print_bandwidth("gelu_bias_backward", benchmark_ms([&] { run_version(v, d_dinp, d_dbias, d_partial, d_inp, d_dout, N, OC); }),
+            print_bandwidth("gelu_bias_backward", benchmark_ms([&] { run_version(v, d_dinp, d_dbias, d_inp, d_dout, N, OC); }),
                             3.0 * n * sizeof(float));
     }
     cudaCheck(cudaFree(d_inp)), cudaCheck(cudaFree(d_dout)), cudaCheck(cudaFree(d_dinp));
-    cudaCheck(cudaFree(d_dbias)), cudaCheck(cudaFree(d_partial));
+    cudaCheck(cudaFree(d_dbias));
     free(inp), free(dout), free(dbias0), free(dinp_ref), free(dbias_ref), free(v1_dinp), free(v1_dbias);
 }
 
@@ -101,5 +98,6 @@ int main(int argc, char** argv) {
     bench_init();
     run_shape(selected, 8 * 1024, 3072, true, 61);
     run_shape(selected, 1000, 776, false, 71);
+    scratch_free(&trainer_scratch);
     return finish();
 }
