@@ -219,7 +219,10 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
     // other kernels round differently: replicas that each update the whole model would drift apart
     const KernelChoice* k = &tc->kernels;
-    agree_int(&a, "the kernel variants (--fused-kernels, --attention)", k->fused * 2 + k->flash_attention);  // (separate_gelu: tests only)
+    // (--attention's default is made on each rank for its GPU: a GPU older than compute capability 8.0
+    // among newer ones takes classic attention alone, which this names)
+    agree_int(&a, "the kernel variants (--fused-kernels, --attention, by default flash from compute capability 8.0)",
+              k->fused * 2 + k->flash_attention);  // (separate_gelu: tests only)
     // OpenBLAS and the reference GEMM sum in other orders: ranks on different ones would compute other bits
     // for the same inputs (TP's partial products, DP's replicas)
     agree_int(&a, "the CPU matmul (--cpu-matmul)", k->cpu_blas);
