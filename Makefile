@@ -24,7 +24,7 @@ include toolchain.mk
 # may use the vector square root: the optimizer's loop (llmc/adamw.h) and the LayerNorms' vectorize. It
 # changes no result.
 CPU_FLAGS = -O3 -march=native -fno-math-errno -fopenmp -std=c++17 -Wall -Wno-unused-function $(MPI_DEFINE) $(MPI_CFLAGS) $(BLAS_DEFINE) $(BLAS_CFLAGS) -x c++ -DLLMC_CPU
-HEADERS = $(wildcard llmc/*.h llmc/comm/*.h)
+HEADERS = $(wildcard llmc/*.h llmc/comm/*.h llmc/run/*.h)
 
 NVCC_FLAGS = -O3 -std=c++17 $(GPU_ARCH) -diag-suppress 177 -Xcompiler -Wall,-Wno-unused-function,-Wno-unknown-pragmas \
              $(MPI_DEFINE) $(filter -I% -D%,$(MPI_CFLAGS)) $(NCCL_FLAGS)
@@ -98,7 +98,7 @@ build/cpu/test_rendezvous: tests/rendezvous.cpp llmc/comm/rendezvous.h llmc/comm
 	@mkdir -p $(@D)
 	$(CXX) -O2 -std=c++17 -Wall -Wextra $< -o $@
 
-# Every header of llmc/ and llmc/comm/ compiles on its own (tests/headers.sh): a translation unit
+# Every header of llmc/ and its subfolders (comm/, run/) compiles on its own (tests/headers.sh): a translation unit
 # that includes only it, for the CPU target (-fsyntax-only) and, where nvcc exists, the GPU target (BF16,
 # one architecture, without -O3, to keep it cheap). HEADERS_TARGETS=cpu or gpu checks one target only.
 HEADERS_TARGETS ?= all

@@ -22,18 +22,18 @@
  * comments mark where the model code calls into it.
  */
 // the layers: CPU reference and CUDA kernels side by side
-#include "llmc/attention.h"        // attention_forward/_backward, and flash attention's
-#include "llmc/classifier.h"       // classifier_forward_backward, loss_mean
-#include "llmc/encoder.h"          // the token + position embedding, forward and backward
-#include "llmc/gelu.h"             // gelu_forward
-#include "llmc/layernorm.h"        // layernorm_forward/_backward, residual_layernorm_forward
-#include "llmc/matmul.h"           // matmul_forward/_backward, cuBLASLt epilogues, the CPU's BLAS or reference GEMM
+#include "llmc/attention.h"   // attention_forward/_backward, and flash attention's
+#include "llmc/classifier.h"  // classifier_forward_backward, loss_mean
+#include "llmc/encoder.h"     // the token + position embedding, forward and backward
+#include "llmc/gelu.h"        // gelu_forward
+#include "llmc/layernorm.h"   // layernorm_forward/_backward, residual_layernorm_forward
+#include "llmc/matmul.h"      // matmul_forward/_backward, cuBLASLt epilogues, the CPU's BLAS or reference GEMM
 // the optimizer and the numerics
-#include "llmc/adamw.h"            // OptimizerConfig, adamw_update_ranges, round_params
-#include "llmc/global_norm.h"      // NormParts: the gradient norm over the owned ranges
-#include "llmc/loss_scaler.h"      // LossScaler: dynamic loss scaling
-#include "llmc/step_report.h"      // StepReport: --fused-kernels' update without a wait before AdamW
-#include "llmc/recompute.h"        // RecomputeKeeps: which activations --recompute keeps
+#include "llmc/adamw.h"        // OptimizerConfig, adamw_update_ranges, round_params
+#include "llmc/global_norm.h"  // NormParts: the gradient norm over the owned ranges
+#include "llmc/loss_scaler.h"  // LossScaler: dynamic loss scaling
+#include "llmc/step_report.h"  // StepReport: --fused-kernels' update without a wait before AdamW
+#include "llmc/recompute.h"    // RecomputeKeeps: which activations --recompute keeps
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
 #include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
@@ -41,24 +41,22 @@
 #include "llmc/tensor_parallel.h"  // f and g, the vocabulary-parallel embedding and loss
 #include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
 #include "llmc/zero3.h"            // Zero3Params: ZeRO-3, the parameters sharded and gathered per layer
-// the run around the model
-#include "llmc/checkpoint.h"       // the checkpoint folder, load_checkpoint
-#include "llmc/cli.h"              // parse_args, --help
-#include "llmc/dataloader.h"       // DataLoader: token shards, in the data-order contract
-#include "llmc/eval.h"             // EvalSet: multiple-choice examples
-#include "llmc/fault.h"            // FaultPlan: the testing flags' fault injection
-#include "llmc/logger.h"           // Logger: the JSONL log
-#include "llmc/lr_schedule.h"      // learning_rate
-#include "llmc/memory_plan.h"      // MemoryPlan, print_plan: --plan
-#include "llmc/run_config.h"       // TrainConfig, check_ranks_agree
-#include "llmc/run_identity.h"     // new_run_id, the checkpoint folder's owner
-#include "llmc/run_inputs.h"       // RunInputs: the start point, data, eval set, tokenizer, prompt
-#include "llmc/run_log.h"          // log_run_config, print_step_line
-#include "llmc/sampling.h"         // SampleConfig, draw_token, encode_prompt
-#include "llmc/saving.h"           // check_finite_before_save, save_final_model
-#include "llmc/stop_signal.h"      // a signal stops the run after its step, with a checkpoint
-#include "llmc/tokenizer.h"        // Tokenizer: ids to text for samples
-#include "llmc/trace.h"            // Tracer: --trace's spans
+// the run around the model (llmc/run/)
+#include "llmc/run/checkpoint.h"   // the checkpoint folder and its owner, load_checkpoint, the final model
+#include "llmc/run/cli.h"          // parse_args, --help
+#include "llmc/run/config.h"       // TrainConfig, check_ranks_agree
+#include "llmc/run/dataloader.h"   // DataLoader: token shards, in the data-order contract
+#include "llmc/run/eval.h"         // EvalSet: multiple-choice examples
+#include "llmc/run/fault.h"        // FaultPlan: the testing flags' fault injection
+#include "llmc/run/inputs.h"       // RunInputs: the start point, data, eval set, tokenizer, prompt
+#include "llmc/run/logger.h"       // Logger: the JSONL log
+#include "llmc/run/lr_schedule.h"  // learning_rate
+#include "llmc/run/memory_plan.h"  // MemoryPlan, print_plan: --plan
+#include "llmc/run/report.h"       // log_run_config, print_step_line
+#include "llmc/run/sampling.h"     // SampleConfig, draw_token, encode_prompt
+#include "llmc/run/stop_signal.h"  // a signal stops the run after its step, with a checkpoint
+#include "llmc/run/tokenizer.h"    // Tokenizer: ids to text for samples
+#include "llmc/run/trace.h"        // Tracer: --trace's spans
 
 // ----------------------------------------------------------------------------------------------------
 // 1. parameter layout
@@ -421,7 +419,7 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     free(sets);
 }
 
-// The activations of every chunk of this rank's layers (its stage, or its --virtual-stages chunks): llmc/memory_plan.h
+// The activations of every chunk of this rank's layers (its stage, or its --virtual-stages chunks): llmc/run/memory_plan.h
 static void allocate_stage_activations(GPT2* model, int B, int T, StageSlots slots, int rematerialize) {
     for (int v = 0; v < model->n_chunks; v++) {
         model->chunk = &model->chunks[v];
@@ -1083,7 +1081,7 @@ static float evaluate(GPT2* model, DataLoader* val, int max_batches) {
     return (float)mean;
 }
 
-// Multiple-choice accuracy (llmc/eval.h) over all examples: DP rank d of D scores examples d, d + D, ...
+// Multiple-choice accuracy (llmc/run/eval.h) over all examples: DP rank d of D scores examples d, d + D, ...
 // Rows (one per completion) are packed many to a forward: the forward is (B*T / Te, Te) with Te the longest
 // row, within the activations allocated for (B, T). Forward-only through the pipeline, as evaluate().
 // If `dump` is given (main rank), each of this rank's examples' 4 mean losses go there, one line each.
@@ -1205,7 +1203,7 @@ typedef struct {
     Comm* comm;
     int main_rank;             // world rank 0: prints, logs, samples
     GPT2 model;
-    RunInputs in;              // data, multiple-choice set, tokenizer, prompt (llmc/run_inputs.h)
+    RunInputs in;              // data, multiple-choice set, tokenizer, prompt (llmc/run/inputs.h)
     Rng sample_rng;
     LossScaler scaler;
     Logger logger;

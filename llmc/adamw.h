@@ -18,7 +18,7 @@
 #include "device.h"  // floatX, launches, stochastic rounding helpers
 
 // The optimizer's settings for a run (--lr, --beta1, --beta2, --eps, --weight-decay, --grad-clip): lr is
-// the peak rate the learning-rate schedule scales (llmc/lr_schedule.h); grad_clip the largest global
+// the peak rate the learning-rate schedule scales (llmc/run/lr_schedule.h); grad_clip the largest global
 // gradient norm (0: no clipping)
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay, grad_clip;

@@ -30,8 +30,8 @@
  */
 #pragma once
 
-#include "device.h"  // floatX, Scratch, launches
-#include "matmul.h"  // matmul_init, cublas_handle (the batched products of classic attention); cblas_sgemm on the CPU
+#include "device.h"           // floatX, Scratch, launches
+#include "matmul.h"           // matmul_init, cublas_handle (the batched products of classic attention); cblas_sgemm on the CPU
 #include "attention_flash.h"  // attention_forward_flash, attention_backward_flash
 #ifdef LLMC_CPU
 #include <omp.h>  // omp_get_thread_num: each thread's block of the OpenBLAS backward's scratch

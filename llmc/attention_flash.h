@@ -41,9 +41,9 @@
  */
 #pragma once
 
-#include "attention_flash_mma.h"  // tile sizes, fragment maps, tile products
-#include "attention_flash_softmax.h"  // causal mask, online softmax, P and dS
-#include "attention_flash_forward.h"  // flash_tc_forward
+#include "attention_flash_mma.h"       // tile sizes, fragment maps, tile products
+#include "attention_flash_softmax.h"   // causal mask, online softmax, P and dS
+#include "attention_flash_forward.h"   // flash_tc_forward
 #include "attention_flash_backward.h"  // the three backward kernels
 
 // the head size is the one this path supports; the grid of a launch fits: B*NH blocks in y, B*T*NH rows in an int

@@ -44,7 +44,7 @@
  * NCCL engine polls the streams and every communicator's asynchronous error state (creation and
  * splitting are non-blocking too), and a wait past its deadline ends the run with one line naming it.
  * A host held inside a CUDA call behind NCCL's communication polls nothing: the NCCL engine's watchdog
- * thread ends it (llmc/watchdog.h).
+ * thread ends it (llmc/comm/watchdog.h).
  */
 #pragma once
 
@@ -53,7 +53,7 @@
 #include "comm/nccl_engine.h"  // nccl_run, nccl_wait, nccl_wait_group, nccl_main_waits, nccl_all_reduce_host
 #include "comm/launch.h"       // comm_init, comm_finalize, check_omp_threads: start-up and shutdown
 #include "device.h"            // device_copy
-#include "watchdog.h"          // watchdog_waiting_io
+#include "comm/watchdog.h"     // watchdog_waiting_io
 
 // ----------------------------------------------------------------------------------------------------
 // the API: every call describes its operation and hands it to the engine
@@ -84,7 +84,7 @@ static void comm_join_group(Comm* c, Group* g) {
 // without waiting (--fused-kernels' optimizer step: a sum across ranks feeds the next kernel directly,
 // llmc/step_report.h). NCCL: an event on the group's stream; MPI: its operations have completed by now
 // (strict mode runs the group's queued ones here). A peer that never answers holds the main stream, and
-// the host's next blocking CUDA call ends under the watchdog (llmc/watchdog.h).
+// the host's next blocking CUDA call ends under the watchdog (llmc/comm/watchdog.h).
 static void comm_main_waits(Comm* c, Group* g) {
     if (g->size <= 1) return;
     if (c->engine == ENGINE_NCCL) nccl_main_waits(c, g);
@@ -172,7 +172,7 @@ static void comm_barrier(Comm* c, Group* g) {
 // read): under the long --io-timeout, since writing gigabytes to network storage is no dead peer.
 static void comm_barrier_io(Comm* c, Group* g) {
     c->waiting_io = 1;
-    watchdog_waiting_io(1);  // (the NCCL engine's watchdog, llmc/watchdog.h, runs on another thread)
+    watchdog_waiting_io(1);  // (the NCCL engine's watchdog, llmc/comm/watchdog.h, runs on another thread)
     comm_barrier(c, g);
     watchdog_waiting_io(0);
     c->waiting_io = 0;

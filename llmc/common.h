@@ -123,7 +123,7 @@ static inline FILE* open_with_header(const char* path, int magic, const char* ki
 }
 
 // The longest path this program writes: the model and state files' writer keeps 4096 bytes
-// (llmc/atomic_file.h), Linux's PATH_MAX. An output path is checked at start-up together with what is
+// (llmc/run/atomic_file.h), Linux's PATH_MAX. An output path is checked at start-up together with what is
 // appended to it when it is written (".tmp", a checkpoint's file names, a trace's ".rank<r>"), so that
 // no save fails for its length, or writes a truncated name, after hours of training. An empty path names
 // no file: "" is refused, not taken for the current folder ("" + ".tmp" would be a file ".tmp" there).
@@ -186,7 +186,7 @@ static inline void check_writable_dir(const char* dir, const char* what, int cre
 // characters added: ".tmp" while it is written): its folder must be writable, its name short enough
 // for that folder's file system, and the path must not be a folder, nor anything else that is not a
 // regular file. Such a file is written by renaming a finished temporary file over the path
-// (llmc/atomic_file.h), which would replace a device node (as root, /dev/null), a FIFO or a symbolic
+// (llmc/run/atomic_file.h), which would replace a device node (as root, /dev/null), a FIFO or a symbolic
 // link with a plain file: refused, not done.
 static inline void check_writable_file(const char* path, const char* what, size_t appended) {
     struct stat st;

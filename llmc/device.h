@@ -13,8 +13,8 @@
  */
 #pragma once
 
-#include "common.h"  // fatal, malloc_check
-#include "watchdog.h"  // the watchdog around blocking CUDA calls
+#include "common.h"         // fatal, malloc_check
+#include "comm/watchdog.h"  // the watchdog around blocking CUDA calls
 
 #ifdef LLMC_CPU
 // ----------------------------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ static inline void cuda_check(cudaError_t err, const char* file, int line) {
 #define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
 
 // A CUDA call that can block the host until the GPU gets there (a wait; a copy to or from pageable host
-// memory), marked for the NCCL engine's watchdog (llmc/watchdog.h): should the GPU be held up by
+// memory), marked for the NCCL engine's watchdog (llmc/comm/watchdog.h): should the GPU be held up by
 // communication that never completes, the watchdog ends the rank, naming the call (`what`).
 #define cudaCheckBlocking(what, call)       \
     do {                                    \

@@ -20,7 +20,7 @@
  */
 #pragma once
 
-#include "device.h"  // floatX, Scratch, launches
+#include "device.h"    // floatX, Scratch, launches
 #include "residual.h"  // residual_forward (the unfused path)
 
 static const float LAYERNORM_EPS = 1e-5f;

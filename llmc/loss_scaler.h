@@ -25,7 +25,7 @@
  */
 #pragma once
 
-#include "comm.h"  // comm_all_reduce_host: every rank sees an overflow
+#include "comm.h"    // comm_all_reduce_host: every rank sees an overflow
 #include "common.h"  // fatal
 
 typedef enum { SCALE_OFF, SCALE_STATIC, SCALE_DYNAMIC } ScaleMode;

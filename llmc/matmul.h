@@ -32,8 +32,8 @@
  */
 #pragma once
 
-#include "device.h"  // floatX, Scratch, the cuBLAS(Lt) handles
-#include "gelu.h"  // gelu_forward, gelu_backward (when cuBLASLt offers no epilogue)
+#include "device.h"    // floatX, Scratch, the cuBLAS(Lt) handles
+#include "gelu.h"      // gelu_forward, gelu_backward (when cuBLASLt offers no epilogue)
 #include "residual.h"  // residual_forward (the same)
 #if defined(LLMC_CPU) && defined(LLMC_BLAS)
 #include <cblas.h>  // OpenBLAS's (toolchain.mk puts its folder first on the include path)

@@ -9,7 +9,7 @@
  * Checkpoints always hold version 3 (the fp32 master weights, so that a resume is exact); --save-model
  * writes either (version 5 rounds each fp32 master weight to the nearest bf16, ties to even, as llm.c's
  * and PyTorch's conversions do, for llm.c's GPU builds, which read only version 5). Both are read.
- * A file is written through atomic_file.h: a crash mid-save never leaves half a model.
+ * A file is written through llmc/run/atomic_file.h: a crash mid-save never leaves half a model.
  *
  * The 16 tensors are named once, by FileTensor, in that order; the trainer keeps a layer's tensors
  * together in memory (train_gpt.cu) and tensor parallelism slices some of them (tensor_parallel.h), and
@@ -17,8 +17,8 @@
  */
 #pragma once
 
-#include "atomic_file.h"  // files written whole or not at all
-#include "common.h"  // fatal, checked file calls, Rng
+#include "run/atomic_file.h"  // files written whole or not at all
+#include "common.h"           // fatal, checked file calls, Rng
 
 #define MODEL_MAGIC 20240326
 #define HEADER_INTS 256

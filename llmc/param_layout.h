@@ -209,7 +209,7 @@ static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard)
         memcpy(shard + z->owned_offset[b], mem + owned_start(z, b), owned_size(z, b) * sizeof(float));
 }
 
-// The optimizer state this rank writes into its state shard (llmc/state_file.h): each tensor's overlap with
+// The optimizer state this rank writes into its state shard (llmc/run/state_file.h): each tensor's overlap with
 // the owned chunks, in runs of the file order, once across the ranks that hold a tensor alike (a replicated
 // tensor by TP rank 0, the tied wte by the first stage). The AdamW moments m_dev and v_dev (on the device,
 // z->shard_total each, in shard order) are copied to the host and gathered into *m_out and *v_out

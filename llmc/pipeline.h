@@ -1,6 +1,6 @@
 /*
  * pipeline.h: pipeline parallelism: which layers a stage owns and in what order it runs its
- * micro-batches (llmc/trace.h records when they ran).
+ * micro-batches (llmc/run/trace.h records when they ran).
  *
  * The L layers are cut into P stages of consecutive layers (as even as possible, or as given by
  * --pp-split). Stage 0 also owns the embedding, stage P-1 the final LayerNorm and the classifier, and
@@ -54,9 +54,9 @@
  */
 #pragma once
 
-#include "comm.h"    // comm_send, comm_recv, comm_sendrecv, comm_join
-#include "common.h"  // fatal, check_internal, malloc_check, calloc_check
-#include "trace.h"   // trace_now_us, trace_add, trace_finish
+#include "comm.h"       // comm_send, comm_recv, comm_sendrecv, comm_join
+#include "common.h"     // fatal, check_internal, malloc_check, calloc_check
+#include "run/trace.h"  // trace_now_us, trace_add, trace_finish
 
 typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1 } Schedule;
 
@@ -79,7 +79,7 @@ static double pipeline_ideal_bubble(Schedule sched, int P, int M, int V, const c
     return (double)(P - 1) / ((zb ? 3 : V) * M + P - 1);
 }
 
-// --trace's end (llmc/trace.h): the trace written, and the bubble it measured beside the schedule's
+// --trace's end (llmc/run/trace.h): the trace written, and the bubble it measured beside the schedule's
 static void pipeline_trace_finish(const Tracer* tracer, const char* path, Schedule sched, int M, int V, Comm* comm) {
     const char* formula;
     double ideal = pipeline_ideal_bubble(sched, comm->pp, M, V, &formula);

@@ -58,7 +58,7 @@
  *         update's small collectives. Could go (comm_main_waits), leaving the next one alone.
  *     step_report_fetch: the copy of the report, the one wait that remains by design (loss, norm, verdict).
  *     train_gpt.cu train_step: device_synchronize for the step's time: the stream is idle by then.
- *     llmc/stop_signal.h stop_signal_agreed (more than one rank): a blocking all-reduce over the world
+ *     llmc/run/stop_signal.h stop_signal_agreed (more than one rank): a blocking all-reduce over the world
  *         after the step, through the host (NCCL: copies both ways). Could ride in the next step's report.
  *     The MPI engine (ranks sharing a GPU): every collective copies through the host and waits
  *         (llmc/comm/mpi_engine.h), the update's four small ones included.
@@ -90,7 +90,7 @@ typedef struct {
     float* d;                   // (REPORT_FLOATS) on the device, allocated at the first step (planned as kernel scratch)
     float host[REPORT_FLOATS];  // step_report_fetch's copy
 } StepReport;
-static_assert(REPORT_FLOATS == 6, "llmc/memory_plan.h plans 6 floats for the step report");
+static_assert(REPORT_FLOATS == 6, "llmc/run/memory_plan.h plans 6 floats for the step report");
 
 // the verdict from the summed report r (see the top), on the device or the CPU
 #ifdef LLMC_CPU

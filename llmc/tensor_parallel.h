@@ -43,9 +43,9 @@
 #pragma once
 
 #include "model_file.h"  // GPT2Config, FileTensor
-#include "comm.h"  // Comm: the TP group's all-reduce and all-gather
-#include "encoder.h"  // the embedding that the vocabulary-parallel one splits
-#include "trace.h"  // spans for f and g
+#include "comm.h"        // Comm: the TP group's all-reduce and all-gather
+#include "encoder.h"     // the embedding that the vocabulary-parallel one splits
+#include "run/trace.h"   // spans for f and g
 
 // ----------------------------------------------------------------------------------------------------
 // f and g (see above): the two all-reduces of a block, each a no-op on a group of one

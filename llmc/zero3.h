@@ -46,10 +46,10 @@
  */
 #pragma once
 
-#include "comm.h"    // Comm, comm_all_gather, comm_join_group
-#include "device.h"  // floatX, BuildMode, zeroed_device_buffer, device_free, device_copy
-#include "trace.h"   // trace_now_us, trace_add: the gathers on the communication lane of --trace
-#include "zero.h"    // ZeroPlan, LayerSlots, layer_slots_init, layer_slots_bases
+#include "comm.h"       // Comm, comm_all_gather, comm_join_group
+#include "device.h"     // floatX, BuildMode, zeroed_device_buffer, device_free, device_copy
+#include "run/trace.h"  // trace_now_us, trace_add: the gathers on the communication lane of --trace
+#include "zero.h"       // ZeroPlan, LayerSlots, layer_slots_init, layer_slots_bases
 
 typedef struct {
     floatX* shard;        // (shard_total) this rank's chunks of the parameters; NULL below stage 3

@@ -64,7 +64,7 @@ while [ $# -gt 0 ]; do
 done
 sources_hash() {  # what the prepared files come from: the trainer, its tests, llmc/, dev/cuda, the reference
     # script and the build files, in one byte order whatever the locale
-    printf '%s\n' train_gpt.cu test_gpt.cu llmc/*.h llmc/comm/*.h dev/cuda/*.cu dev/cuda/*.cuh dev/cuda/*.h \
+    printf '%s\n' train_gpt.cu test_gpt.cu llmc/*.h llmc/comm/*.h llmc/run/*.h dev/cuda/*.cu dev/cuda/*.cuh dev/cuda/*.h \
         scripts/gpt2_reference.py Makefile toolchain.mk dev/cuda/Makefile | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16
 }
 [ "$MODE" = sources-hash ] && { sources_hash; exit 0; }

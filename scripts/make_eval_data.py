@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """
 Builds a small multiple-choice eval file in llm.c's format (the format of its hellaswag_val.bin; see
-llmc/eval.h) from a token file of the default dataset, for testing --eval-data without downloading
+llmc/run/eval.h) from a token file of the default dataset, for testing --eval-data without downloading
 HellaSwag.
 
 Each example: a passage's context (--context tokens at a random position of the token file), its true
@@ -67,7 +67,7 @@ def make_examples(tokens, n_examples, n_ctx, n_comp, rng):
 
 
 def write_evalfile(path, examples):
-    """llm.c's layout: 256 int32 header, then per example a uint16 stream (see llmc/eval.h)."""
+    """llm.c's layout: 256 int32 header, then per example a uint16 stream (see llmc/run/eval.h)."""
     stream, longest = [], 0
     for index, (label, ctx, endings) in enumerate(examples):
         ex = [START_EXAMPLE, 0, index, label, len(endings), len(ctx)] + ctx

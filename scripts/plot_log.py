@@ -3,7 +3,7 @@
 
 Top: the training loss per step (a line per log) and the validation loss (dots joined, same color).
 Bottom: throughput in tokens/s per step. Configuration lines ({"config": ...}) and skipped steps are
-not points; a log resumed after a crash holds every step once (llmc/logger.h), so it draws as one run.
+not points; a log resumed after a crash holds every step once (llmc/run/logger.h), so it draws as one run.
 Needs matplotlib (Debian package python3-matplotlib).
 
 usage: plot_log.py LOG.jsonl [LOG.jsonl ...] -o OUT.png [--title TEXT]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# checkpoints.sh: checkpoints and resuming on one rank (llmc/checkpoint.h, state_file.h, atomic_file.h; the
+# checkpoints.sh: checkpoints and resuming on one rank (llmc/run/checkpoint.h, state_file.h, atomic_file.h; the
 # sharded checkpoints of ZeRO: zero.sh; a resume after a signal: signals.sh).
 #   resume errors: no checkpoint, another model, a model of another step, a corrupt or truncated state,
 #   another batch shape or shuffle seed, --resume with --model; forged state files (step, update count,

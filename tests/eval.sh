@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# eval.sh: multiple-choice evaluation (--eval-data, llmc/eval.h) on llm.c's eval file format.
+# eval.sh: multiple-choice evaluation (--eval-data, llmc/run/eval.h) on llm.c's eval file format.
 #   1. Losses: on the small reference model (build/ref/ref_small_model.bin, V=512), 40 examples of random
 #      tokens with contexts of 1..40 and completions of 1..12 tokens (so with --seq-len 32 some rows lose
 #      context from the left, and rows of different lengths share a forward), each example's 4 mean

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""forge_state.py: writes a copy of a training state file (llmc/state_file.h) with some header fields
+"""forge_state.py: writes a copy of a training state file (llmc/run/state_file.h) with some header fields
 changed and its checksum recomputed, so that tests can feed the trainer well-formed files that lie.
 
 usage: forge_state.py SRC DST [FIELD=VALUE ...]

@@ -17,7 +17,7 @@
 #      attempt (TORCHELASTIC_RESTART_COUNT) beside the id file its crashed predecessor left
 #   3. the deadline: a rank that never joins, and a rank killed mid-run, end the other rank with one line
 #      naming what it waited for, within --comm-timeout (the engine's polling of ncclCommGetAsyncError);
-#      a rank stopped mid-run under ZeRO-2, while the other's host waits inside CUDA (llmc/watchdog.h);
+#      a rank stopped mid-run under ZeRO-2, while the other's host waits inside CUDA (llmc/comm/watchdog.h);
 #      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
 #      connection to rank 0 closes: llmc/comm/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits, and
@@ -203,7 +203,7 @@ exec 2>&3 3>&-
 expect_end "rank 1 killed after step 3" "did not complete within 3 s" $rc 90
 # rank 1 stopped at step 3 (SIGSTOP: alive, its connections open) under ZeRO-2: rank 0's main stream waits
 # for the DP stream's reduce-scatter, and its host waits inside CUDA (the emulation: in that wait itself;
-# a GPU: in the next copy), where the engine's polling never runs; the watchdog (llmc/watchdog.h) must end
+# a GPU: in the next copy), where the engine's polling never runs; the watchdog (llmc/comm/watchdog.h) must end
 # it with one line within --comm-timeout (without it: a hang, here until EMU_NCCL_TIMEOUT). --fused-kernels 0:
 # the plain step's host waits there; the fused step's host does not, and blocks in its next communication,
 # whose deadline ends it with the line of the case above

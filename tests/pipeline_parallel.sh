@@ -182,7 +182,7 @@ if cmp -s "$TMP/3ds.bin" "$TMP/3dr.bin"; then echo "  ok    2x2x2 ZeRO-1 resumed
 else echo "  FAIL  2x2x2 ZeRO-1 resumed at step 5: final model differs"; fails=$((fails + 1)); fi
 
 echo "3. trace"
-# Each rank's spans are on its own clock: they must share one origin (llmc/trace.h), or a receive seems
+# Each rank's spans are on its own clock: they must share one origin (llmc/run/trace.h), or a receive seems
 # to end before its send began. Every message, "act m" (forward) or "grad m" (backward), the k-th of its
 # name in the traced steps, must end on the receiving stage after it started on the sending stage, in
 # both directions (so a shift of either rank's clock is caught). The sending stage is the one before

@@ -3,7 +3,7 @@
 #   1. train_gpt --encode equals scripts/gpt2_tokenizer.py (itself equal to tiktoken's GPT-2 encoding) on
 #      the whole default dataset text (The Devil's Dictionary, 384k characters), on tricky strings
 #      (contractions, digits, runs of spaces, tabs and newlines, punctuation, non-ASCII), and on every code
-#      point of the blocks whose letter/number classes llmc/bpe.h claims to be exact. Expected ids come from
+#      point of the blocks whose letter/number classes llmc/run/bpe.h claims to be exact. Expected ids come from
 #      the Python encoder, never from this file.
 #   2. --steps 0 --model FILE --prompt samples once, without training; the sample starts with the prompt;
 #      --temperature 0 is greedy (the same whatever the seed), --top-k 1 equals greedy; with the same seed

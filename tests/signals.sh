@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# signals.sh: stopping cleanly on a signal (llmc/stop_signal.h), on the CPU target.
+# signals.sh: stopping cleanly on a signal (llmc/run/stop_signal.h), on the CPU target.
 #   SIGTERM sent to one rank of two (dp 2, ZeRO-1, under mpirun; a SIGUSR1 to the other right after it)
 #   after step 3 (the run waits there for them: --fault-wait-signal 3), and SIGINT twice to a single
 #   rank, stop the run after the step in progress with a checkpoint and exit code 3; the resumed run's

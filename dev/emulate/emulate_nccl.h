@@ -375,7 +375,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     delete c;
     return ncclSuccess;
 }
-// As NCCL's, callable from another thread (llmc/watchdog.h's, while the host waits in a CUDA call: the
+// As NCCL's, callable from another thread (llmc/comm/watchdog.h's, while the host waits in a CUDA call: the
 // waits read only `aborted`, atomic for it)
 ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (c != NULL) c->aborted = 1, c->pending = nullptr;  // (its queued operations complete at once; the object is leaked: the program is ending)

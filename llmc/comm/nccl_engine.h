@@ -21,13 +21,13 @@
 
 #include <ctype.h>  // isalnum
 
-#include "../common.h"    // fatal, check_internal, wall_seconds, fopen_check, fwrite_check, realloc_check
-#include "../device.h"    // cudaCheck, main_stream, device_malloc, copy_to_device, copy_to_host
-#include "../watchdog.h"  // watchdog_start, watchdog_stop, watchdog_communicating
-#include "liveness.h"     // liveness_*: every rank's connection to rank 0, launched without mpirun
-#include "mpi_engine.h"   // mpi_broadcast_bytes: the NCCL id to every rank under mpirun
-#include "rendezvous.h"   // rendezvous_from_env, launch_identity: the NCCL id without mpirun
-#include "types.h"        // Comm, Group, CommOp, DType, ReduceOp, HAVE_NCCL, COMM_HOST_MAX, comm_deadline_s
+#include "../common.h"   // fatal, check_internal, wall_seconds, fopen_check, fwrite_check, realloc_check
+#include "../device.h"   // cudaCheck, main_stream, device_malloc, copy_to_device, copy_to_host
+#include "watchdog.h"    // watchdog_start, watchdog_stop, watchdog_communicating
+#include "liveness.h"    // liveness_*: every rank's connection to rank 0, launched without mpirun
+#include "mpi_engine.h"  // mpi_broadcast_bytes: the NCCL id to every rank under mpirun
+#include "rendezvous.h"  // rendezvous_from_env, launch_identity: the NCCL id without mpirun
+#include "types.h"       // Comm, Group, CommOp, DType, ReduceOp, HAVE_NCCL, COMM_HOST_MAX, comm_deadline_s
 
 #ifdef HAVE_NCCL
 
@@ -62,7 +62,7 @@ static void nccl_abort_all(Comm* c) {
     c->world.nccl = c->dp_group.nccl = c->tp_group.nccl = c->pp_group.nccl = c->emb_group.nccl = NULL;
 }
 
-// The watchdog's abort (llmc/watchdog.h), from its thread: the main thread is held inside a CUDA call
+// The watchdog's abort (llmc/comm/watchdog.h), from its thread: the main thread is held inside a CUDA call
 // and never reads the communicators again
 static void nccl_watchdog_abort(void* c) { nccl_abort_all((Comm*)c); }
 

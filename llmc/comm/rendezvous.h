@@ -23,7 +23,7 @@
  */
 #pragma once
 
-#include "../common.h"   // wall_seconds, calloc_check, realloc_check; fcntl, errno, va_list
+#include "../common.h"  // wall_seconds, calloc_check, realloc_check; fcntl, errno, va_list
 #include <arpa/inet.h>   // htonl, ntohl
 #include <netdb.h>       // getaddrinfo
 #include <netinet/in.h>  // sockaddr_in, sockaddr_in6

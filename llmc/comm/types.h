@@ -37,7 +37,7 @@ typedef void* NcclStream;
 
 typedef enum { REDUCE_SUM, REDUCE_AVG, REDUCE_MAX } ReduceOp;
 // the most scalars one comm_all_reduce_host takes (the NCCL engine reduces them in a device buffer of
-// this size; the largest user is the start-up agreement, llmc/agreement.h: 2 per item)
+// this size; the largest user is the start-up agreement, llmc/run/agreement.h: 2 per item)
 #define COMM_HOST_MAX 128
 typedef enum { DT_FLOATX, DT_FLOAT } DType;
 typedef enum { ENGINE_NONE, ENGINE_MPI, ENGINE_NCCL } Engine;

@@ -1,5 +1,5 @@
 /*
- * fuzz_state.cpp: libFuzzer harness for the optimizer state reader, state_file_read (llmc/state_file.h).
+ * fuzz_state.cpp: libFuzzer harness for the optimizer state reader, state_file_read (llmc/run/state_file.h).
  *
  * Each input is a candidate state shard, read three ways, as load_checkpoint reads shards:
  *   1. as it is, as the first shard (the reader allocates the whole-model moment arrays);

@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.cpp: libFuzzer harness for the decode table reader, tokenizer_init (llmc/tokenizer.h).
+ * fuzz_tokenizer.cpp: libFuzzer harness for the decode table reader, tokenizer_init (llmc/run/tokenizer.h).
  *
  * Each input is a candidate tokenizer file. A table that loads is then used as the trainer uses it:
  * every id, the end-of-text id and a few ids outside the table are printed (stdout goes to /dev/null).

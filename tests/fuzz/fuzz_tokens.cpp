@@ -1,6 +1,6 @@
 /*
  * fuzz_tokens.cpp: libFuzzer harness for the token shard reader, dataloader_init and dataloader_load
- * (llmc/dataloader.h).
+ * (llmc/run/dataloader.h).
  *
  * Each input is a candidate shard, shard_0.bin, read together with a small valid shard_1.bin (so
  * batches cross from one file to the next). A stream that loads is then read as training reads it,

@@ -7,7 +7,7 @@
 
 #include <math.h>  // cosf, M_PI
 
-#include "run_config.h"  // TrainConfig
+#include "config.h"  // TrainConfig
 
 static float learning_rate(const TrainConfig* tc, long long step) {
     float lr = tc->opt.lr, lr_min = tc->opt.lr * tc->lr_min_frac;

@@ -12,8 +12,8 @@
  */
 #pragma once
 
-#include "comm.h"  // Comm: clocks aligned, parts merged
-#include "device.h"  // device_synchronize
+#include "../comm.h"    // Comm: clocks aligned, parts merged
+#include "../device.h"  // device_synchronize
 
 typedef enum { LANE_COMPUTE = 0, LANE_COMMUNICATION = 1 } TraceLane;
 

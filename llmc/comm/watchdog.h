@@ -31,7 +31,7 @@
  */
 #pragma once
 
-#include "common.h"  // fatal, wall_seconds
+#include "../common.h"  // fatal, wall_seconds
 
 #ifndef LLMC_CPU
 #include <pthread.h>

@@ -1,19 +1,19 @@
 /*
- * run_log.h: what a run reports: the configuration record that starts the log (and each resume's), and
+ * report.h: what a run reports: the configuration record that starts the log (and each resume's), and
  * the line each finished step prints (loss, norm, learning rate, time, throughput, MFU, elapsed, ETA).
  */
 #pragma once
 
 #include <math.h>  // isfinite
 
-#include "comm.h"        // Comm, ENGINE_*
-#include "dataloader.h"  // DataLoader
-#include "pipeline.h"    // schedule_name
-#include "device.h"      // device_name, TARGET_NAME, PRECISION_NAME
-#include "logger.h"      // Logger, logger_config_begin, json_string
-#include "run_config.h"  // TrainConfig
+#include "../comm.h"      // Comm, ENGINE_*
+#include "dataloader.h"   // DataLoader
+#include "../pipeline.h"  // schedule_name
+#include "../device.h"    // device_name, TARGET_NAME, PRECISION_NAME
+#include "logger.h"       // Logger, logger_config_begin, json_string
+#include "config.h"       // TrainConfig
 
-// The log's first line (and one per resume): the command line and what it resolved to (llmc/logger.h).
+// The log's first line (and one per resume): the command line and what it resolved to (llmc/run/logger.h).
 static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters,
                            long long resumed_from) {
     if (!logger_config_begin(lg, tc->argc, tc->argv)) return;

@@ -8,7 +8,7 @@
  * so that every rank stops after the same step. The loop then saves a checkpoint as --stop-after would
  * and the program exits with EXIT_STOPPED_BY_SIGNAL. Further signals while finishing the step or saving
  * change nothing (the record is only read at the next step boundary, which never comes); a SIGKILL at
- * that point still cannot corrupt the previous checkpoint, as every save is atomic (llmc/atomic_file.h).
+ * that point still cannot corrupt the previous checkpoint, as every save is atomic (llmc/run/atomic_file.h).
  *
  * For tests, stop_signal_wait() holds every rank after a given step until a signal has come, so that a
  * test signals a run at a known step instead of racing a run that may end first (--fault-wait-signal).
@@ -17,7 +17,9 @@
 
 #include <signal.h>
 
-#include "comm.h"  // comm_all_reduce_host: the ranks agree on a stop
+#include "../comm.h"     // comm_all_reduce_host: the ranks agree on a stop
+#include "checkpoint.h"  // check_checkpoint_dir_owner, CHECKPOINT_NAME_MAX: the checkpoint a signal asks for
+#include "config.h"      // TrainConfig
 
 // the exit code of a run stopped by a signal after saving its checkpoint (0: finished, 1: error)
 #define EXIT_STOPPED_BY_SIGNAL 3
@@ -62,4 +64,20 @@ static int stop_signal_wait(Comm* comm, long long step, double max_seconds) {
 
 static const char* stop_signal_name(int sig) {
     return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
+
+// A signal stops the run after the current step with a checkpoint (above). Its folder was
+// checked at the start only if the run meant to save: otherwise it is checked now, before the save.
+static void prepare_signal_checkpoint(const TrainConfig* tc, uint64_t run_id, long long start_step) {
+    if (tc->save_every > 0 || tc->stop_after > 0) return;
+    check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
+    check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
+}
+
+// After the checkpoint of a run stopped by a signal: one line saying so, and the exit code to come.
+static void report_signal_stop(const TrainConfig* tc, Comm* comm, int sig, long long step) {
+    stop_signal_ended_run = 1;
+    if (comm->world_rank == 0)
+        printf("stopped by %s after step %lld: checkpoint saved in '%s'; continue with --resume %s (exit code %d)\n",
+               stop_signal_name(sig), step, tc->checkpoint_dir, tc->checkpoint_dir, EXIT_STOPPED_BY_SIGNAL);
 }

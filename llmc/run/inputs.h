@@ -1,5 +1,5 @@
 /*
- * run_inputs.h: what a run reads: where it starts from (the newest checkpoint of --resume, a --model file,
+ * inputs.h: what a run reads: where it starts from (the newest checkpoint of --resume, a --model file,
  * or nothing), its training and validation data, its multiple-choice set, and the tokenizer and prompt of
  * its samples; and what a resume must find unchanged (the batch shape, the data's fingerprint).
  */
@@ -7,14 +7,14 @@
 
 #include "agreement.h"   // agree_file, AGREE_FNV_INIT: the data's fingerprint hashes files as the ranks compare them
 #include "checkpoint.h"  // load_checkpoint
-#include "comm.h"        // Comm
+#include "../comm.h"     // Comm
 #include "dataloader.h"  // DataLoader
 #include "eval.h"        // EvalSet
-#include "run_config.h"  // TrainConfig
+#include "config.h"      // TrainConfig
 #include "sampling.h"    // SampleConfig, encode_prompt
 #include "tokenizer.h"   // Tokenizer
 
-// The training data's fingerprint (state files record it: llmc/state_file.h)
+// The training data's fingerprint (state files record it: llmc/run/state_file.h)
 typedef struct {
     uint64_t hash;     // its files' names, sizes and first MiB
     long long tokens;
@@ -68,8 +68,8 @@ static void check_sizes_given(const TrainConfig* tc, const GPT2Config* config) {
               config->C, config->NH, config->V, config->maxT);
 }
 
-// The training data's fingerprint that checkpoints record (llmc/state_file.h): its files' names, sizes and
-// first MiB, hashed as the ranks compare them (agree_file, llmc/agreement.h), their number and their
+// The training data's fingerprint that checkpoints record (llmc/run/state_file.h): its files' names, sizes and
+// first MiB, hashed as the ranks compare them (agree_file, llmc/run/agreement.h), their number and their
 // tokens. Names without their folder: the same files copied to another disk are the same data.
 static DataFingerprint fingerprint_train_data(const DataLoader* dl) {
     DataFingerprint f = {.hash = AGREE_FNV_INIT, .tokens = dl->total_tokens, .files = dl->n_files};

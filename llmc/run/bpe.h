@@ -11,13 +11,13 @@
  * (left id, right id) -> (rank, merged id), so encoding works on ids and never on symbol strings.
  *
  * Encoding a text:
- *   1. Pre-tokenize into words with GPT-2's pattern (llmc/pretokenize.h).
+ *   1. Pre-tokenize into words with GPT-2's pattern (llmc/run/pretokenize.h).
  *   2. Per word, start from its single bytes and repeatedly merge every occurrence (left to right) of the
  *      adjacent pair with the lowest rank, until no adjacent pair is a merge. BPE never crosses words.
  */
 #pragma once
 
-#include "common.h"  // fatal, read_whole_file
+#include "../common.h"    // fatal, read_whole_file
 #include "pretokenize.h"  // the pre-tokenizer: text to words
 
 // GPT-2's byte -> symbol code point table: bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF are their own symbol;

@@ -7,7 +7,7 @@
  */
 #pragma once
 
-#include "common.h"  // fatal, checked file calls
+#include "../common.h"  // fatal, checked file calls
 
 typedef struct {
     FILE* f;

@@ -1,5 +1,5 @@
 /*
- * pretokenize.h: GPT-2's pre-tokenizer, which cuts a text into the words that BPE (llmc/bpe.h) then
+ * pretokenize.h: GPT-2's pre-tokenizer, which cuts a text into the words that BPE (llmc/run/bpe.h) then
  * encodes one by one (BPE never crosses words), and the UTF-8 decoding and character classes it needs.
  *
  * At each position GPT-2's pattern tries, in this order:
@@ -21,7 +21,7 @@
  */
 #pragma once
 
-#include "common.h"  // fatal
+#include "../common.h"  // fatal
 
 enum { CP_LETTER, CP_NUMBER, CP_SPACE, CP_OTHER };
 

@@ -1,14 +1,14 @@
 /*
  * cli.h: the command line: --help (and --help-testing), every flag parsed into a TrainConfig
- * (llmc/run_config.h) with its range checked, and the flags whose meaning depends on others. A bad value
+ * (llmc/run/config.h) with its range checked, and the flags whose meaning depends on others. A bad value
  * ends the program with one line naming the flag. Also the modes that print and exit (run_tool).
  */
 #pragma once
 
 #include "checkpoint.h"   // newest_complete_checkpoint
 #include "memory_plan.h"  // print_plan, PlanRank
-#include "pipeline.h"     // pipeline_print_schedule
-#include "run_config.h"   // TrainConfig, default_train_config
+#include "../pipeline.h"  // pipeline_print_schedule
+#include "config.h"       // TrainConfig, default_train_config
 #include "sampling.h"     // encode_file
 
 // "80GiB", "80GB", "512MiB", or bytes
@@ -297,7 +297,7 @@ static int parse_output_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, co
     return 1;
 }
 
-// The testing flags (--help-testing): the fault plan (llmc/fault.h)
+// The testing flags (--help-testing): the fault plan (llmc/run/fault.h)
 static int parse_testing_flag(TrainConfig* tc, const char* f, const char* v) {
     FaultPlan* p = &tc->fault;
     if (!strcmp(f, "--fault-rank")) p->rank = (int)parse_int(f, v, 0, 1 << 20);
@@ -445,7 +445,7 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
     }
 }
 
-// The modes that print and exit without ranks or training: --encode (llmc/sampling.h), --print-schedule
+// The modes that print and exit without ranks or training: --encode (llmc/run/sampling.h), --print-schedule
 // (every stage's schedule is a function of P, M and the schedule: llmc/pipeline.h), --plan. Returns
 // whether one ran.
 static int run_tool(const TrainConfig* tc, PlanRank plan_rank) {

@@ -18,7 +18,7 @@
  */
 #pragma once
 
-#include "common.h"  // fatal, checked file calls
+#include "../common.h"  // fatal, checked file calls
 
 typedef struct {
     FILE* f;  // NULL: logging off

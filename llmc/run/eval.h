@@ -20,7 +20,7 @@
  */
 #pragma once
 
-#include "common.h"  // fatal, checked file calls
+#include "../common.h"  // fatal, checked file calls
 
 #define EVAL_MAGIC 20240522
 #define EVAL_COMPLETIONS 4  // llm.c's files always hold 4

@@ -23,7 +23,7 @@
 
 #include <glob.h>
 
-#include "common.h"  // fatal, checked file calls, Rng
+#include "../common.h"  // fatal, checked file calls, Rng
 
 #define TOKENS_MAGIC 20240520
 

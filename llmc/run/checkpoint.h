@@ -1,19 +1,32 @@
 /*
- * checkpoint.h: the checkpoint folder: which steps it holds, whether a checkpoint is complete, the newest
- * one to resume from, and --keep-last's pruning of older ones.
+ * checkpoint.h: the checkpoint folder and what is written into it.
+ *   - which steps the folder holds, whether a checkpoint is complete, the newest one to resume from, and
+ *     --keep-last's pruning of older ones;
+ *   - the run's identity and its ownership of the folder: a run that starts from scratch draws a random
+ *     id, which its checkpoints keep through every resume (llmc/run/state_file.h); a run saves into a
+ *     folder only if the checkpoints there are its own and none is from its future (a rollback); and the
+ *     start-up check of every output path;
+ *   - what every model file a run writes must pass, and the final model (--save-model): a model that is
+ *     not finite is never written (the run has diverged: every rank ends, the newest checkpoint stays the
+ *     last good one); a finite one that bf16 cannot hold is not written as bf16.
+ * train_gpt.cu's save_checkpoint writes a checkpoint (it reads the model) through the checks here.
  *
  * A checkpoint of step S is the model file model_<S>.bin (llmc/model_file.h, version 3: the fp32 master
- * weights) and the state shards state_<S>_<shard>.bin (llmc/state_file.h), <S> at least 8 digits and
- * <shard> 5. A save writes the model, then the shards, each atomically (llmc/atomic_file.h), so a
+ * weights) and the state shards state_<S>_<shard>.bin (llmc/run/state_file.h), <S> at least 8 digits and
+ * <shard> 5. A save writes the model, then the shards, each atomically (llmc/run/atomic_file.h), so a
  * checkpoint whose files are all there is whole.
  */
 #pragma once
 
 #include <dirent.h>
+#include <sys/stat.h>  // mkdir
 
-#include "common.h"  // fatal, checked file calls
-#include "model_file.h"  // model_file_read
-#include "state_file.h"  // RunState, state_file_read, ranges_cover
+#include "../comm.h"        // Comm, comm_all_reduce_host, end_diverged, end_every_rank, comm_barrier_io
+#include "../common.h"      // fatal, checked file calls
+#include "../model_file.h"  // model_file_read, find_nonfinite_param, model_file_write_version
+#include "config.h"         // TrainConfig
+#include "fault.h"          // fault_delay
+#include "state_file.h"     // RunState, state_file_read, ranges_cover, run_state_error
 
 // The longest name written into a checkpoint folder, with its slash: "/state_<step>_<shard>.bin.tmp",
 // the step up to 18 digits (checkpoint_steps), the shard 5. Start-up checks that the folder's path and it
@@ -200,7 +213,7 @@ static void prune_checkpoints(const char* dir, long long saved, int keep) {
 // optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
 // there (a crash during a save) is skipped for the one before it. Every shard must be the one its name
 // says, of the same checkpoint and run, and together the shards must cover the model (version 2:
-// exactly once; see llmc/state_file.h).
+// exactly once; see llmc/run/state_file.h).
 static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
     char path[4200], first_path[4200], why[256];
     long long* steps;
@@ -254,4 +267,157 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
         return;
     }
     fatal("no complete checkpoint found in '%s'", dir);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the run's identity and its ownership of the folder
+
+// A random identity for a run that starts from scratch (kept in its checkpoints and through every
+// resume, see llmc/run/state_file.h): drawn by rank 0, shared with every rank in 16-bit pieces (exact as
+// doubles). Never 0, which stands for "unknown" (version 1 state files).
+static uint64_t new_run_id(Comm* comm) {
+    uint64_t id = 0;
+    if (comm->world_rank == 0) {
+        FILE* f = fopen("/dev/urandom", "rb");
+        if (f == NULL || fread(&id, sizeof(id), 1, f) != 1) id = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+        if (f != NULL) fclose(f);
+        if (id == 0) id = 1;
+    }
+    double parts[4];
+    for (int i = 0; i < 4; i++) parts[i] = (double)((id >> (16 * i)) & 0xffff);
+    comm_all_reduce_host(comm, &comm->world, parts, 4, REDUCE_SUM);  // the other ranks add 0
+    id = 0;
+    for (int i = 0; i < 4; i++) id |= (uint64_t)parts[i] << (16 * i);
+    return id;
+}
+
+// A run saves into its checkpoint folder only if every checkpoint already there is its own: after
+// another run's checkpoints, a later --resume would continue whichever run saved the newest step. Nor
+// may the folder hold a complete checkpoint of its own run after start_step, the step it starts from:
+// that is a later part of the same run (a rollback resumes an older copy into the original folder), which
+// its saves would overwrite step by step with another branch, leaving a mix whose newest step a later
+// --resume would continue. An incomplete one after start_step is what a crash during a save left (a
+// requeue resumes from the step before it): no resume can read it, and this run writes that step anew.
+//
+// An incomplete checkpoint of another run is no checkpoint either: no resume can read it, so no later
+// --resume can continue that run from it. It is what a kill during a run's first save leaves (a fresh
+// start draws a new run id, so its requeue finds "another run's" files); refusing it would refuse that
+// requeue forever. It is deleted instead of being left: were this run to save the same step and be
+// killed midway, that run's files mixed with this one's could look complete (a resume then refuses
+// them, and the folder is stuck again). Deleting is safe because it happens only when the folder holds
+// no complete checkpoint of another run (else this run is refused, and nothing is touched): that run
+// has nothing here to continue from. (A second job saving into the same folder at the same time is
+// not something a start-up check can prevent, nor was it before.) With `clean` 0 nothing is deleted and
+// the first conflict is returned in msg (NULL: none), for a warning.
+static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, long long start_step, int clean, char* msg, size_t cap) {
+    long long* steps;
+    int n = checkpoint_steps(dir, &steps), n_debris = 0;
+    long long* debris = (long long*)malloc_check((n > 0 ? n : 1) * sizeof(long long));
+    const char* conflict = NULL;
+    for (int i = 0; i < n && conflict == NULL; i++) {  // newest first
+        char path[4200];
+        int header[HEADER_INTS];
+        long long size;
+        snprintf(path, sizeof(path), "%s/state_%08lld_00000.bin", dir, steps[i]);
+        FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
+        fclose(f);
+        uint64_t id = header[1] >= 2 ? get_u64(header + 33) : 0;
+        int complete = checkpoint_complete(dir, steps[i]);
+        if (!complete && id != run_id) debris[n_debris++] = steps[i];
+        else if (complete && id != run_id)
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, "
+                     "or save into another folder", dir, steps[i]), conflict = msg;
+        else if (complete && steps[i] > start_step)
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: "
+                     "step %lld): its saves would mix a second branch into them, and the next --resume there would continue the old "
+                     "branch's newest step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
+                     dir, start_step, steps[i], start_step), conflict = msg;
+    }
+    if (conflict == NULL && clean)
+        for (int i = 0; i < n_debris; i++) {
+            printf("--checkpoint-dir '%s': deleting the incomplete checkpoint of step %lld that another run's interrupted save left\n",
+                   dir, debris[i]);
+            delete_checkpoint_files(dir, debris[i]);
+        }
+    free(steps), free(debris);
+    return conflict;
+}
+
+// Refuses a run's saving into dir when checkpoint_dir_conflict finds a conflict; else clears the debris.
+static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long long start_step) {
+    char msg[1600];
+    if (checkpoint_dir_conflict(dir, run_id, start_step, 1, msg, sizeof(msg))) fatal("%s", msg);
+}
+
+// Every output path fails now if it cannot be written, not at its first write after hours of training.
+// A run that trains can be stopped by a signal, which saves a checkpoint into --checkpoint-dir even
+// without --save-every: found unusable only then, after hours of training, the run would end with
+// nothing saved. So the folder is checked for every run that trains; it is created only for a run that
+// means to save (the default "checkpoints" of a run that is never stopped is never made).
+static void check_output_paths(const TrainConfig* tc, int main_rank) {
+    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
+    else if (tc->steps > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir (where a stop signal saves)", 2, CHECKPOINT_NAME_MAX);
+    if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model", strlen(".tmp"));
+    if (tc->trace) check_writable_file(tc->trace, "--trace", strlen(".rank") + 7);  // every rank writes its part next to it
+}
+
+// Before the loop, for the checkpoint folder: a run that means to save (--save-every, --stop-after) must own
+// it (check_checkpoint_dir_owner; its saves begin after start_step, where it resumes); a run that saves only
+// if a stop signal comes is warned now of a conflict that would refuse that save then.
+static void claim_checkpoint_dir(const TrainConfig* tc, uint64_t run_id, long long start_step, int main_rank) {
+    if (tc->save_every > 0 || tc->stop_after > 0) {
+        check_checkpoint_dir_owner(tc->checkpoint_dir, run_id, start_step);
+    } else if (tc->steps > 0 && main_rank) {
+        char msg[1600];
+        if (checkpoint_dir_conflict(tc->checkpoint_dir, run_id, start_step, 0, msg, sizeof(msg)))
+            fprintf(stderr, "warning: a stop signal could not checkpoint this run: %s\n", msg);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the model files a run writes
+
+// Before any model file is written: the whole model after `step` steps (the same on every rank) must be
+// finite. (A finite gradient norm does not rule out an update that overflows, e.g. a huge weight decay.)
+static void check_finite_before_save(Comm* comm, const GPT2Config* c, const float* master, long long step) {
+    char where[160], what[200];
+    if (!find_nonfinite_param(c, master, where, sizeof(where))) return;
+    snprintf(what, sizeof(what), "parameter %s", where);
+    end_diverged(comm, step, what, 1);
+}
+
+// --save-model: the final model (file order, the same on every rank), after checking it as a checkpoint's
+// is checked, written by rank 0 in --save-model-dtype's version
+static void save_final_model(Comm* comm, const TrainConfig* tc, const GPT2Config* c, const float* params) {
+    check_finite_before_save(comm, c, params, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
+    char where[160], msg[4400];
+    if (tc->save_model_version == 5 && find_bf16_overflow_param(c, params, where, sizeof(where))) {
+        // a finite model that bf16 cannot hold: refused as a non-finite one is (the same on every rank),
+        // and whatever file is at the path stays as it was
+        snprintf(msg, sizeof(msg), "--save-model-dtype bf16: parameter %s is beyond bf16's range (it would round to "
+                 "infinity); '%s' was not written (--save-model-dtype fp32 can hold it)", where, tc->save_model);
+        end_every_rank(comm, msg);
+    }
+    if (comm->world_rank == 0) {
+        fault_delay(tc->fault.slow_save);  // testing: slow storage
+        model_file_write_version(tc->save_model, c, params, tc->save_model_version);
+        if (!tc->quiet) printf("wrote %s\n", tc->save_model);
+    }
+    // The other ranks wait here for rank 0's write, under --io-timeout as a checkpoint's do: going on,
+    // they waited in the next collective (finalize, at the latest) under --comm-timeout, and a slow
+    // write ended the job, rank 0 with it, halfway through the file.
+    comm_barrier_io(comm, &comm->world);
+}
+
+// Before a checkpoint is written into dir: a checkpoint that a resume would refuse is not written at all
+// (the state is the same on every rank): written, it would become the newest, and --keep-last would
+// delete the good ones before it. Then rank 0 makes the folder, for everyone.
+static void prepare_checkpoint_save(Comm* comm, const char* dir, const RunState* state) {
+    char why[256], msg[400];
+    if (run_state_error(state, why, sizeof(why))) {
+        snprintf(msg, sizeof(msg), "the checkpoint of step %lld was not written: a resume would refuse its state (%s)", state->step, why);
+        end_every_rank(comm, msg);
+    }
+    if (comm->world_rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
+    comm_barrier_io(comm, &comm->world);  // the folder exists for everyone
 }

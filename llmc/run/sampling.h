@@ -1,13 +1,13 @@
 /*
  * sampling.h: what a sample needs besides the model's forward (train_gpt.cu's gpt2_sample): how to draw
  * the next token from the logits (greedy, temperature, top-k), how to print it, and the GPT-2 encoding of
- * --prompt (llmc/bpe.h); also --encode, which prints the token ids of a text.
+ * --prompt (llmc/run/bpe.h); also --encode, which prints the token ids of a text.
  */
 #pragma once
 
-#include "bpe.h"         // BpeEncoder
-#include "run_config.h"  // TrainConfig, bpe_dir_of
-#include "tokenizer.h"   // Tokenizer
+#include "bpe.h"        // BpeEncoder
+#include "config.h"     // TrainConfig, bpe_dir_of
+#include "tokenizer.h"  // Tokenizer
 
 // How to sample: the prompt's tokens (after an end-of-text token), how many tokens to generate, and how
 // to draw each one: temperature 0 is greedy (the most likely token), otherwise softmax(logits / temperature)

@@ -16,7 +16,7 @@
  */
 #pragma once
 
-#include "comm.h"  // Comm, comm_all_reduce_host
+#include "../comm.h"  // Comm, comm_all_reduce_host
 #include <glob.h>
 #include <sys/stat.h>
 

@@ -1,22 +1,22 @@
 /*
- * run_config.h: a run's configuration: everything the command line sets (TrainConfig; llmc/cli.h parses
+ * config.h: a run's configuration: everything the command line sets (TrainConfig; llmc/run/cli.h parses
  * it), its defaults (the `make train` job), and the settings every rank must share, compared at start-up
- * (check_ranks_agree, through llmc/agreement.h).
+ * (check_ranks_agree, through llmc/run/agreement.h).
  */
 #pragma once
 
 #include <sys/stat.h>  // stat
 
-#include "adamw.h"        // OptimizerConfig
-#include "agreement.h"    // Agreement, agree_*
-#include "comm.h"         // Comm
-#include "device.h"       // KernelChoice, TARGET_NAME, PRECISION_NAME
-#include "fault.h"        // FaultPlan
-#include "loss_scaler.h"  // LossScaler
-#include "matmul.h"       // cpu_blas_linked
-#include "model_file.h"   // GPT2Config
-#include "pipeline.h"     // Schedule
-#include "state_file.h"   // RunState
+#include "../adamw.h"        // OptimizerConfig
+#include "agreement.h"       // Agreement, agree_*
+#include "../comm.h"         // Comm
+#include "../device.h"       // KernelChoice, TARGET_NAME, PRECISION_NAME
+#include "fault.h"           // FaultPlan
+#include "../loss_scaler.h"  // LossScaler
+#include "../matmul.h"       // cpu_blas_linked
+#include "../model_file.h"   // GPT2Config
+#include "../pipeline.h"     // Schedule
+#include "state_file.h"      // RunState
 
 // Everything the command line sets.
 typedef struct {
@@ -55,14 +55,14 @@ typedef struct {
     const char* nccl_id_dir;
     double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
     double io_timeout;    // --io-timeout: the same around file I/O (checkpoint saves, loading)
-    FaultPlan fault;     // testing: fault injection (llmc/fault.h, --help-testing)
+    FaultPlan fault;     // testing: fault injection (llmc/run/fault.h, --help-testing)
     LossScaler scaler;   // loss scaling settings (llmc/loss_scaler.h)
     // optimization
     long long steps;
     long long stop_after;  // end this run after this step (0: run to --steps); the schedule still plans for steps
     OptimizerConfig opt;
     int warmup;
-    const char* lr_schedule;  // --lr-schedule: cosine | linear | constant (llmc/lr_schedule.h)
+    const char* lr_schedule;  // --lr-schedule: cosine | linear | constant (llmc/run/lr_schedule.h)
     float lr_min_frac;
     // evaluation, sampling, checkpoints, logs
     int val_every, val_batches, sample_every, sample_len;
@@ -149,7 +149,7 @@ static const char* bpe_dir_of(const TrainConfig* tc, char* buf, size_t cap) {
     return "data";
 }
 
-// Before the first collective of the run: every rank must run the same job (llmc/agreement.h). What may
+// Before the first collective of the run: every rank must run the same job (llmc/run/agreement.h). What may
 // differ between ranks is left out: output paths only rank 0 writes (--log, --save-model's name,
 // --eval-dump: one rank only), what only rank 0 does (--keep-last: rank 0 deletes old checkpoints), the
 // folders files are read from (node-local copies are fine if their files are the same), each rank's own

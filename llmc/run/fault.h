@@ -19,7 +19,7 @@
 #include <signal.h>  // raise, SIGKILL, SIGSTOP
 #include <unistd.h>  // usleep
 
-#include "common.h"  // fatal
+#include "../common.h"  // fatal
 
 typedef struct {
     int rank, step;          // --fault-rank, --fault-step: this world rank kills itself at this step (-1: never)

@@ -28,7 +28,7 @@
  *
  * Version 3 (written now) adds the fingerprint of the training data the run was trained on: the number
  * of files, their tokens, and a hash of their names (without the folder), sizes and first MiB, as the
- * ranks compare them at start-up (llmc/agreement.h). A resume on other data is then refused unless it
+ * ranks compare them at start-up (llmc/run/agreement.h). A resume on other data is then refused unless it
  * is meant, instead of silently continuing on a different stream. Version 1 and 2 files record none
  * (0 files): their data is not checked.
  *
@@ -39,9 +39,9 @@
 
 #include <limits.h>
 
-#include "atomic_file.h"  // files written whole or not at all
-#include "common.h"  // fatal, checked file calls
-#include "model_file.h"  // GPT2Config, gpt2_num_parameters
+#include "atomic_file.h"    // files written whole or not at all
+#include "../common.h"      // fatal, checked file calls
+#include "../model_file.h"  // GPT2Config, gpt2_num_parameters
 
 #define STATE_MAGIC 20261123
 #define STATE_VERSION 3

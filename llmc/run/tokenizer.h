@@ -6,7 +6,7 @@
  */
 #pragma once
 
-#include "common.h"  // fatal, checked file calls
+#include "../common.h"  // fatal, checked file calls
 
 #define TOKENIZER_MAGIC 20240328
 

@@ -9,15 +9,15 @@
  */
 #pragma once
 
-#include "attention.h"        // attention_flash_validate, attention_cpu_scratch_bytes
-#include "comm.h"             // Comm
-#include "device.h"           // KernelChoice
-#include "encoder.h"          // encoder_scratch_bytes
-#include "model_file.h"       // GPT2Config, model_file_read, validate_config
-#include "param_layout.h"     // Placement
-#include "pipeline.h"         // pipeline_slots
-#include "run_config.h"       // TrainConfig
-#include "tensor_parallel.h"  // validate_tp
+#include "../attention.h"        // attention_flash_validate, attention_cpu_scratch_bytes
+#include "../comm.h"             // Comm
+#include "../device.h"           // KernelChoice
+#include "../encoder.h"          // encoder_scratch_bytes
+#include "../model_file.h"       // GPT2Config, model_file_read, validate_config
+#include "../param_layout.h"     // Placement
+#include "../pipeline.h"         // pipeline_slots
+#include "config.h"              // TrainConfig
+#include "../tensor_parallel.h"  // validate_tp
 
 typedef struct {
     size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
