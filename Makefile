@@ -123,7 +123,7 @@ train: $(TRAIN_BIN)
 	@echo ""
 	@echo "next:"
 	@echo "  make deps && make test     # every test this machine can run (README.md lists them)"
-	@echo "  ./$(TRAIN_BIN) --print-schedule --pp 4 --batch-size 8 --micro-batches 8 --schedule 1f1b   # a pipeline schedule, drawn"
+	@echo "  ./$(TRAIN_BIN) --print-schedule --pp 4 --batch-size 8 --micro-batches 8 --pp-schedule 1f1b   # a pipeline schedule, drawn"
 	@echo "  ./$(TRAIN_BIN) --steps 40 --log run.jsonl --val-every 10 && scripts/plot_log.py run.jsonl -o curves.png   # training curves"
 
 deps:

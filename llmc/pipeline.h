@@ -65,7 +65,7 @@ enum { MAX_VIRTUAL_STAGES = 8 };  // --virtual-stages: chunks per stage
 static const char* schedule_name(Schedule s) {
     return s == SCHEDULE_GPIPE ? "GPipe" : s == SCHEDULE_1F1B ? "1F1B" : s == SCHEDULE_ZBH1 ? "ZB-H1" : "interleaved 1F1B";
 }
-static const char* schedule_flag(Schedule s) {  // --schedule
+static const char* schedule_flag(Schedule s) {  // --pp-schedule
     return s == SCHEDULE_GPIPE ? "gpipe" : s == SCHEDULE_1F1B ? "1f1b" : s == SCHEDULE_ZBH1 ? "zb-h1" : "interleaved";
 }
 

@@ -349,17 +349,17 @@ MPI=1 step 2 dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mp
 # products, each weight gradient summed over the micro-batches in the same order, so the same model file
 # byte for byte (tests/nccl_emulated.sh checks it emulated)
 MPI=1 step 2 pp_bf16_zbh1_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 8 --micro-batches 4 --pp 2 --steps 4 --val-every 0 --sample-every 0'; \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule 1f1b --save-model $LOGS/1f1b.bin && \
-    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --schedule zb-h1 --save-model $LOGS/zbh1.bin && \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --pp-schedule 1f1b --save-model $LOGS/1f1b.bin && \
+    \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --pp-schedule zb-h1 --save-model $LOGS/zbh1.bin && \
     cmp $LOGS/1f1b.bin $LOGS/zbh1.bin && echo 'ZB-H1 = 1F1B, byte for byte'"
 # 124M pipeline traces, pp 2 on the one GPU (so a measurement of the schedule's order more than of its
 # speed): 1F1B, ZB-H1 (its B and W apart), and 1F1B through the staged MPI path, whose last line gives
 # the engine's GB/s beside the whole-buffer one's (target >= 5 GB/s)
 PPT=(--pp 2 --layers 12 --channels 768 --heads 12 --max-seq-len 1024 --seq-len 1024 --batch-size 16 --micro-batches 8
      --steps 3 --val-every 0 --sample-every 0)
-MPI=1 step 2 trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule 1f1b --trace $LOGS/trace_gpu.json"
-MPI=1 step 2 trace_gpu_zbh1 bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule zb-h1 --trace $LOGS/trace_gpu_zbh1.json"
-MPI=1 step 2 trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --schedule 1f1b --trace $LOGS/trace_gpu_staged.json"
+MPI=1 step 2 trace_gpu bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --pp-schedule 1f1b --trace $LOGS/trace_gpu.json"
+MPI=1 step 2 trace_gpu_zbh1 bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --pp-schedule zb-h1 --trace $LOGS/trace_gpu_zbh1.json"
+MPI=1 step 2 trace_gpu_staged bash -c "source tests/lib.sh; LLMC_MPI_STAGE_BYTES=8388608 \${MPIRUN[@]} -x LLMC_MPI_STAGE_BYTES -np 2 ./build/gpu-bf16/train_gpt ${PPT[*]} --pp-schedule 1f1b --trace $LOGS/trace_gpu_staged.json"
 TAIL=24 step 2 benchmark_more "$PY" scripts/benchmark_gpu.py --configs 124M:32,350M:16 --steps 20 --warmup 5 \
     --variants classic,flash,fused,fast "${LLMC_ARGS[@]}"
 # GPT-2 XL (1.5B) at B=8 against llm.c (the goal there: at least llm.c's tokens/s); without recomputation

@@ -36,9 +36,9 @@ source "$(dirname "$0")/lib.sh"
 use_small_run
 export OMP_NUM_THREADS=1
 echo "1. the token ids from pinned memory: gradient accumulation, a pipeline"
-for par in "1|--batch-size 4 --grad-accum 3" "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule 1f1b" \
-    "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4" \
-    "2|--batch-size 4 --pp 2 --micro-batches 2 --schedule zb-h1"; do
+for par in "1|--batch-size 4 --grad-accum 3" "2|--batch-size 4 --pp 2 --micro-batches 2 --pp-schedule 1f1b" \
+    "2|--batch-size 4 --pp 2 --micro-batches 2 --pp-schedule interleaved --virtual-stages 2 --layers 4" \
+    "2|--batch-size 4 --pp 2 --micro-batches 2 --pp-schedule zb-h1"; do
     np=${par%%|*} args=${par#*|}
     # shellcheck disable=SC2086
     run "$np" $args --steps 4 --fused-kernels 0 --log "$TMP/plain.jsonl" --save-model "$TMP/plain.bin"

@@ -52,7 +52,7 @@ check 2 bf16 --zero 2 --grad-accum 2
 check 2 bf16 --zero 3 --grad-accum 2 --attention flash --recompute 3 --recompute-segment 2
 check 2 fp32 --tp 2
 check 2 fp32 --pp 2 --micro-batches 2
-check 2 bf16 --pp 2 --micro-batches 2 --schedule interleaved --virtual-stages 2 --layers 4  # (each stage's 2 chunks)
-check 2 bf16 --pp 2 --micro-batches 2 --schedule zb-h1  # (every stage 2 slots, 1 and 2 sets of output gradients, the last stage one set of logits)
+check 2 bf16 --pp 2 --micro-batches 2 --pp-schedule interleaved --virtual-stages 2 --layers 4  # (each stage's 2 chunks)
+check 2 bf16 --pp 2 --micro-batches 2 --pp-schedule zb-h1  # (every stage 2 slots, 1 and 2 sets of output gradients, the last stage one set of logits)
 [ $fails -eq 0 ] || { echo "memory_plan_emulated: $fails FAILED"; exit 1; }
 echo "memory_plan_emulated: all passed"

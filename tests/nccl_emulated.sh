@@ -89,22 +89,22 @@ reference --batch-size 2
 nccl_run "tp=2" 2 --tp 2 --batch-size 2
 reference --batch-size 4 --micro-batches 2
 for S in gpipe 1f1b; do
-    nccl_run "pp=2 M=2 $S" 2 --pp 2 --schedule $S --batch-size 4 --micro-batches 2
+    nccl_run "pp=2 M=2 $S" 2 --pp 2 --pp-schedule $S --batch-size 4 --micro-batches 2
 done
 # (its forward outputs are sent from the shared work set, which the next forward overwrites: the send
 # must be waited for, as the emulated stream reads the buffer only when it runs the send)
-nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --schedule 1f1b --pp-rematerialize 1 --batch-size 4 --micro-batches 2
+nccl_run "pp=2 M=2 1f1b rematerialized" 2 --pp 2 --pp-schedule 1f1b --pp-rematerialize 1 --batch-size 4 --micro-batches 2
 # interleaved (its exchanges round the ring of stages, every send waiting for its receive): 3 stages of
 # 2 chunks of 1 layer, and in the 3D grid 2 stages of 2 chunks (--pp-split 1,1,1,3 of 6 layers)
 reference --batch-size 6 --micro-batches 6 --layers 6
-nccl_run "pp=3 M=6 interleaved V=2" 3 --pp 3 --schedule interleaved --virtual-stages 2 --batch-size 6 --micro-batches 6 --layers 6
-nccl_run "pp=3 M=6 zb-h1" 3 --pp 3 --schedule zb-h1 --batch-size 6 --micro-batches 6 --layers 6
+nccl_run "pp=3 M=6 interleaved V=2" 3 --pp 3 --pp-schedule interleaved --virtual-stages 2 --batch-size 6 --micro-batches 6 --layers 6
+nccl_run "pp=3 M=6 zb-h1" 3 --pp 3 --pp-schedule zb-h1 --batch-size 6 --micro-batches 6 --layers 6
 reference --batch-size 8 --micro-batches 4 --layers 6
-nccl_run "2x2x2 ZeRO-1 interleaved V=2" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 1,1,1,3 \
+nccl_run "2x2x2 ZeRO-1 interleaved V=2" 8 --dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule interleaved --virtual-stages 2 --pp-split 1,1,1,3 \
     --batch-size 4 --micro-batches 4 --layers 6
 reference --batch-size 8 --micro-batches 4  # (also the size of the model the slow save below must write)
-nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4
-nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 zb-h1" 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule zb-h1 --batch-size 4 --micro-batches 4
+nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 1f1b" 8 --dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule 1f1b --batch-size 4 --micro-batches 4
+nccl_run "dp x tp x pp = 2x2x2 ZeRO-1 zb-h1" 8 --dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule zb-h1 --batch-size 4 --micro-batches 4
 
 # the final model written slowly (--save-model, 6 s) under --comm-timeout 3: the other rank went on to
 # finalize the communicators, gave up after 3 s and ended the job while rank 0 was still writing
@@ -273,7 +273,7 @@ if [ -n "$BIN_BF16" ]; then
         echo "  FAIL  BF16 dp=2 ZeRO-3 (NCCL) differs from ZeRO-2 (MPI)"; fails=$((fails + 1))
     fi
     for S in 1f1b zb-h1; do
-        timeout 120 "${MPIRUN[@]}" -np 3 "$BIN_BF16" "${COMMON[@]}" --pp 3 --schedule $S --batch-size 8 --micro-batches 4 \
+        timeout 120 "${MPIRUN[@]}" -np 3 "$BIN_BF16" "${COMMON[@]}" --pp 3 --pp-schedule $S --batch-size 8 --micro-batches 4 \
             --log "$TMP/bf16-$S.jsonl" --save-model "$TMP/bf16-$S.bin" >"$TMP/bf16-$S.out" 2>&1 || { echo "  FAIL  BF16 pp=3 $S run"; tail -3 "$TMP/bf16-$S.out"; fails=$((fails + 1)); }
     done
     if grep -q "engine NCCL" "$TMP/bf16-zb-h1.out" && cmp -s "$TMP/bf16-1f1b.bin" "$TMP/bf16-zb-h1.bin" &&
@@ -289,7 +289,7 @@ if [ -n "$BIN_BF16" ]; then
     # shows). The staged runs must give the whole-buffer MPI run's bits (dp 2 ZeRO-2, reduced in float on
     # the wire) and the NCCL 1F1B run's (pp 3: sends are exact copies).
     for order in default main-late; do
-        for r in "dp:2:bf16-1:--batch-size 2 --zero 2" "pp:3:bf16-1f1b:--pp 3 --schedule 1f1b --batch-size 8 --micro-batches 4"; do
+        for r in "dp:2:bf16-1:--batch-size 2 --zero 2" "pp:3:bf16-1f1b:--pp 3 --pp-schedule 1f1b --batch-size 8 --micro-batches 4"; do
             IFS=: read -r name np want flags <<< "$r"
             read -r -a flags <<< "$flags"
             EMU_STREAMS=$order EMU_DEVICES=1 LLMC_MPI_STAGE_BYTES=4096 timeout 120 "${MPIRUN[@]}" -x EMU_STREAMS -x LLMC_MPI_STAGE_BYTES \

@@ -42,22 +42,22 @@ for M in 1 4 7; do
     for P in 2 3 4; do
         for S in gpipe 1f1b zb-h1; do
             [ $S = zb-h1 ] && [ $M -lt $P ] && continue  # (refused: section 5)
-            run $P --pp $P --schedule $S --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+            run $P --pp $P --pp-schedule $S --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
             compare "pp=$P M=$M $S" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
         done
     done
     if [ $M -eq 4 ]; then
         run 2 --pp 2 --pp-split 1,4 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
         compare "pp=2 M=4 --pp-split 1,4" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
-        run 3 --pp 3 --pp-split 1,3,1 --schedule zb-h1 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+        run 3 --pp 3 --pp-split 1,3,1 --pp-schedule zb-h1 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
         compare "pp=3 M=4 zb-h1 --pp-split 1,3,1" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
         # ZB-H1 runs 1F1B's products, and adds each weight gradient up over the micro-batches in the same
         # order: the same bits
-        for S in 1f1b zb-h1; do run 3 --pp 3 --schedule $S --batch-size $((b * M)) --micro-batches $M --save-model "$TMP/pp_$S.bin"; done
+        for S in 1f1b zb-h1; do run 3 --pp 3 --pp-schedule $S --batch-size $((b * M)) --micro-batches $M --save-model "$TMP/pp_$S.bin"; done
         if cmp -s "$TMP/pp_1f1b.bin" "$TMP/pp_zb-h1.bin"; then echo "  ok    pp=3 M=4: zb-h1's final model equals 1f1b's, byte for byte"
         else echo "  FAIL  pp=3 M=4: zb-h1's final model differs from 1f1b's"; fails=$((fails + 1)); fi
         for S in gpipe 1f1b; do
-            run 3 --pp 3 --schedule $S --pp-rematerialize 1 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+            run 3 --pp 3 --pp-schedule $S --pp-rematerialize 1 --batch-size $((b * M)) --micro-batches $M --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
             compare "pp=3 M=4 $S rematerialized" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
         done
     fi
@@ -69,7 +69,7 @@ for P in 2 3 4; do
     for M in $P $((2 * P)); do
         "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size $((b * M)) --micro-batches $M --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
         for V in 2 3; do
-            run $P --pp $P --schedule interleaved --virtual-stages $V "${IL[@]}" --batch-size $((b * M)) --micro-batches $M \
+            run $P --pp $P --pp-schedule interleaved --virtual-stages $V "${IL[@]}" --batch-size $((b * M)) --micro-batches $M \
                 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
             compare "interleaved pp=$P V=$V M=$M" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
         done
@@ -77,24 +77,24 @@ for P in 2 3 4; do
 done
 # (M=4 for the rest: the last reference above is P=4, M=8)
 "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref.jsonl" --save-model "$TMP/ref.bin" >/dev/null
-run 2 --pp 2 --schedule interleaved --virtual-stages 2 --pp-split 1,5,2,4 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+run 2 --pp 2 --pp-schedule interleaved --virtual-stages 2 --pp-split 1,5,2,4 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
 compare "interleaved pp=2 V=2 --pp-split 1,5,2,4" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
 for R in "--recompute 2" "--recompute 3 --recompute-segment 2"; do
     # shellcheck disable=SC2086  # (R is two or four words)
-    run 2 --pp 2 --schedule interleaved --virtual-stages 3 $R "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+    run 2 --pp 2 --pp-schedule interleaved --virtual-stages 3 $R "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
     compare "interleaved pp=2 V=3 $R" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/ref.jsonl" "$TMP/ref.bin"
 done
 # a fixed loss scale multiplies every gradient by 1024 and the update divides it out: the same run
 "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --loss-scale 1024 --log "$TMP/refs.jsonl" --save-model "$TMP/refs.bin" >/dev/null
-run 2 --pp 2 --schedule interleaved --virtual-stages 2 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+run 2 --pp 2 --pp-schedule interleaved --virtual-stages 2 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
 compare "interleaved pp=2 V=2 --loss-scale 1024" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/refs.jsonl" "$TMP/refs.bin"
-run 4 --pp 4 --schedule zb-h1 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
+run 4 --pp 4 --pp-schedule zb-h1 --loss-scale 1024 "${IL[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/pp.jsonl" --save-model "$TMP/pp.bin"
 compare "zb-h1 pp=4 --loss-scale 1024" "$TMP/pp.jsonl" "$TMP/pp.bin" "$TMP/refs.jsonl" "$TMP/refs.bin"
 # validation (forward only, chunk after chunk round the ring): every step's validation loss equal to 1e-5
 "$BIN" "${COMMON[@]}" "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3 >"$TMP/val1.out"
 for S in "interleaved --virtual-stages 2" zb-h1; do
     # shellcheck disable=SC2086  # (S is one or three words)
-    run 4 --pp 4 --schedule $S "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3
+    run 4 --pp 4 --pp-schedule $S "${IL[@]}" --batch-size 8 --micro-batches 4 --val-data "$TMP/tokens.bin" --val-every 2 --val-batches 3
     if "$PY" - "$TMP/val1.out" "$TMP/run.out" "$S" <<'PYEOF'
 import re, sys
 a, b = ([float(x) for x in re.findall(r"step \d+: val loss ([0-9.]+)", open(p).read())] for p in sys.argv[1:3])
@@ -113,7 +113,7 @@ SAMPLE=(--layers 4 --channels 32 --heads 4 --max-seq-len 64 --seq-len 64 --steps
 "$BIN" "${SAMPLE[@]}" >"$TMP/sample1.out" 2>&1
 for S in "interleaved --virtual-stages 2" zb-h1; do
     # shellcheck disable=SC2086  # (S is one or three words)
-    timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${SAMPLE[@]}" --pp 2 --schedule $S >"$TMP/sample2.out" 2>&1
+    timeout 120 "${MPIRUN[@]}" -np 2 "$BIN" "${SAMPLE[@]}" --pp 2 --pp-schedule $S >"$TMP/sample2.out" 2>&1
     if grep -aq "^sample: " "$TMP/sample1.out" && [ "$(grep -a "^sample: " "$TMP/sample1.out")" = "$(grep -a "^sample: " "$TMP/sample2.out")" ]; then
         echo "  ok    $S pp=2: the sample equals one rank's"
     else echo "  FAIL  $S pp=2 sample:"; grep -a "^sample: \|^error" "$TMP/sample1.out" "$TMP/sample2.out"; fails=$((fails + 1)); fi
@@ -134,32 +134,32 @@ fused_same() {
 echo "2. dp x tp x pp = 2 x 2 x 2"
 "$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --log "$TMP/ref3d.jsonl" --save-model "$TMP/ref3d.bin" >/dev/null
 for Z in 0 1; do
-    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule 1f1b --batch-size 4 --micro-batches 4 --log "$TMP/3d.jsonl" --save-model "$TMP/3d.bin"
+    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --pp-schedule 1f1b --batch-size 4 --micro-batches 4 --log "$TMP/3d.jsonl" --save-model "$TMP/3d.bin"
     compare "2x2x2, ZeRO-$Z" "$TMP/3d.jsonl" "$TMP/3d.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
 done
 # interleaved (2 chunks of 2, 1 and 1 layers per stage: --pp-split 2,1,1,1 of L=5) in the 3D grid
 for Z in 0 1; do
-    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
+    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --pp-schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
         --log "$TMP/3di.jsonl" --save-model "$TMP/3di.bin"
     compare "2x2x2 interleaved V=2, ZeRO-$Z" "$TMP/3di.jsonl" "$TMP/3di.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
 done
 # ZB-H1 in the 3D grid: each W of the last micro-batch starts its layer's DP reduction; TP's f sums are in B
 for Z in 0 1; do
-    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --schedule zb-h1 --batch-size 4 --micro-batches 4 --log "$TMP/3dz.jsonl" --save-model "$TMP/3dz.bin"
+    run 8 --dp 2 --tp 2 --pp 2 --zero $Z --pp-schedule zb-h1 --batch-size 4 --micro-batches 4 --log "$TMP/3dz.jsonl" --save-model "$TMP/3dz.bin"
     compare "2x2x2 zb-h1, ZeRO-$Z" "$TMP/3dz.jsonl" "$TMP/3dz.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin"
 done
 if cmp -s "$TMP/3d.bin" "$TMP/3dz.bin"; then echo "  ok    2x2x2 ZeRO-1: zb-h1's final model equals 1f1b's, byte for byte"
 else echo "  FAIL  2x2x2 ZeRO-1: zb-h1's final model differs from 1f1b's"; fails=$((fails + 1)); fi
-run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule zb-h1 --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3dzf.jsonl" --save-model "$TMP/3dzf.bin"
+run 8 --dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule zb-h1 --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3dzf.jsonl" --save-model "$TMP/3dzf.bin"
 fused_same "2x2x2 zb-h1 ZeRO-1" 3dzf 3dz
 # --fused-kernels 1: the last stage's losses stay on the device (its last chunk's forwards) and are
 # fetched once; on the CPU target the same bits as without
-run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
+run 8 --dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule interleaved --virtual-stages 2 --pp-split 2,1,1,1 --batch-size 4 --micro-batches 4 \
     --fused-kernels 1 --log "$TMP/3dif.jsonl" --save-model "$TMP/3dif.bin"
 fused_same "2x2x2 interleaved ZeRO-1" 3dif 3di
 # an interleaved checkpoint (its stages' shards) resumes bit-exact on its grid, and on other grids: one
 # rank, and 3 stages of 1F1B, each to the suite's tolerance of the uninterrupted single-rank run
-INT3D=(--dp 2 --tp 2 --pp 2 --zero 1 --schedule interleaved --virtual-stages 2 --batch-size 4 --micro-batches 4)
+INT3D=(--dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule interleaved --virtual-stages 2 --batch-size 4 --micro-batches 4)
 run 8 "${INT3D[@]}" --stop-after 5 --checkpoint-dir "$TMP/cki"
 run 8 "${INT3D[@]}" --resume "$TMP/cki" --save-model "$TMP/3dir.bin" --log "$TMP/3dir.jsonl"
 run 8 "${INT3D[@]}" --save-model "$TMP/3dis.bin"
@@ -167,13 +167,13 @@ if cmp -s "$TMP/3dis.bin" "$TMP/3dir.bin"; then echo "  ok    2x2x2 interleaved 
 else echo "  FAIL  2x2x2 interleaved ZeRO-1 resumed at step 5: final model differs"; fails=$((fails + 1)); fi
 "$BIN" "${COMMON[@]}" --batch-size 8 --micro-batches 4 --resume "$TMP/cki" --checkpoint-dir "$TMP/ck1" --log "$TMP/r1.jsonl" --save-model "$TMP/r1.bin" >/dev/null
 compare "interleaved checkpoint on 1 rank" "$TMP/r1.jsonl" "$TMP/r1.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin" 6
-run 3 --pp 3 --schedule 1f1b --batch-size 8 --micro-batches 4 --resume "$TMP/cki" --checkpoint-dir "$TMP/ck3" --log "$TMP/r3.jsonl" --save-model "$TMP/r3.bin"
+run 3 --pp 3 --pp-schedule 1f1b --batch-size 8 --micro-batches 4 --resume "$TMP/cki" --checkpoint-dir "$TMP/ck3" --log "$TMP/r3.jsonl" --save-model "$TMP/r3.bin"
 compare "interleaved checkpoint on pp=3 1f1b" "$TMP/r3.jsonl" "$TMP/r3.bin" "$TMP/ref3d.jsonl" "$TMP/ref3d.bin" 6
 # --fused-kernels 1 keeps each micro-step's mean loss on the device and fetches the step's losses in one
 # copy at its end (1F1B: the last stage interleaves forwards and backwards); the CPU target must give the
 # same bits as the run above, the GPU target (whose fused kernels sum in another order) the same run to
 # the suite's tolerance
-run 8 --dp 2 --tp 2 --pp 2 --zero 1 --schedule 1f1b --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3df.jsonl" --save-model "$TMP/3df.bin"
+run 8 --dp 2 --tp 2 --pp 2 --zero 1 --pp-schedule 1f1b --batch-size 4 --micro-batches 4 --fused-kernels 1 --log "$TMP/3df.jsonl" --save-model "$TMP/3df.bin"
 fused_same "2x2x2 ZeRO-1 1f1b" 3df 3d
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --stop-after 5 --checkpoint-dir "$TMP/ck"
 run 8 --dp 2 --tp 2 --pp 2 --zero 1 --batch-size 4 --micro-batches 4 --resume "$TMP/ck" --save-model "$TMP/3dr.bin"
@@ -228,18 +228,18 @@ PYEOF
 # trace must not show it, whichever way it goes)
 for c in gpipe:0 1f1b:-2.5; do
     IFS=: read -r S skew <<< "$c"
-    run 2 --pp 2 --schedule $S --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_$S.json" --fault-clock-skew $skew
+    run 2 --pp 2 --pp-schedule $S --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_$S.json" --fault-clock-skew $skew
     grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
     check_trace "pp=2 $S, clock skew $skew s" "$TMP/trace_$S.json" 1 1 || fails=$((fails + 1))
 done
-run 3 --pp 3 --schedule interleaved --virtual-stages 2 --layers 6 --batch-size 6 --micro-batches 3 --steps 3 --trace "$TMP/trace_int.json" --fault-clock-skew 0.5
+run 3 --pp 3 --pp-schedule interleaved --virtual-stages 2 --layers 6 --batch-size 6 --micro-batches 3 --steps 3 --trace "$TMP/trace_int.json" --fault-clock-skew 0.5
 grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
 check_trace "pp=3 interleaved V=2, clock skew 0.5 s" "$TMP/trace_int.json" 1 1 || fails=$((fails + 1))
 # ZB-H1: each micro-batch's backward is two spans on each stage, its B and its W, in the schedule's order
-run 3 --pp 3 --schedule zb-h1 --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_zb.json" --fault-clock-skew 0.5
+run 3 --pp 3 --pp-schedule zb-h1 --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_zb.json" --fault-clock-skew 0.5
 grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
 check_trace "pp=3 zb-h1, clock skew 0.5 s" "$TMP/trace_zb.json" 1 1 || fails=$((fails + 1))
-"$BIN" --print-schedule --pp 3 --batch-size 4 --micro-batches 4 --schedule zb-h1 >"$TMP/sched_zb.out"
+"$BIN" --print-schedule --pp 3 --batch-size 4 --micro-batches 4 --pp-schedule zb-h1 >"$TMP/sched_zb.out"
 if "$PY" - "$TMP/trace_zb.json" "$TMP/sched_zb.out" <<'PYEOF'
 import collections, json, re, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X" and e["cat"] in ("forward", "backward")]
@@ -253,7 +253,7 @@ print(f"  {'ok  ' if not bad else 'FAIL'}  trace pp=3 zb-h1: every stage's F, B 
 sys.exit(1 if bad else 0)
 PYEOF
 then :; else fails=$((fails + 1)); fi
-run 8 --dp 2 --tp 2 --pp 2 --schedule 1f1b --batch-size 4 --micro-batches 4 --steps 3 --trace "$TMP/trace3d.json" --fault-clock-skew 0.25
+run 8 --dp 2 --tp 2 --pp 2 --pp-schedule 1f1b --batch-size 4 --micro-batches 4 --steps 3 --trace "$TMP/trace3d.json" --fault-clock-skew 0.25
 check_trace "2x2x2 1f1b, clock skew 0.25 s per rank" "$TMP/trace3d.json" 0 4 || fails=$((fails + 1))
 cp "$TMP/trace_gpipe.json" "$TMP/trace.json"
 if "$PY" -c "import matplotlib" 2>/dev/null; then
@@ -266,9 +266,9 @@ echo "4. --print-schedule"
 # backward's second slot is drawn '.': compare with '==' as '.', spaces squeezed, trailing idle dropped)
 # (likewise the interleaved one for P=2, M=2, V=2, and ZB-H1's for P=2, M=2)
 norm() { sed -e 's/==/./g' -e 's/  */ /g' -e 's/\( \.\)* *$//'; }
-for c in "GPipe, P=2, M=4:--schedule gpipe --batch-size 4 --micro-batches 4" \
-         "interleaved, P=2, M=2, V=2:--schedule interleaved --virtual-stages 2 --batch-size 2 --micro-batches 2" \
-         "ZB-H1, P=2, M=2:--schedule zb-h1 --batch-size 2 --micro-batches 2"; do
+for c in "GPipe, P=2, M=4:--pp-schedule gpipe --batch-size 4 --micro-batches 4" \
+         "interleaved, P=2, M=2, V=2:--pp-schedule interleaved --virtual-stages 2 --batch-size 2 --micro-batches 2" \
+         "ZB-H1, P=2, M=2:--pp-schedule zb-h1 --batch-size 2 --micro-batches 2"; do
     title=${c%%:*}
     # shellcheck disable=SC2086  # (the flags are words)
     "$BIN" --print-schedule --pp 2 ${c#*:} >"$TMP/sched.out" 2>&1
@@ -297,7 +297,7 @@ PYEOF
     else echo "  FAIL  GPipe P=4 M=$M timeline columns:"; head -6 "$TMP/sched.out"; fails=$((fails + 1)); fi
 done
 # 1F1B, P=2, M=2: the messages as pipe_exchange sends them, worked out by hand from its rules
-"$BIN" --print-schedule --pp 2 --batch-size 2 --micro-batches 2 --schedule 1f1b >"$TMP/sched.out" 2>&1
+"$BIN" --print-schedule --pp 2 --batch-size 2 --micro-batches 2 --pp-schedule 1f1b >"$TMP/sched.out" 2>&1
 if grep -qF "stage  0 (2 activation slots) | F0 | send a0>1 | F1 | sendrecv a1>1 g0<1 | B0 | recv g1<1 | B1 |" "$TMP/sched.out" \
     && grep -qF "stage  1 (1 activation slot) | recv a0<0 | F0 | B0 | sendrecv g0>0 a1<0 | F1 | B1 | send g1>0 |" "$TMP/sched.out"; then
     echo "  ok    1F1B P=2 M=2 actions and messages as worked out by hand"
@@ -363,15 +363,15 @@ PYEOF
 }
 before=$fails
 for S in gpipe 1f1b; do for P in 2 3 4; do for M in 1 4 7; do
-    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule $S >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
+    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --pp-schedule $S >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
     check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule $S P=$P M=$M"; fails=$((fails + 1)); }
 done; done; done
 for P in 2 3 4; do for M in $P $((P + 1)) $((2 * P)) $((3 * P)); do
-    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule zb-h1 >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
+    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --pp-schedule zb-h1 >"$TMP/sched.out" 2>&1 || echo "exit $?" >>"$TMP/sched.out"
     check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule zb-h1 P=$P M=$M"; fails=$((fails + 1)); }
 done; done
 for P in 2 3 4; do for V in 2 3; do for M in $P $((2 * P)) $((3 * P)); do
-    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --schedule interleaved --virtual-stages $V >"$TMP/sched.out" 2>&1 \
+    "$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M --pp-schedule interleaved --virtual-stages $V >"$TMP/sched.out" 2>&1 \
         || echo "exit $?" >>"$TMP/sched.out"
     check_exchanges "$TMP/sched.out" || { echo "  FAIL  --print-schedule interleaved P=$P V=$V M=$M"; fails=$((fails + 1)); }
 done; done; done
@@ -383,7 +383,7 @@ done; done; done
 for c in gpipe:2:4:1 1f1b:4:8:1 gpipe:3:1:1 1f1b:3:7:1 gpipe:4:8:1 interleaved:4:8:2 interleaved:2:4:3 interleaved:3:9:2 interleaved:4:4:3 \
          zb-h1:4:8:1 zb-h1:2:4:1 zb-h1:3:5:1 zb-h1:4:4:1; do
     IFS=: read -r S P M V <<< "$c"
-    flags=(--schedule "$S")
+    flags=(--pp-schedule "$S")
     [ "$V" -gt 1 ] && flags+=(--virtual-stages "$V")
     got=$("$BIN" --print-schedule --pp $P --batch-size $M --micro-batches $M "${flags[@]}" | tail -n 1)
     pct=$(awk -v p="$P" -v m="$M" -v v="$V" 'BEGIN { printf "%.1f", 100 * (p - 1) / (v * m + p - 1) }')
@@ -409,18 +409,18 @@ expect_mpi_error "--pp-split 7,4294967294" "add up to more than the model's 5 la
 expect_mpi_error "--pp-split 4294967298,3" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 4294967298,3
 expect_mpi_error "--pp-split 99999999999999999999,1" "add up to more than the model's 5 layers" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split 99999999999999999999,1
 expect_mpi_error "--pp-split +2,3" "expected 2 positive layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-split +2,3
-INT=(--schedule interleaved --virtual-stages 2)
+INT=(--pp-schedule interleaved --virtual-stages 2)
 expect_mpi_error "interleaved, M not a multiple of P" "3 micro-batches is not a multiple of --pp 2" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --batch-size 6 --micro-batches 3
-expect_mpi_error "interleaved, one chunk" "needs --virtual-stages 2 or more" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule interleaved --batch-size 2 --micro-batches 2
-expect_mpi_error "interleaved without --pp" "--schedule interleaved needs --pp > 1" 1 "$BIN" "${COMMON[@]}" "${INT[@]}"
-expect_mpi_error "interleaved, --pp-rematerialize" "--pp-rematerialize with --schedule interleaved is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --pp-rematerialize 1 --batch-size 2 --micro-batches 2
+expect_mpi_error "interleaved, one chunk" "needs --virtual-stages 2 or more" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-schedule interleaved --batch-size 2 --micro-batches 2
+expect_mpi_error "interleaved without --pp" "--pp-schedule interleaved needs --pp > 1" 1 "$BIN" "${COMMON[@]}" "${INT[@]}"
+expect_mpi_error "interleaved, --pp-rematerialize" "--pp-rematerialize with --pp-schedule interleaved is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --pp-rematerialize 1 --batch-size 2 --micro-batches 2
 expect_mpi_error "interleaved, 6 chunks of 5 layers" "--pp 3 x --virtual-stages 2: more chunks than the 5 layers" 3 "$BIN" "${COMMON[@]}" --pp 3 "${INT[@]}" --batch-size 3 --micro-batches 3
-expect_mpi_error "--virtual-stages with 1f1b" "--virtual-stages 2 needs --schedule interleaved" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule 1f1b --virtual-stages 2
+expect_mpi_error "--virtual-stages with 1f1b" "--virtual-stages 2 needs --pp-schedule interleaved" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-schedule 1f1b --virtual-stages 2
 expect_mpi_error "interleaved --pp-split of 2 stages, not 4 chunks" "expected 4 layer counts" 2 "$BIN" "${COMMON[@]}" --pp 2 "${INT[@]}" --pp-split 2,3 --batch-size 2 --micro-batches 2
-expect_mpi_error "zb-h1, M < P" "--schedule zb-h1: 2 micro-batches, fewer than --pp 3" 3 "$BIN" "${COMMON[@]}" --pp 3 --schedule zb-h1 --batch-size 2 --micro-batches 2
-expect_mpi_error "zb-h1 without --pp" "--schedule zb-h1 needs --pp > 1" 1 "$BIN" "${COMMON[@]}" --schedule zb-h1
-expect_mpi_error "zb-h1, --recompute" "--schedule zb-h1 with --recompute is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule zb-h1 --recompute 1 --batch-size 2 --micro-batches 2
-expect_mpi_error "zb-h1, --pp-rematerialize" "--schedule zb-h1 with --pp-rematerialize is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --schedule zb-h1 --pp-rematerialize 1 --batch-size 2 --micro-batches 2
+expect_mpi_error "zb-h1, M < P" "--pp-schedule zb-h1: 2 micro-batches, fewer than --pp 3" 3 "$BIN" "${COMMON[@]}" --pp 3 --pp-schedule zb-h1 --batch-size 2 --micro-batches 2
+expect_mpi_error "zb-h1 without --pp" "--pp-schedule zb-h1 needs --pp > 1" 1 "$BIN" "${COMMON[@]}" --pp-schedule zb-h1
+expect_mpi_error "zb-h1, --recompute" "--pp-schedule zb-h1 with --recompute is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-schedule zb-h1 --recompute 1 --batch-size 2 --micro-batches 2
+expect_mpi_error "zb-h1, --pp-rematerialize" "--pp-schedule zb-h1 with --pp-rematerialize is not supported" 2 "$BIN" "${COMMON[@]}" --pp 2 --pp-schedule zb-h1 --pp-rematerialize 1 --batch-size 2 --micro-batches 2
 
 if [ $fails -ne 0 ]; then echo "pipeline_parallel: $fails FAILED"; exit 1; fi
 echo "pipeline_parallel: all passed"

@@ -39,7 +39,7 @@ for K in 2 3 5 8; do
 done
 
 echo "2. with pipeline stages and tensor parallelism"
-for par in "--pp 2 --micro-batches 2 --schedule 1f1b" "--pp 2 --micro-batches 2 --schedule gpipe --pp-rematerialize 1" "--tp 2"; do
+for par in "--pp 2 --micro-batches 2 --pp-schedule 1f1b" "--pp 2 --micro-batches 2 --pp-schedule gpipe --pp-rematerialize 1" "--tp 2"; do
     # shellcheck disable=SC2086
     run 2 $par --save-model "$TMP/p0.bin" && cp "$TMP/run.out" "$TMP/p0.out"
     for K in 2 3; do

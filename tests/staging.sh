@@ -24,8 +24,8 @@ PYEOF
     else echo "  FAIL  $1: differs from MPI on the buffers"; fails=$((fails + 1)); fi
 }
 for cfg in "2|--layers 3 --batch-size 2 --grad-accum 2 --zero 2|4 1000" \
-           "2|--channels 128 --batch-size 8 --pp 2 --schedule gpipe --micro-batches 2 --comm-timeout 20|16384" \
-           "8|--batch-size 4 --dp 2 --tp 2 --pp 2 --zero 1 --micro-batches 4 --schedule 1f1b|100"; do
+           "2|--channels 128 --batch-size 8 --pp 2 --pp-schedule gpipe --micro-batches 2 --comm-timeout 20|16384" \
+           "8|--batch-size 4 --dp 2 --tp 2 --pp 2 --zero 1 --micro-batches 4 --pp-schedule 1f1b|100"; do
     IFS='|' read -r np flags sizes <<<"$cfg"
     # shellcheck disable=SC2086
     run "$np" $flags --steps 4 --log "$TMP/dr.jsonl" --save-model "$TMP/dr.bin"

@@ -49,11 +49,11 @@ static void print_usage(void) {
         "  --tp T                tensor-parallel ranks (Megatron splits; T divides NH and Vp) [1]\n"
         "  --pp P                pipeline stages (P <= L)             [1]\n"
         "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
-        "  --schedule S          gpipe | 1f1b | interleaved | zb-h1 (M >= P) [gpipe]\n"
+        "  --pp-schedule S       gpipe | 1f1b | interleaved | zb-h1 (M >= P) [gpipe]; --schedule is the old name\n"
         "  --virtual-stages V    interleaved: chunks of layers per stage (2..8; M a multiple of P)\n"
         "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
-        "  --print-schedule      print every stage's schedule for --pp, --micro-batches, --schedule\n"
+        "  --print-schedule      print every stage's schedule for --pp, --micro-batches, --pp-schedule\n"
         "                        (timeline, actions, which sends pair with which receives), and exit\n"
         "  --trace FILE          Chrome/Perfetto trace of a few steps (see scripts/plot_trace.py)\n"
         "  --trace-steps N       steps to trace, after the first      [2]\n"
@@ -190,12 +190,12 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--tp")) tc->tp = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp")) tc->pp = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-split")) tc->pp_split = v;
-    else if (!strcmp(f, "--schedule")) {
+    else if (!strcmp(f, "--pp-schedule") || !strcmp(f, "--schedule")) {  // (--schedule: the old name)
         Schedule all[] = {SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1};
         int known = 0;
         for (int i = 0; i < (int)(sizeof(all) / sizeof(all[0])); i++)
             if (!strcmp(v, schedule_flag(all[i]))) tc->pipe_schedule = all[i], known = 1;
-        if (!known) fatal("--schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", v);
+        if (!known) fatal("--pp-schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", v);
     } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES);
     else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--pp-rematerialize")) tc->rematerialize = (int)parse_int(f, v, 0, 1);
@@ -313,30 +313,30 @@ static int parse_testing_flag(TrainConfig* tc, const char* f, const char* v) {
     return 1;
 }
 
-// --schedule interleaved --virtual-stages V: what it needs, and what it does not do
+// --pp-schedule interleaved --virtual-stages V: what it needs, and what it does not do
 static void check_interleaved_flags(const TrainConfig* tc) {
     int interleaved = tc->pipe_schedule == SCHEDULE_INTERLEAVED, V = tc->virtual_stages;
-    if (!interleaved && V > 1) fatal("--virtual-stages %d needs --schedule interleaved", V);
+    if (!interleaved && V > 1) fatal("--virtual-stages %d needs --pp-schedule interleaved", V);
     if (!interleaved) return;
-    if (V < 2) fatal("--schedule interleaved needs --virtual-stages 2 or more (with one chunk per stage it is 1F1B)");
-    if (tc->pp < 2) fatal("--schedule interleaved needs --pp > 1");
+    if (V < 2) fatal("--pp-schedule interleaved needs --virtual-stages 2 or more (with one chunk per stage it is 1F1B)");
+    if (tc->pp < 2) fatal("--pp-schedule interleaved needs --pp > 1");
     if (tc->rematerialize)
-        fatal("--pp-rematerialize with --schedule interleaved is not supported: a forward's output is sent after the next "
+        fatal("--pp-rematerialize with --pp-schedule interleaved is not supported: a forward's output is sent after the next "
               "backward, which would have rematerialized into the same work set");
     if (tc->grad_accum % tc->pp != 0)
-        fatal("--schedule interleaved: %d micro-batches is not a multiple of --pp %d (the schedule sends the micro-batches through "
+        fatal("--pp-schedule interleaved: %d micro-batches is not a multiple of --pp %d (the schedule sends the micro-batches through "
               "each chunk in groups of P)", tc->grad_accum, tc->pp);
 }
 
-// --schedule zb-h1: what it needs, and what it does not do
+// --pp-schedule zb-h1: what it needs, and what it does not do
 static void check_zero_bubble_flags(const TrainConfig* tc) {
     if (tc->pipe_schedule != SCHEDULE_ZBH1) return;
-    if (tc->pp < 2) fatal("--schedule zb-h1 needs --pp > 1");
+    if (tc->pp < 2) fatal("--pp-schedule zb-h1 needs --pp > 1");
     if (tc->grad_accum < tc->pp)
-        fatal("--schedule zb-h1: %d micro-batches, fewer than --pp %d (the deferred weight gradients fill the pipeline's drain only "
+        fatal("--pp-schedule zb-h1: %d micro-batches, fewer than --pp %d (the deferred weight gradients fill the pipeline's drain only "
               "when every stage has a micro-batch in flight)", tc->grad_accum, tc->pp);
     if (tc->recompute || tc->rematerialize)
-        fatal("--schedule zb-h1 with %s is not supported: a deferred weight gradient reads the layer's activations after its "
+        fatal("--pp-schedule zb-h1 with %s is not supported: a deferred weight gradient reads the layer's activations after its "
               "backward, which recomputes them into a work set the next action overwrites", tc->recompute ? "--recompute" : "--pp-rematerialize");
 }
 

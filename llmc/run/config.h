@@ -169,7 +169,7 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_int(&a, "the grid (--dp, --tp, --pp)", (long long)comm->dp * 1000003 * 1000003 + comm->tp * 1000003 + comm->pp);
     agree_int(&a, "--zero", tc->zero);
     long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, tc->virtual_stages};
-    agree_bytes(&a, "the pipeline settings (--pp-split, --schedule, --pp-rematerialize, --virtual-stages)", pipe, sizeof(pipe), tc->pp_split);
+    agree_bytes(&a, "the pipeline settings (--pp-split, --pp-schedule, --pp-rematerialize, --virtual-stages)", pipe, sizeof(pipe), tc->pp_split);
     agree_int(&a, "--recompute", tc->recompute);
     agree_int(&a, "--recompute-segment", tc->recompute_segment);
     agree_int(&a, "--seed", (long long)tc->seed);
