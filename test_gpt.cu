@@ -107,6 +107,14 @@ static Comm* single_rank(void) {
     return &single;
 }
 
+// A forward as the training step runs it (the ids staged, then forward): the mean loss over the batch,
+// brought to the host (0 without targets: the logits are left in a->logits)
+static float forward_loss(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T, float dloss) {
+    stage_token_ids(model, a, inputs, targets, B, T);
+    gpt2_forward(model, a, B, T, dloss, targets != NULL);
+    return targets ? mean_loss_on_host(model->host_losses, a->losses, (size_t)B * T) : 0.0f;
+}
+
 static void load_model(GPT2* model, const char* path, const KernelChoice* kernels) {
     GPT2Config c;
     float* p = NULL;
@@ -183,7 +191,7 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
     Activations* a = &model.chunk->slots[0];
 
     // logits (inference forward), only the V real columns
-    gpt2_forward(&model, a, r.inputs, NULL, r.B, r.T, 0.0f);
+    forward_loss(&model, a, r.inputs, NULL, r.B, r.T, 0.0f);
     float* logits = (float*)malloc_check(BT * c->Vp * sizeof(float));
     download_floats(logits, a->logits, BT * c->Vp);
     float* real = (float*)malloc_check(BT * c->V * sizeof(float));
@@ -195,7 +203,7 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
     LossScaler scaler = {.mode = FP16_BUILD ? SCALE_STATIC : SCALE_OFF, .scale = S, .growth = 2.0f, .backoff = 0.5f, .interval = 2000,
                          .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
     gpt2_zero_grad(&model);
-    float loss = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
+    float loss = forward_loss(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
     check("loss", rel_diff(loss, r.loss), TOL.loss);
     gpt2_backward(&model, a, r.B, r.T, 1);
     float* grads = (float*)malloc_check(r.num_params * sizeof(float));
@@ -214,13 +222,14 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
                            .grad_clip = r.grad_clip};
     for (int step = 0; step < r.nsteps; step++) {
         gpt2_zero_grad(&model);
-        float l = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
+        float l = forward_loss(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
         char what[64];
         snprintf(what, sizeof(what), "loss at step %d (ref %.6f)", step, r.losses[step]);
         check(what, rel_diff(l, r.losses[step]), TOL.loss);
         gpt2_backward(&model, a, r.B, r.T, 1);
         int skipped = 0;
-        gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped, NULL);
+        double step_loss;
+        gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped, &step_loss);
         if (skipped) fatal("a step overflowed at loss scale %g in the reference test", S);
     }
     float* params = (float*)malloc_check(r.num_params * sizeof(float));
@@ -860,11 +869,12 @@ static void test_cpu_matmul(const char* dir) {
         params[k] = (float*)malloc_check(r.num_params * sizeof(float));
         for (int step = 0; step < r.nsteps; step++) {
             gpt2_zero_grad(&model);
-            losses[k][step] = gpt2_forward(&model, a, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
+            losses[k][step] = forward_loss(&model, a, r.inputs, r.targets, r.B, r.T, 1.0f / BT);
             gpt2_backward(&model, a, r.B, r.T, 1);
             if (step == 0) gpt2_export(&model, model.grads_memory, grads[k]);
             int skipped = 0;
-            gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped, NULL);
+            double step_loss;
+            gpt2_update(&model, &opt, r.lr, step + 1, &scaler, &skipped, &step_loss);
         }
         gpt2_export_master(&model, params[k]);
         gpt2_free(&model);

@@ -22,18 +22,18 @@
  * comments mark where the model code calls into it.
  */
 // the layers: CPU reference and CUDA kernels side by side
-#include "llmc/attention.h"   // attention_forward/_backward, and flash attention's
-#include "llmc/classifier.h"  // classifier_forward_backward, loss_mean
-#include "llmc/encoder.h"     // the token + position embedding, forward and backward
-#include "llmc/gelu.h"        // gelu_forward
-#include "llmc/layernorm.h"   // layernorm_forward/_backward, residual_layernorm_forward
-#include "llmc/matmul.h"      // matmul_forward/_backward, cuBLASLt epilogues, the CPU's BLAS or reference GEMM
+#include "llmc/attention.h"        // attention_forward/_backward, and flash attention's
+#include "llmc/classifier.h"       // classifier_forward_backward, loss_mean
+#include "llmc/encoder.h"          // the token + position embedding, forward and backward
+#include "llmc/gelu.h"             // gelu_forward
+#include "llmc/layernorm.h"        // layernorm_forward/_backward, residual_layernorm_forward
+#include "llmc/matmul.h"           // matmul_forward/_backward, cuBLASLt epilogues, the CPU's BLAS or reference GEMM
 // the optimizer and the numerics
-#include "llmc/adamw.h"        // OptimizerConfig, adamw_update_ranges, round_params
-#include "llmc/global_norm.h"  // NormParts: the gradient norm over the owned ranges
-#include "llmc/loss_scaler.h"  // LossScaler: dynamic loss scaling
-#include "llmc/step_report.h"  // StepReport: --fused-kernels' update without a wait before AdamW
-#include "llmc/recompute.h"    // RecomputeKeeps: which activations --recompute keeps
+#include "llmc/adamw.h"            // OptimizerConfig, adamw_update_ranges, round_params
+#include "llmc/global_norm.h"      // NormParts: the gradient norm over the owned ranges
+#include "llmc/loss_scaler.h"      // LossScaler: dynamic loss scaling
+#include "llmc/step_outputs.h"     // StepOutputs: the step's losses and the update's verdict (host or device)
+#include "llmc/recompute.h"        // RecomputeKeeps: which activations --recompute keeps
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
 #include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
@@ -94,7 +94,7 @@ typedef struct {
     floatX* dresidual;                      // (B, T, C) gradient of the residual stream
     floatX* dwide;                          // (B, T, 4C) dfch / dqkv
     floatX* dreceived;                      // (B, T, C) interleaved: the output's gradient, received before its backward
-    int *inputs, *targets;                  // (B, T) token ids on the device
+    int *inputs, *targets;                  // (B, T) token ids on the device (stage_token_ids puts them there)
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
                                             // (both pinned with --fused-kernels: copied without waiting)
@@ -154,7 +154,7 @@ typedef struct {
     float* master;          // (zero.shard_total) fp32 master weights in BF16 builds; NULL in FP32 builds,
                             // where the parameters are their own master copy
     float *m, *v;           // (zero.shard_total) AdamW moments
-    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (llmc/step_report.h)
+    NormParts norm_parts;   // this rank's owned gradient ranges, as the norm sums them (llmc/global_norm.h)
     Weights params, grads;
     int n_chunks, rematerialize;  // PP: rematerialize: the slots keep only each micro-batch's stage input (Chunk)
     int recompute;           // --recompute level: which layer activations backward recomputes (RecomputeKeeps)
@@ -165,12 +165,8 @@ typedef struct {
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
     Tracer* tracer;  // spans for --trace (NULL: off)
-    float* host_losses; // (B, T)
-    // --fused-kernels in a training step: gpt2_forward leaves its mean loss at loss_dest (device) instead
-    // of copying the losses over and waiting; the step (plain_step, pipeline_step) fetches its M means in one copy
-    float* loss_dest;        // NULL: gpt2_forward returns the loss itself
-    StepLosses step_losses;  // the step's M means (llmc/classifier.h)
-    StepReport report;       // --fused-kernels on the GPU: loss, norm and verdict on the device (llmc/step_report.h)
+    float* host_losses;  // (B, T) the last forward's per-position losses, when brought to the host
+    StepOutputs outputs;  // the step's losses and the update's verdict (llmc/step_outputs.h)
 } GPT2;
 
 // In fp32 the parameters are their own master weights; in bf16 and fp16 an fp32 copy is kept.
@@ -222,7 +218,9 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     gpt2_init_norm_parts(model);
-    model->report.on = comm->kernels_wait = kernels->fused && !TARGET_IS_CPU;  // (TP's sums: comm_join_for_kernels)
+    // --fused-kernels on the GPU: the step's outputs stay on the device, and only kernels wait for TP's sums
+    model->outputs.on_device = kernels->fused && !TARGET_IS_CPU;
+    comm->kernels_wait = model->outputs.on_device;  // (comm_join_for_kernels)
 }
 
 // For real runs and tests: builds for this build's precision, allocating everything.
@@ -249,9 +247,9 @@ static void gpt2_free(GPT2* model) {
     }
     free(model->params.layers), free(model->grads.layers);
     free_layout(&model->layout), zero_plan_free(&model->zero);
-    norm_parts_free(&model->norm_parts), step_report_free(&model->report);
+    norm_parts_free(&model->norm_parts);
+    step_outputs_free(&model->outputs);
     free(model->host_losses);
-    device_free(model->step_losses.means);
 }
 
 static floatX* owned_params(GPT2* model, int b) {  // bucket b's owned range of the parameters (ZeRO-3: in its shard)
@@ -541,57 +539,58 @@ static void recompute_segment(GPT2* model, const Activations* a, int li, int B, 
     }
 }
 
-// Forward pass of this rank's pipeline stage over a micro-batch (B, T), on the activation set a (a
-// micro-batch slot, or the work set: see micro_batch_activations). The first stage starts from the token
-// ids `inputs` (host); the others from a->encoded, which the pipeline has filled with the previous
-// stage's output. The last stage, given targets, returns the mean loss (and with dloss != 0 leaves
-// dlogits, scaled by dloss, in a->logits for gpt2_backward); without targets a->logits holds the logits.
-// Other stages return 0 and leave their output in stage_output(). Without pipelining the one stage is
-// first and last. B, T may be below the allocated.
-static float gpt2_forward(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T, float dloss) {
+// The token ids of a micro-batch (B, T) into the activation set a, where forward and backward read them
+// on the device: `inputs` if the current chunk embeds (it is the first), `targets` if it classifies (the
+// last; NULL: none). They go through the set's host buffers, pinned with --fused-kernels so that the
+// copies do not wait: the host first waits until the set's previous copies have run (ids_copied). The
+// GPU's embedding backward also groups the host copy of the inputs.
+static void stage_token_ids(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T) {
+    size_t bytes = (size_t)B * T * sizeof(int);
+    int nowait = model->kernels.fused;
+    device_event_wait(&a->ids_copied);
+    if (model->chunk->first) {
+        memcpy(a->host_inputs, inputs, bytes);
+        copy_host_buffer_to_device(a->inputs, a->host_inputs, bytes, &a->ids_copied, nowait);
+    }
+    if (model->chunk->last && targets != NULL) {
+        memcpy(a->host_targets, targets, bytes);
+        copy_host_buffer_to_device(a->targets, a->host_targets, bytes, &a->ids_copied, nowait);
+    }
+}
+
+// Forward pass of the current chunk of this rank's layers (its pipeline stage, or one of its virtual
+// stages) over a micro-batch (B, T), on the activation set a (a micro-batch slot, or the work set: see
+// micro_batch_activations), whose token ids stage_token_ids has put in place. The first chunk starts from
+// the ids; the others from a->encoded, which the pipeline has filled with the previous stage's output.
+// The last chunk leaves the logits in a->logits or, with targets, each position's loss in a->losses (and
+// with dloss != 0 dlogits, scaled by dloss, in a->logits for gpt2_backward). The others leave their
+// output in stage_output(). Without pipelining the one chunk is first and last. B, T may be below the
+// allocated.
+static void gpt2_forward(GPT2* model, Activations* a, int B, int T, float dloss, int with_targets) {
     const GPT2Config* c = &model->config;
     check_internal(model->B > 0, "gpt2_forward before gpt2_allocate_activations");
-    if (B * T > model->B * model->T || T > model->T) fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
+    check_internal(B * T <= model->B * model->T && T <= model->T, "a batch larger than the activations allocated");
     int C = c->C, tp = model->place.tp, l0 = model->chunk->l0, Ls = model->chunk->l1 - l0, first = model->chunk->first;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
     int fused = model->kernels.fused;
     size_t BT = (size_t)B * T;
     Comm* comm = model->comm;
-    // the ids into this set's host buffers (the pipeline passes them there already), once the copies
-    // from them of the set's previous forward have run
-    int stage_inputs = first && inputs != a->host_inputs;
-    int stage_targets = model->chunk->last && targets != NULL && targets != a->host_targets;
-    if (stage_inputs || stage_targets) device_event_wait(&a->ids_copied);
-    if (stage_inputs) memcpy(a->host_inputs, inputs, BT * sizeof(int));
-    if (stage_targets) memcpy(a->host_targets, targets, BT * sizeof(int));
     zero3_need_ends(comm, &model->zero3, &model->zero);  // ZeRO-3: the embeddings and final LayerNorm, gathered
-    if (first) {
-        copy_host_buffer_to_device(a->inputs, a->host_inputs, BT * sizeof(int), &a->ids_copied, fused);
-        // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
-        vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C, c->Vp);
-    }
+    if (first)  // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
+        vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C,
+                                         c->Vp);
     for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
         LayerActs la = layer_acts(model, a, li, B, T);
         zero3_need_layer(comm, &model->zero3, &model->zero, l0 + li, li + 1 < Ls ? l0 + li + 1 : -1);  // ZeRO-3: gathered
         layer_forward(model, &la, &model->params.layers[l0 + li], B, T);
     }
-    if (!model->chunk->last) return 0.0f;
+    if (!model->chunk->last) return;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_output(model, a, Ls - 1, B, T), model->params.lnfw,
                       model->params.lnfb, BT, C, fused);
     matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
-    if (targets == NULL) return 0.0f;
-
-    copy_host_buffer_to_device(a->targets, a->host_targets, BT * sizeof(int), &a->ids_copied, fused);
+    if (!with_targets) return;
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, fused);
     else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
-    if (model->loss_dest != NULL) {  // a training step with --fused-kernels: the mean stays on the device
-        loss_mean(model->loss_dest, a->losses, (int)BT);
-        return 0.0f;
-    }
-    copy_to_host(model->host_losses, a->losses, BT * sizeof(float));
-    double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += model->host_losses[i];
-    return (float)(sum / BT);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -740,11 +739,12 @@ static void gpt2_init_norm_parts(GPT2* model) {
 }
 
 // One AdamW step number t (1-based) on the part of every tensor this rank owns; the gradients are multiplied
-// by grad_scale first (clipping, and 1 / the loss scale), or by the device's (`verdict`, llmc/step_report.h).
-static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, float grad_scale, const float* verdict) {
+// first by the verdict's factor (clipping, and 1 / the loss scale), decided on the host or on the device
+// (llmc/step_outputs.h; there AdamW also skips itself on the device's verdict).
+static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, const UpdateVerdict* verdict) {
     const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
-    AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = grad_scale,
+    AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = verdict->grad_scale,
                       .t = t, .stochastic = model->stochastic_rounding, .index_base = 0};
     AdamWRange ranges[ADAMW_BATCH];  // (passed on ADAMW_BATCH at a time: with --fused-kernels 1 a launch each on the GPU)
     int n = 0;
@@ -756,44 +756,33 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
                                    .param_copy = master_is_params(model) ? NULL : owned_params(model, s->bucket) + in_bucket,
                                    .grad = owned_grads(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
                                    .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
-        if (n == ADAMW_BATCH) adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict), n = 0;
+        if (n == ADAMW_BATCH) {
+            adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict->on_device);
+            n = 0;
+        }
     }
-    if (n > 0) adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict);
+    if (n > 0) adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict->on_device);
     zero3_params_changed(&model->zero3);
 }
 
 // The optimizer step: clips the gradients by their global norm (clip_grad_norm_ semantics; grad_clip 0
 // disables) and takes AdamW step t on the part of the parameters this rank owns (all of them at ZeRO
-// stage 0, its chunk of every bucket at stages 1-3, all-gathered at 1 and 2). Returns the norm before
-// clipping. With a loss scaler (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value:
-// the norm and the update divide it out, and if any rank's gradients overflowed the step is skipped
-// everywhere (*skipped = 1; parameters and optimizer state untouched). Without loss scaling, a non-finite
-// norm is returned before anything is updated: the run has diverged, and the caller ends it. Every rank
-// sees the same norm, so every rank reaches the same verdict. With a report on the device, the device decides
-// before AdamW and the host learns it after, with the step's mean loss (*loss, llmc/step_report.h).
+// stage 0, its chunk of every bucket at stages 1-3, all-gathered at 1 and 2). With a loss scaler
+// (llmc/loss_scaler.h; NULL: none) the gradients hold scale x their value: the norm and the update divide
+// it out, and if any rank's gradients overflowed the step is skipped everywhere (*skipped = 1; parameters
+// and optimizer state untouched). A non-finite loss, or a non-finite norm without loss scaling, updates
+// nothing: the run has diverged, and the caller ends it. Every rank reaches the same verdict. The step's
+// outputs (llmc/step_outputs.h) decide it on the host or on the device, and give the step's mean loss
+// (*loss) and the norm before clipping (returned) afterwards.
 static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped, double* loss) {
-    float scale = scaler ? loss_scale(scaler) : 1.0f;  // the scale backward ran with (the check may change it)
-    if (model->report.on) {
-        step_report_verdict(&model->report, model->comm, &model->norm_parts, &model->kernel_scratch.norm, model->zero.stage, scale,
-                            o->grad_clip);
-        gpt2_adamw_owned(model, o, lr, t, 1.0f, model->report.d + REPORT_NONFINITE);  // (skips the step on the verdict)
-        zero_gather_params(model->comm, &model->zero, model->params_memory), comm_join(model->comm);
-        return step_report_fetch(&model->report, scaler, model->place.dp, loss, skipped);
+    UpdateVerdict verdict = step_outputs_verdict(&model->outputs, model->comm, &model->norm_parts, &model->kernel_scratch.norm,
+                                                 model->place.tp, model->zero.stage, scaler, o->grad_clip, model->kernels.fused);
+    if (verdict.apply) {
+        gpt2_adamw_owned(model, o, lr, t, &verdict);
+        zero_gather_params(model->comm, &model->zero, model->params_memory);
+        comm_join(model->comm);
     }
-    double sumsq = grad_sumsq_on_host(&model->norm_parts, model->comm, &model->kernel_scratch.norm, model->place.tp, model->zero.stage,
-                                      model->kernels.fused);
-    if (skipped) *skipped = 0;
-    if (loss_scaler_check(scaler, model->comm, sumsq)) {
-        *skipped = 1;
-        return INFINITY;
-    }
-    float norm = (float)sqrt(sumsq) / scale;
-    if (!isfinite(norm)) return norm;  // diverged: parameters and optimizer state stay as they were
-    float clip_coef = o->grad_clip > 0.0f ? o->grad_clip / (norm + 1e-6f) : 1.0f;
-    gpt2_adamw_owned(model, o, lr, t, (clip_coef < 1.0f ? clip_coef : 1.0f) / scale, NULL);
-    zero_gather_params(model->comm, &model->zero, model->params_memory);
-    comm_join(model->comm);
-    return norm;
+    return step_outputs_fetch(&model->outputs, scaler, model->place.dp, loss, skipped);
 }
 
 // The parameters as the update of step t left them: each owned range of the master weights rounded the
@@ -817,118 +806,90 @@ static void gpt2_round_params(GPT2* model, int t) {
 // 7. the step: forward and backward over an optimizer step's micro-batches, plain or pipelined
 
 // The plain step, one stage (no pipelining): gradient accumulation over M micro-batches, each a forward
-// and a backward that adds into the gradients. The last micro-batch's backward also reduces them across
-// the DP group (at ZeRO-2 every micro-batch's does: see gpt2_backward), bucket by bucket as each layer's
-// become final (gradients_ready), so a layer's reduction overlaps the backward of the layers below it. Returns the mean loss of the global batch (every rank).
-static float plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
+// and a backward that adds into the gradients, and its mean loss into the step's outputs. The last
+// micro-batch's backward also reduces them across the DP group (at ZeRO-2 every micro-batch's does: see
+// gpt2_backward), bucket by bucket as each layer's become final (gradients_ready), so a layer's reduction
+// overlaps the backward of the layers below it.
+static void plain_step(GPT2* model, DataLoader* loader, int M, long long step, float dloss) {
     const Placement* pl = &model->place;
     Activations* a = &model->chunk->slots[0];
-    int defer_loss = model->kernels.fused;  // --fused-kernels: the mean losses stay on the device, fetched once
-    if (defer_loss) step_losses_reserve(&model->step_losses, M);
-    double loss = 0.0, t_start = wall_seconds();
+    int B = loader->B, T = loader->T;
     for (int m = 0; m < M; m++) {
         dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
+        stage_token_ids(model, a, loader->inputs, loader->targets, B, T);
         double t0 = trace_now_us(model->tracer);
-        model->loss_dest = defer_loss ? model->step_losses.means + m : NULL;
-        loss += gpt2_forward(model, a, loader->inputs, loader->targets, loader->B, loader->T, dloss);
+        gpt2_forward(model, a, B, T, dloss, 1);
+        step_outputs_loss(&model->outputs, m, a->losses, B * T, model->host_losses);
         trace_add(model->tracer, "forward", "F", m, t0);
         t0 = trace_now_us(model->tracer);
-        gpt2_backward(model, a, loader->B, loader->T, m == M - 1);  // DP: the last micro-batch reduces (ZeRO-2, 3: each)
+        gpt2_backward(model, a, B, T, m == M - 1);  // DP: the last micro-batch reduces (ZeRO-2, 3: each)
         trace_add(model->tracer, "backward", "B", m, t0);
     }
-    model->loss_dest = NULL;
-    if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;  // (--trace's busy share)
-    if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, M), 0.0f;  // (gpt2_update reports it)
-    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
-    double mean = loss / M;
-    comm_all_reduce_host(model->comm, &model->comm->dp_group, &mean, 1, REDUCE_AVG);  // the DP ranks average theirs
-    return (float)mean;
 }
 
-// --- the pipeline step (--pp > 1): its forward and backward actions (their messages: pipe_exchange in
-// llmc/pipeline.h), then the step itself. Each action works on one chunk of the stage's layers
+// --- the pipeline step (--pp > 1): one loop over the stage's plan (llmc/pipeline.h), whose steps are
+// actions (a forward, a backward or ZB-H1's W of one micro-batch, on its slot) and exchanges (messages to
+// and from the neighbouring stages, pipe_sendrecv). Each action works on one chunk of the stage's layers
 // (model->chunk: the whole stage but with --virtual-stages), whose messages go round the ring of stages.
 
 static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
     return layer_output(model, a, model->chunk->l1 - model->chunk->l0 - 1, B, T);
 }
 
-// The activations forward and backward of micro-batch i (B, T) work on: its slot. With
-// rematerialization the one full work set, starting from the slot's stage input.
-static Activations* micro_batch_activations(GPT2* model, int i, int B, int T) {
+// The activations forward and backward of micro-batch m (B, T) work on: its slot. With
+// rematerialization the one full work set, starting from the slot's stage input and ids.
+static Activations* micro_batch_activations(GPT2* model, int m, int B, int T) {
     Chunk* ck = model->chunk;
-    Activations* slot = &ck->slots[i % ck->n_slots];
+    Activations* slot = &ck->slots[m % ck->n_slots];
     if (!model->rematerialize) return slot;
     if (!ck->first) device_copy(ck->work.encoded, slot->encoded, (size_t)B * T * model->config.C * sizeof(floatX));
+    stage_token_ids(model, &ck->work, slot->host_inputs, slot->host_targets, B, T);
     return &ck->work;
 }
 
-// A forward action of the schedule: micro-batch m (number `batch` in the data order) is loaded, its input
-// arrives from the previous stage (paired with the pending send when that goes there too), forward runs,
-// and its output becomes the pending send to the next stage. (pending NULL: the interleaved schedule,
-// whose exchanges are steps of their own: the input is there.) With defer_loss the mean loss stays on the
-// device (model->step_losses.means[m]). Returns the loss (0 when deferred, and on all but the last stage).
-static float schedule_forward(GPT2* model, DataLoader* loader, PendingSend* pending, int m, long long batch, float dloss,
-                              int defer_loss) {
+// A forward action: micro-batch m (number `batch` in the data order) is loaded into its slot (every stage
+// reads the ids it needs: the first the inputs, the last the targets), and forward runs; its input is
+// there (the exchange before it received it). The last stage adds its mean loss to the step's outputs.
+static void schedule_forward(GPT2* model, DataLoader* loader, int m, long long batch, float dloss) {
     int B = loader->B, T = loader->T;
-    Chunk* ck = model->chunk;
-    Activations* slot = &ck->slots[m % ck->n_slots];
-    dataloader_load(loader, batch);  // every stage reads the ids it needs
-    device_event_wait(&slot->ids_copied);  // (the copies from the slot's ids for micro-batch m - n_slots have run)
-    memcpy(slot->host_inputs, loader->inputs, (size_t)B * T * sizeof(int));
-    memcpy(slot->host_targets, loader->targets, (size_t)B * T * sizeof(int));
-    char what[16];
-    snprintf(what, sizeof(what), "act %d", m);
-    if (pending) pipe_exchange(model->comm, model->tracer, pending, ck->first ? NULL : slot->encoded, ring_prev(&model->place), (size_t)B * T * model->config.C, what);
+    Activations* slot = &model->chunk->slots[m % model->chunk->n_slots];
+    dataloader_load(loader, batch);
+    stage_token_ids(model, slot, loader->inputs, loader->targets, B, T);
     Activations* a = micro_batch_activations(model, m, B, T);
-    double t0 = trace_now_us(model->tracer);
-    model->loss_dest = defer_loss ? model->step_losses.means + m : NULL;
-    float loss = gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
-    model->loss_dest = NULL;
-    trace_add(model->tracer, "forward", "F", m, t0);
-    if (pending && !ck->last) {
-        *pending = (PendingSend){.buf = stage_output(model, a, B, T), .peer = ring_next(&model->place), .shared = model->rematerialize};
-        memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
-    }
-    return loss;
+    gpt2_forward(model, a, B, T, dloss, 1);
+    if (model->chunk->last) step_outputs_loss(&model->outputs, m, a->losses, B * T, model->host_losses);
 }
 
-// A backward action: the gradient of micro-batch m's output arrives from the next stage (into dresidual,
-// one buffer that every activation set shares), backward runs (after recomputing the forward when the
-// slots are rematerialized), and the input's gradient becomes the pending send to the previous stage.
-// (pending NULL: interleaved, the gradient is in dreceived, and dresidual is sent by the exchange after.)
-// `communicate`: this is the step's last micro-batch, whose backward reduces the gradients (see
-// gpt2_backward). ZB-H1 (the chunk has douts): this is B, which keeps the output gradients for its W.
-static void schedule_backward(GPT2* model, PendingSend* pending, int m, int B, int T, float dloss, int communicate) {
+// A backward action: the gradient of micro-batch m's output is in dresidual (one buffer that every
+// activation set shares; the exchange before it received it there, or, staged, into dreceived, which is
+// copied over first). Backward runs, after recomputing the forward when the slots are rematerialized, and
+// leaves its input's gradient in dresidual. `communicate`: this is the step's last micro-batch, whose
+// backward reduces the gradients (see gpt2_backward). ZB-H1 (the chunk has douts): this is B, which keeps
+// the output gradients for its W.
+static void schedule_backward(GPT2* model, const PipeAction* act, int B, int T, float dloss, int communicate) {
     Chunk* ck = model->chunk;
+    int m = act->micro;
     Activations* slot = &ck->slots[m % ck->n_slots];
-    char what[16];
-    snprintf(what, sizeof(what), "grad %d", m);
-    size_t n = (size_t)B * T * model->config.C;
-    if (pending) pipe_exchange(model->comm, model->tracer, pending, ck->last ? NULL : slot->dresidual, ring_next(&model->place), n, what);
-    else if (!ck->last) device_copy(slot->dresidual, slot->dreceived, n * sizeof(floatX));
+    if (act->staged) device_copy(slot->dresidual, slot->dreceived, (size_t)B * T * model->config.C * sizeof(floatX));
     Activations* a = micro_batch_activations(model, m, B, T);
-    double t0 = trace_now_us(model->tracer);
-    if (model->rematerialize) gpt2_forward(model, a, slot->host_inputs, slot->host_targets, B, T, dloss);
+    if (model->rematerialize) gpt2_forward(model, a, B, T, dloss, 1);
     model->douts_set = ck->n_douts ? m % ck->n_douts : -1;  // (ZB-H1: a set per B until its W)
     gpt2_backward(model, a, B, T, communicate);
     model->douts_set = -1;
-    trace_add(model->tracer, "backward", "B", m, t0);
-    if (pending && !ck->first) {
-        *pending = (PendingSend){.buf = a->dresidual, .peer = ring_prev(&model->place), .shared = 1};
-        memcpy(pending->what, what, sizeof(what));  // (the message sent on carries micro-batch m too)
-    }
 }
 
-// The buffer of a message of the interleaved schedule's exchanges (pipe_sendrecv, llmc/pipeline.h): an
-// activation goes out of its slot's stage output and into the slot's input; a gradient out of its chunk's
-// dresidual (its backward has just run) and into the chunk's dreceived (copied to dresidual at its turn).
+// The buffer of a message of an exchange (pipe_sendrecv): an activation goes out of its micro-batch's
+// stage output (with rematerialization: the work set's, which its forward has just filled) and into the
+// slot's input; a gradient out of dresidual (its backward has just run) and into dresidual, or when the
+// plan stages it, into the chunk's dreceived. NULL: the step has no such message.
 static floatX* message_buffer(GPT2* model, const PipeMessage* msg, int received, int B, int T) {
     if (msg->peer < 0) return NULL;
     model->chunk = &model->chunks[msg->chunk];
-    Activations* a = &model->chunk->slots[msg->micro % model->chunk->n_slots];
-    if (msg->backward) return received ? a->dreceived : a->dresidual;
-    return received ? a->encoded : stage_output(model, a, B, T);
+    Chunk* ck = model->chunk;
+    Activations* slot = &ck->slots[msg->micro % ck->n_slots];
+    if (msg->backward) return received && msg->staged ? slot->dreceived : slot->dresidual;
+    if (received) return slot->encoded;
+    return stage_output(model, model->rematerialize ? &ck->work : slot, B, T);
 }
 
 // PP: wte is tied, the first stage's embedding and the last stage's classifier both use it, so its
@@ -946,51 +907,36 @@ static void sum_tied_embedding_grads(GPT2* model) {
     comm_join(comm);
 }
 
-// The pipeline step (--pp > 1): this stage runs its schedule for one optimizer step of M micro-batches
+// The pipeline step (--pp > 1): this stage runs its plan for one optimizer step of M micro-batches
 // (llmc/pipeline.h): receive the input, forward, send the output; receive the output's gradient,
 // backward, send the input's gradient (ZB-H1: and later the W's). The last micro-batch's backward (its W)
-// reduces the gradients across the DP group as they become final. Returns the global batch's mean loss.
-static float pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
-    Comm* comm = model->comm;
+// reduces the gradients across the DP group as they become final.
+static void pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, int M, long long step, float dloss) {
     const Placement* pl = &model->place;
-    PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * model->n_chunks + 2) * sizeof(PipeStep));
-    int n = pipeline_plan(schedule, pl->pp, pl->pp_rank, M, model->n_chunks, steps);
-    PendingSend pending = {.buf = NULL, .peer = -1, .shared = 0, .what = ""};  // (GPipe, 1F1B: exchanges in the actions)
-    PendingSend* exchange_first = schedule == SCHEDULE_INTERLEAVED ? NULL : &pending;
-    double loss = 0.0, t_start = wall_seconds();
-    size_t BTC = (size_t)loader->B * loader->T * model->config.C;  // (a message's elements)
-    int defer_loss = model->kernels.fused && model->last;  // the micro-steps' mean losses stay on the device
-    if (defer_loss) step_losses_reserve(&model->step_losses, M);
+    int B = loader->B, T = loader->T, V = model->n_chunks;
+    PipeStep* plan = (PipeStep*)malloc_check((size_t)pipeline_plan_capacity(M, V) * sizeof(PipeStep));
+    int n = pipeline_plan(schedule, pl->pp, pl->pp_rank, M, V, plan);
     for (int i = 0; i < n; i++) {
-        if (steps[i].exchange) {  // interleaved
-            floatX* send = message_buffer(model, &steps[i].send, 0, loader->B, loader->T);
-            pipe_sendrecv(comm, model->tracer, &steps[i], send, message_buffer(model, &steps[i].recv, 1, loader->B, loader->T), BTC);
+        const PipeStep* st = &plan[i];
+        if (st->exchange) {  // (a send's buffer is shared, and waited for, if the next action overwrites it)
+            floatX* send = message_buffer(model, &st->send, 0, B, T);
+            floatX* recv = message_buffer(model, &st->recv, 1, B, T);
+            int shared = st->send.backward || model->rematerialize;
+            pipe_sendrecv(model->comm, model->tracer, st, send, recv, shared, (size_t)B * T * model->config.C, V);
             continue;
         }
-        int m = steps[i].action.micro;
-        model->chunk = &model->chunks[steps[i].action.chunk];
+        int m = st->action.micro;
         long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
-        int kind = steps[i].action.kind;
-        if (kind == PIPE_F) loss += schedule_forward(model, loader, exchange_first, m, batch, dloss, defer_loss);
-        else if (kind == PIPE_B) schedule_backward(model, exchange_first, m, loader->B, loader->T, dloss, m == M - 1);  // (a chunk's last)
-        else {  // ZB-H1's W, from the slot's activations and what its B kept (its send first, if it goes alone)
-            if (send_before_weights(steps, n, i, pl->pp, pl->pp_rank)) pipe_exchange(comm, model->tracer, &pending, NULL, -1, BTC, NULL);
-            double t0 = trace_now_us(model->tracer);
-            gpt2_backward_weights(model, m, loader->B, loader->T, m == M - 1);
-            trace_add(model->tracer, "backward", "W", m, t0);
-        }
+        model->chunk = &model->chunks[st->action.chunk];
+        double t0 = trace_now_us(model->tracer);
+        if (st->action.kind == PIPE_F) schedule_forward(model, loader, m, batch, dloss);
+        else if (st->action.kind == PIPE_B) schedule_backward(model, &st->action, B, T, dloss, m == M - 1);  // (a chunk's last)
+        else gpt2_backward_weights(model, m, B, T, m == M - 1);  // ZB-H1's W, from the slot and what its B kept
+        trace_action(model->tracer, st->action, V, t0);
     }
-    pipe_exchange(model->comm, model->tracer, &pending, NULL, -1, BTC, NULL);
-    comm_join(comm);  // the last sends are done before the slots are used again
-    free(steps);
-    if (model->tracer && model->tracer->enabled) model->tracer->pipeline_s += wall_seconds() - t_start;
+    comm_join(model->comm);  // the last sends are done before the slots are used again
+    free(plan);
     sum_tied_embedding_grads(model);
-    if (model->report.on) return step_report_loss(&model->report, model->step_losses.means, defer_loss ? M : 0), 0.0f;
-    if (defer_loss) loss += step_losses_sum(&model->step_losses, M);
-    double mean = model->last ? loss / M : 0.0;  // the last stage has the loss; the DP ranks average theirs
-    comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);
-    comm_all_reduce_host(comm, &comm->dp_group, &mean, 1, REDUCE_AVG);
-    return (float)mean;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1044,11 +990,11 @@ static Activations* forward_only_activations(GPT2* model) {
 // Forward-only through the pipeline (evaluation, sampling), chunk after chunk of this stage: receive the
 // chunk's input (B, T, C) from the previous stage, forward, send the output to the next. Each transfer is
 // waited for: nothing overlaps outside training. Leaves the stage's last chunk current (the last stage's
-// holds the logits). Returns gpt2_forward's loss (the last stage's; 0 on the others).
+// holds the logits). With targets, the last stage brings each position's loss to model->host_losses and
+// returns their mean (0 on the others, and without targets).
 static float forward_through_stages(GPT2* model, const int* inputs, const int* targets, int B, int T) {
     Comm* comm = model->comm;
     size_t n = (size_t)B * T * model->config.C;
-    float loss = 0.0f;
     for (int v = 0; v < model->n_chunks; v++) {
         model->chunk = &model->chunks[v];
         Activations* a = forward_only_activations(model);
@@ -1056,13 +1002,15 @@ static float forward_through_stages(GPT2* model, const int* inputs, const int* t
             comm_recv(comm, &comm->pp_group, a->encoded, n, DT_FLOATX, ring_prev(&model->place));
             comm_join(comm);
         }
-        loss = gpt2_forward(model, a, inputs, targets, B, T, 0.0f);
+        stage_token_ids(model, a, inputs, targets, B, T);
+        gpt2_forward(model, a, B, T, 0.0f, targets != NULL);
         if (!model->chunk->last) {
             comm_send(comm, &comm->pp_group, stage_output(model, a, B, T), n, DT_FLOATX, ring_next(&model->place));
             comm_join(comm);
         }
     }
-    return loss;
+    if (!model->last || targets == NULL) return 0.0f;
+    return mean_loss_on_host(model->host_losses, forward_only_activations(model)->losses, (size_t)B * T);
 }
 
 // Mean validation loss over max_batches global micro-batches: DP rank d of D evaluates micro-batches
@@ -1372,18 +1320,20 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     double t0 = wall_seconds();
     trace_step_begin(&run->tracer, comm, tc->trace != NULL, step - run->start_step, tc->trace_steps, tc->fault.clock_skew);
     gpt2_zero_grad(model);
+    step_outputs_begin(&model->outputs, tc->grad_accum);
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
-    if (model->place.pp == 1) r.loss = plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
-    else r.loss = pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
-    end_if_loss_diverged(comm, step + 1, r.loss);  // (with a report on the device the loss is 0 here: gpt2_update fills it in)
+    double t_pipeline = wall_seconds();
+    if (model->place.pp == 1) plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
+    else pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
+    trace_pipeline_time(&run->tracer, wall_seconds() - t_pipeline);  // (--trace's busy share)
     if (fault_inf_due(&tc->fault, comm->world_rank, step + 1)) inject_inf_gradient(model);
     r.lr = learning_rate(tc, step);
     double t_opt = trace_now_us(&run->tracer);
     float scale_before = loss_scale(&run->scaler);
     r.norm = gpt2_update(model, &tc->opt, r.lr, (int)(run->updates + 1), &run->scaler, &r.skipped, &r.loss);
     trace_add(&run->tracer, "optimizer", "AdamW", -1, t_opt);
-    end_if_loss_diverged(comm, step + 1, r.loss);  // (the device's verdict has skipped AdamW then)
+    end_if_loss_diverged(comm, step + 1, r.loss);  // (the verdict has updated nothing then)
     if (losses && step < max_losses) losses[step] = (float)r.loss;
     if (r.skipped) {
         if (run->main_rank)

@@ -14,7 +14,7 @@
  * (evaluation).
  * loss_mean() reduces the per-position losses to their mean where they are (one float on the device), so
  * that a training step with --fused-kernels 1 brings its micro-steps' losses to the host in one copy at
- * its end instead of one copy (and one wait) per micro-step.
+ * its end instead of one copy (and one wait) per micro-step (llmc/step_outputs.h).
  * With --fused-kernels 1 the GPU kernel reads and writes 16 bytes at a time (Pack128) and folds a whole
  * pack into the running (max, sum) with one rescale; Vp % Pack128::size == 0 and aligned logits are
  * needed (Vp is a multiple of 128; the launcher checks and otherwise uses the scalar kernel).
@@ -226,30 +226,4 @@ static void classifier_forward_backward(floatX* logits, float* losses, const int
         classifier_kernel<<<N, CLASSIFIER_SCALAR_THREADS, 0, main_stream>>>(logits, losses, targets, dloss, N, V, Vp);
     launchCheck();
 #endif
-}
-
-// --fused-kernels: a training step's M mean losses (one per micro-batch) stay on the device, each written
-// by loss_mean, and are fetched with one copy at the end of the step
-typedef struct {
-    float* means;  // (cap) on the device
-    int cap;
-} StepLosses;
-
-// room for a step's M means (grown when a step has more micro-batches)
-static void step_losses_reserve(StepLosses* s, int M) {
-    if (s->cap >= M) return;
-    device_free(s->means);
-    s->means = (float*)device_malloc((size_t)M * sizeof(float));
-    s->cap = M;
-}
-
-// The sum of the step's M means: one copy for the whole step, added in micro-step order (the order the
-// forwards ran in, so the sum equals the one of the losses each forward would have returned)
-static double step_losses_sum(const StepLosses* s, int M) {
-    float* means = (float*)malloc_check((size_t)M * sizeof(float));
-    copy_to_host(means, s->means, (size_t)M * sizeof(float));
-    double sum = 0.0;
-    for (int m = 0; m < M; m++) sum += means[m];
-    free(means);
-    return sum;
 }

@@ -46,11 +46,13 @@
  * (P-1)/(V*M+P-1) for the interleaved schedule (a chunk's forward taking one slot): 3 of 15 slots above,
  * and (P-1)/(3M+P-1) for ZB-H1 (F, B, W one slot each), a third of 1F1B's idle time.
  *
- * The schedule is a list of actions; train_gpt.cu executes it (pipeline_step). Its messages go through
- * pipe_exchange (below), which pairs each send with the receive that follows it when both go to the same
- * neighbour, so two neighbours never both block in a send. Messages between stages are not tagged: on
- * each (sender, receiver) pair they are matched in the order they were sent, which the schedules keep
- * (tests/pipeline_parallel.sh checks it on --print-schedule's messages).
+ * One protocol for every schedule: pipeline_plan turns a stage's actions into a list of steps, each an
+ * action or an exchange (a send and a receive, one sendrecv when paired), decided when the plan is made;
+ * train_gpt.cu's pipeline_step is one loop over them: an action runs on its micro-batch's slot, an
+ * exchange calls pipe_sendrecv (below). Messages between stages are not tagged: on each (sender,
+ * receiver) pair they are matched in the order they were sent, which the plans keep; --print-schedule
+ * prints the same steps, and tests/pipeline_parallel.sh runs every schedule's printed steps as blocking
+ * operations and checks that they all complete.
  */
 #pragma once
 
@@ -91,9 +93,10 @@ static void pipeline_trace_finish(const Tracer* tracer, const char* path, Schedu
 enum { PIPE_F, PIPE_B, PIPE_W };
 
 typedef struct {
-    int kind;   // PIPE_F, PIPE_B or PIPE_W
-    int micro;  // micro-batch index
-    int chunk;  // which of the stage's chunks (0 but for the interleaved schedule)
+    int kind;    // PIPE_F, PIPE_B or PIPE_W
+    int micro;   // micro-batch index
+    int chunk;   // which of the stage's virtual stages (0 but for the interleaved schedule)
+    int staged;  // B: its output's gradient was received before other work, into the chunk's dreceived
 } PipeAction;
 
 // First layer of each of the P stages (first[P] = L); with virtual stages P is P*V, the chunks.
@@ -138,11 +141,14 @@ static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* 
 }
 
 // ----------------------------------------------------------------------------------------------------
-// the schedules: a stage's actions, and for the interleaved schedule the exchanges between them
+// the plan: a stage's actions and the exchanges between them
 //
-// GPipe and 1F1B exchange before each action: the previous action's output goes out, paired with this
-// action's input when both go to the same neighbour (pipe_exchange, below). Around a ring of stages that
-// rule deadlocks: a send that must wait for its receiver (NCCL's always do, MPI's beyond a small size)
+// GPipe, 1F1B and ZB-H1 exchange before each forward and backward: the previous action's output goes
+// out, paired with this action's input in one sendrecv when both go to the same neighbour, so that two
+// neighbours never both block in a send (else the send, then the receive); before a ZB-H1 W, which has no
+// messages of its own, the send left over goes alone unless the next forward or backward receives from
+// the same neighbour (then they travel together after the W, as in 1F1B; the previous stage is busy until
+// then anyway). Around a ring of stages that rule deadlocks: a send that must wait for its receiver (NCCL's always do, MPI's beyond a small size)
 // can face a receiver that is itself waiting in a send to someone else. So the interleaved schedule
 // exchanges as Megatron's does, after its actions: after a warm-up forward, its output is sent and the
 // next forward's input received; after each steady-state pair (a forward, then a backward) the forward's
@@ -154,17 +160,19 @@ static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* 
 // operations and checks that they all complete, each message received in the order it was sent).
 
 // A message of an exchange: micro-batch `micro`'s activation (backward 0) or gradient (1), sent from or
-// received into chunk `chunk` of this stage; peer: the other stage (-1: no message)
+// received into chunk `chunk` of this stage; peer: the other stage (-1: no message). staged: a received
+// gradient that waits in the chunk's dreceived for its backward (the plan sets it: the backward does not
+// come next, or the same sendrecv sends a gradient out of dresidual, where it would otherwise land).
 typedef struct {
-    int peer, backward, micro, chunk;
+    int peer, backward, micro, chunk, staged;
 } PipeMessage;
 
-// A step of a stage's schedule: an action, or (interleaved) an exchange of a send and a receive posted
-// together (one sendrecv; either may be absent)
+// A step of a stage's plan: an action, or an exchange of a send and a receive (either may be absent)
 typedef struct {
     int exchange;  // 0: the action, 1: the exchange
     PipeAction action;
     PipeMessage send, recv;
+    int paired;  // the send and the receive go as one sendrecv (else the send first, then the receive)
 } PipeStep;
 
 // The interleaved schedule's k-th forward (or backward) of a stage: micro-batches in groups of P, each
@@ -191,43 +199,94 @@ static PipeMessage sent_by(PipeAction a, int P, int V, int s) {
     return (PipeMessage){.peer = peer, .backward = b, .micro = a.micro, .chunk = a.chunk};
 }
 
+static const PipeMessage NO_MESSAGE = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0, .staged = 0};
+
 static PipeStep action_step(PipeAction a) {
-    PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
-    return (PipeStep){.exchange = 0, .action = a, .send = none, .recv = none};
+    return (PipeStep){.exchange = 0, .action = a, .send = NO_MESSAGE, .recv = NO_MESSAGE, .paired = 0};
 }
 
-// Appends an exchange: the activations' sendrecv, then the gradients' (each only if it has a message)
-static int add_exchange(PipeStep* steps, int n, PipeMessage send_act, PipeMessage recv_act, PipeMessage send_grad, PipeMessage recv_grad) {
-    if (send_act.peer >= 0 || recv_act.peer >= 0) steps[n++] = (PipeStep){.exchange = 1, .action = {PIPE_F, 0, 0}, .send = send_act, .recv = recv_act};
-    if (send_grad.peer >= 0 || recv_grad.peer >= 0)
-        steps[n++] = (PipeStep){.exchange = 1, .action = {PIPE_F, 0, 0}, .send = send_grad, .recv = recv_grad};
+// Appends an exchange of `send` and `recv` if either has a message; `paired`: as one sendrecv
+static int add_exchange(PipeStep* steps, int n, PipeMessage send, PipeMessage recv, int paired) {
+    if (send.peer < 0 && recv.peer < 0) return n;
+    PipeAction none = {.kind = PIPE_F, .micro = 0, .chunk = 0, .staged = 0};
+    steps[n++] = (PipeStep){.exchange = 1, .action = none, .send = send, .recv = recv, .paired = paired};
     return n;
 }
 
-// The steps of stage s (of P, M micro-batches, V chunks per stage: 1 but for the interleaved schedule),
-// in order: its 2MV actions (ZB-H1: 3M) and, interleaved, the exchanges between them. `steps` holds
-// 6MV + 2. Returns their number.
-static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* steps) {
-    PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
-    int n = 0;
-    if (sched == SCHEDULE_GPIPE) {
-        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = m, .chunk = 0});
-        for (int m = 0; m < M; m++) steps[n++] = action_step((PipeAction){.kind = PIPE_B, .micro = m, .chunk = 0});
-        return n;
-    }
-    if (sched == SCHEDULE_1F1B || sched == SCHEDULE_ZBH1) {
-        // ZB-H1: 1F1B's forwards and backwards (B), and after the backward of micro-batch b the W of
-        // micro-batch b-s: stage s keeps s W's deferred, and runs them at the end
-        int warmup = P - s - 1 < M ? P - s - 1 : M, zb = sched == SCHEDULE_ZBH1;
-        int f = 0, b = 0, w = 0;
-        for (; f < warmup; f++) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = f, .chunk = 0});
-        while (b < M) {  // steady state: one forward, one backward; then the cool-down's backwards
-            if (f < M) steps[n++] = action_step((PipeAction){.kind = PIPE_F, .micro = f++, .chunk = 0});
-            steps[n++] = action_step((PipeAction){.kind = PIPE_B, .micro = b++, .chunk = 0});
-            if (zb && b - w > s) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
+// Appends the interleaved schedule's exchange: the activations' sendrecv, then the gradients' (each only
+// if it has a message)
+static int add_exchange_pair(PipeStep* steps, int n, PipeMessage send_act, PipeMessage recv_act, PipeMessage send_grad,
+                             PipeMessage recv_grad) {
+    n = add_exchange(steps, n, send_act, recv_act, 1);
+    return add_exchange(steps, n, send_grad, recv_grad, 1);
+}
+
+// GPipe, 1F1B, ZB-H1: the exchanges before the actions (the rule above). `acts`: the n actions in order;
+// `steps`: the plan, 2n + 1 at most. Returns its length.
+static int exchange_before_actions(const PipeAction* acts, int n, int P, int s, PipeStep* steps) {
+    int k = 0;
+    PipeMessage pending = NO_MESSAGE;  // the output of the action before, not sent yet
+    for (int i = 0; i < n; i++) {
+        if (acts[i].kind == PIPE_W) {  // its send goes first, unless the next forward or backward pairs it
+            int next = i + 1;
+            while (next < n && acts[next].kind == PIPE_W) next++;
+            int next_peer = next < n ? received_by(acts[next], P, 1, s).peer : -1;
+            if (pending.peer != next_peer) {
+                k = add_exchange(steps, k, pending, NO_MESSAGE, 0);
+                pending = NO_MESSAGE;
+            }
+            steps[k++] = action_step(acts[i]);
+            continue;
         }
-        if (zb)
-            while (w < M) steps[n++] = action_step((PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0});
+        PipeMessage recv = received_by(acts[i], P, 1, s);
+        k = add_exchange(steps, k, pending, recv, pending.peer >= 0 && pending.peer == recv.peer);
+        steps[k++] = action_step(acts[i]);
+        pending = sent_by(acts[i], P, 1, s);
+    }
+    return add_exchange(steps, k, pending, NO_MESSAGE, 0);
+}
+
+// Which received gradients wait in dreceived (PipeMessage.staged), and the backwards that take them from there
+static void mark_staged_gradients(PipeStep* steps, int n) {
+    for (int i = 0; i < n; i++) {
+        PipeMessage* r = &steps[i].recv;
+        if (!steps[i].exchange || r->peer < 0 || !r->backward) continue;
+        int j = i + 1;  // its backward
+        while (steps[j].exchange || steps[j].action.kind != PIPE_B || steps[j].action.micro != r->micro ||
+               steps[j].action.chunk != r->chunk)
+            j++;
+        r->staged = j != i + 1 || (steps[i].paired && steps[i].send.peer >= 0 && steps[i].send.backward);
+        steps[j].action.staged = r->staged;
+    }
+}
+
+// The steps of stage s (of P, M micro-batches, V chunks per stage: 1 but for the interleaved schedule),
+// in order: its 2MV actions (ZB-H1: 3M) and the exchanges between them. `steps` holds
+// pipeline_plan_capacity(M, V). Returns their number.
+static int pipeline_plan_capacity(int M, int V) { return 6 * M * V + 2; }
+static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* steps) {
+    int n = 0;
+    if (sched != SCHEDULE_INTERLEAVED) {
+        PipeAction* acts = (PipeAction*)malloc_check(3 * (size_t)M * sizeof(PipeAction));
+        if (sched == SCHEDULE_GPIPE) {
+            for (int m = 0; m < M; m++) acts[n++] = (PipeAction){.kind = PIPE_F, .micro = m, .chunk = 0, .staged = 0};
+            for (int m = 0; m < M; m++) acts[n++] = (PipeAction){.kind = PIPE_B, .micro = m, .chunk = 0, .staged = 0};
+        } else {
+            // ZB-H1: 1F1B's forwards and backwards (B), and after the backward of micro-batch b the W of
+            // micro-batch b-s: stage s keeps s W's deferred, and runs them at the end
+            int warmup = P - s - 1 < M ? P - s - 1 : M;
+            int zb = sched == SCHEDULE_ZBH1;
+            int f = 0, b = 0, w = 0;
+            for (; f < warmup; f++) acts[n++] = (PipeAction){.kind = PIPE_F, .micro = f, .chunk = 0, .staged = 0};
+            while (b < M) {  // steady state: one forward, one backward; then the cool-down's backwards
+                if (f < M) acts[n++] = (PipeAction){.kind = PIPE_F, .micro = f++, .chunk = 0, .staged = 0};
+                acts[n++] = (PipeAction){.kind = PIPE_B, .micro = b++, .chunk = 0, .staged = 0};
+                if (zb && b - w > s) acts[n++] = (PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0, .staged = 0};
+            }
+            while (zb && w < M) acts[n++] = (PipeAction){.kind = PIPE_W, .micro = w++, .chunk = 0, .staged = 0};
+        }
+        n = exchange_before_actions(acts, n, P, s, steps);
+        free(acts);
         return n;
     }
     // Interleaved: the M*V forwards in the order of interleaved_action, and the backwards likewise:
@@ -238,26 +297,29 @@ static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* s
     if (warmup > total) warmup = total;
 #define F(k) interleaved_action(0, k, P, V)
 #define B(k) interleaved_action(1, k, P, V)
-    n = add_exchange(steps, n, none, received_by(F(0), P, V, s), none, none);
+    PipeMessage none = NO_MESSAGE;
+    n = add_exchange_pair(steps, n, none, received_by(F(0), P, V, s), none, none);
     for (int k = 0; k < warmup; k++) {  // the last warm-up exchange also receives the first backward's gradient
         steps[n++] = action_step(F(k));
-        n = add_exchange(steps, n, sent_by(F(k), P, V, s), k + 1 < total ? received_by(F(k + 1), P, V, s) : none, none,
-                         k == warmup - 1 && warmup < total ? received_by(B(0), P, V, s) : none);
+        n = add_exchange_pair(steps, n, sent_by(F(k), P, V, s), k + 1 < total ? received_by(F(k + 1), P, V, s) : none, none,
+                              k == warmup - 1 && warmup < total ? received_by(B(0), P, V, s) : none);
     }
     for (int k = 0; k < total - warmup; k++) {  // steady state
         steps[n++] = action_step(F(k + warmup));
         steps[n++] = action_step(B(k));
-        n = add_exchange(steps, n, sent_by(F(k + warmup), P, V, s),
-                         k + warmup + 1 < total ? received_by(F(k + warmup + 1), P, V, s) : none, sent_by(B(k), P, V, s),
-                         received_by(B(k + 1), P, V, s));
+        PipeMessage next_input = k + warmup + 1 < total ? received_by(F(k + warmup + 1), P, V, s) : none;
+        n = add_exchange_pair(steps, n, sent_by(F(k + warmup), P, V, s), next_input, sent_by(B(k), P, V, s),
+                              received_by(B(k + 1), P, V, s));
     }
-    if (warmup == total) n = add_exchange(steps, n, none, none, none, received_by(B(0), P, V, s));
+    if (warmup == total) n = add_exchange_pair(steps, n, none, none, none, received_by(B(0), P, V, s));
     for (int k = total - warmup; k < total; k++) {  // cool-down
         steps[n++] = action_step(B(k));
-        n = add_exchange(steps, n, none, none, sent_by(B(k), P, V, s), k + 1 < total ? received_by(B(k + 1), P, V, s) : none);
+        PipeMessage next_grad = k + 1 < total ? received_by(B(k + 1), P, V, s) : none;
+        n = add_exchange_pair(steps, n, none, none, sent_by(B(k), P, V, s), next_grad);
     }
 #undef F
 #undef B
+    mark_staged_gradients(steps, n);
     return n;
 }
 
@@ -265,22 +327,9 @@ static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* s
 // also a W per micro-batch)
 static int actions_per_stage(Schedule sched, int M, int V) { return sched == SCHEDULE_ZBH1 ? 3 * M : 2 * M * V; }
 
-// ZB-H1: before the W at steps[i], the send left from the action before (an input gradient) goes out,
-// unless the next forward or backward receives from the same neighbour: then they travel together as one
-// sendrecv after the W, as in 1F1B (the previous stage is busy until then anyway). A W never waits for a
-// message, so either way the send leaves before anything this stage waits for.
-static int send_before_weights(const PipeStep* steps, int n, int i, int P, int s) {
-    int before = i - 1, after = i + 1;
-    while (before >= 0 && steps[before].action.kind == PIPE_W) before--;
-    while (after < n && steps[after].action.kind == PIPE_W) after++;
-    int sent = before >= 0 ? sent_by(steps[before].action, P, 1, s).peer : -1;
-    int next = after < n ? received_by(steps[after].action, P, 1, s).peer : -1;
-    return sent >= 0 && sent != next;
-}
-
 // The actions of stage s, in order (its plan without the exchanges). Returns their number.
 static int pipeline_schedule(Schedule sched, int P, int s, int M, int V, PipeAction* actions) {
-    PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * V + 2) * sizeof(PipeStep));
+    PipeStep* steps = (PipeStep*)malloc_check((size_t)pipeline_plan_capacity(M, V) * sizeof(PipeStep));
     int n = pipeline_plan(sched, P, s, M, V, steps), k = 0;
     for (int i = 0; i < n; i++)
         if (!steps[i].exchange) actions[k++] = steps[i].action;
@@ -332,61 +381,56 @@ static LayerDouts layer_douts(floatX* douts, int set, int li, int L, size_t BT, 
 // ----------------------------------------------------------------------------------------------------
 // the messages between stages, as the pipeline step (train_gpt.cu) exchanges them
 
-// The send left over from the previous action, if any, goes out now; if this action receives from
-// the same neighbour, the two travel as one paired send-receive (so that two neighbours never both
-// block sending to each other). recv_buf NULL: nothing to receive. Messages are named in traces by
-// what they carry: "act m" (micro-batch m's activations, forward) or "grad m" (their gradient, backward).
-typedef struct {
-    const floatX* buf;
-    int peer;    // stage index, -1: nothing pending
-    int shared;  // buf is shared (dresidual, or the rematerialized work set), which the next action overwrites: wait for the send
-    char what[16];  // "act m" or "grad m"
-} PendingSend;
-
-static void pipe_exchange(Comm* c, Tracer* tr, PendingSend* pending, floatX* recv_buf, int recv_peer, size_t n, const char* recv_what) {
-    char name[40];
-    double t0 = trace_now_us(tr);
-    if (pending->peer >= 0 && recv_buf != NULL && pending->peer == recv_peer) {
-        comm_sendrecv(c, &c->pp_group, pending->buf, pending->peer, recv_buf, recv_peer, n, DT_FLOATX);
-        comm_join(c);
-        snprintf(name, sizeof(name), "send %s, recv %s", pending->what, recv_what);
-        trace_add(tr, "sendrecv", name, -1, t0);
-    } else {
-        if (pending->peer >= 0) {
-            // A forward output lives in its micro-batch slot, which nothing writes before a later
-            // receive has been waited for (same stream, in order): its send is not waited for, and with
-            // NCCL it runs while the next forward computes. An input gradient is in the shared dresidual,
-            // and with rematerialization a forward output is in the shared work set: the next forward or
-            // backward overwrites them, so those sends are waited for.
-            comm_send(c, &c->pp_group, pending->buf, n, DT_FLOATX, pending->peer);
-            if (pending->shared) comm_join(c);
-            snprintf(name, sizeof(name), "send %s", pending->what);
-            trace_add(tr, "send", name, -1, t0);
-        }
-        if (recv_buf != NULL) {
-            t0 = trace_now_us(tr);
-            comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, recv_peer);
-            comm_join(c);
-            snprintf(name, sizeof(name), "recv %s", recv_what);
-            trace_add(tr, "recv", name, -1, t0);
-        }
-    }
-    pending->peer = -1;
+// A message's name in traces: what it carries, "act 3" (micro-batch 3's activation) or "grad 3" (its
+// gradient), "act 3.1" with virtual stages (out of, or into, chunk 1 of this stage)
+static void message_name(PipeMessage m, int V, char* out, size_t n) {
+    if (V > 1) snprintf(out, n, "%s %d.%d", m.backward ? "grad" : "act", m.micro, m.chunk);
+    else snprintf(out, n, "%s %d", m.backward ? "grad" : "act", m.micro);
 }
 
-// An exchange of the interleaved schedule: its send (from send_buf) and its receive (into recv_buf) as one
-// sendrecv, or the one there is, waited for; traced as "send act 3, recv grad 2"
-static void pipe_sendrecv(Comm* c, Tracer* tr, const PipeStep* st, const floatX* send_buf, floatX* recv_buf, size_t n) {
+// An exchange step: its send (out of send_buf) and its receive (into recv_buf; either NULL when the step
+// has none). Paired (st->paired), the two go as one sendrecv; otherwise the send, then the receive. A
+// receive is waited for. A lone send is waited for only when its buffer is `shared`: an input gradient
+// in the shared dresidual, or with rematerialization a forward output in the shared work set, which the
+// next action overwrites; a forward output in its micro-batch slot is written again only after a later
+// receive has been waited for (same stream, in order), so its send is not waited for, and with NCCL it
+// runs while the next forward computes. V: chunks per stage, for the traces' names ("send act 3, recv
+// grad 2").
+static void pipe_sendrecv(Comm* c, Tracer* tr, const PipeStep* st, const floatX* send_buf, floatX* recv_buf, int shared,
+                          size_t n, int V) {
+    char send_s[24], recv_s[24], name[60];
+    message_name(st->send, V, send_s, sizeof(send_s));
+    message_name(st->recv, V, recv_s, sizeof(recv_s));
     double t0 = trace_now_us(tr);
-    if (send_buf && recv_buf) comm_sendrecv(c, &c->pp_group, send_buf, st->send.peer, recv_buf, st->recv.peer, n, DT_FLOATX);
-    else if (send_buf) comm_send(c, &c->pp_group, send_buf, n, DT_FLOATX, st->send.peer);
-    else comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, st->recv.peer);
-    comm_join(c);
-    char send_s[24] = "", recv_s[24] = "", name[52];
-    if (send_buf) snprintf(send_s, sizeof(send_s), "send %s %d", st->send.backward ? "grad" : "act", st->send.micro);
-    if (recv_buf) snprintf(recv_s, sizeof(recv_s), "recv %s %d", st->recv.backward ? "grad" : "act", st->recv.micro);
-    snprintf(name, sizeof(name), "%s%s%s", send_s, send_buf && recv_buf ? ", " : "", recv_s);
-    trace_add(tr, send_buf && recv_buf ? "sendrecv" : send_buf ? "send" : "recv", name, -1, t0);
+    if (send_buf && recv_buf && st->paired) {
+        comm_sendrecv(c, &c->pp_group, send_buf, st->send.peer, recv_buf, st->recv.peer, n, DT_FLOATX);
+        comm_join(c);
+        snprintf(name, sizeof(name), "send %s, recv %s", send_s, recv_s);
+        trace_add(tr, "sendrecv", name, -1, t0);
+        return;
+    }
+    if (send_buf) {
+        comm_send(c, &c->pp_group, send_buf, n, DT_FLOATX, st->send.peer);
+        if (shared) comm_join(c);
+        snprintf(name, sizeof(name), "send %s", send_s);
+        trace_add(tr, "send", name, -1, t0);
+    }
+    if (recv_buf) {
+        t0 = trace_now_us(tr);
+        comm_recv(c, &c->pp_group, recv_buf, n, DT_FLOATX, st->recv.peer);
+        comm_join(c);
+        snprintf(name, sizeof(name), "recv %s", recv_s);
+        trace_add(tr, "recv", name, -1, t0);
+    }
+}
+
+// An action's span in traces: "F 3", "B 3" or "W 3" (micro-batch 3), with virtual stages "F 3.1" (chunk 1)
+static void trace_action(Tracer* tr, PipeAction a, int V, double start_us) {
+    char name[24];
+    char kind = a.kind == PIPE_F ? 'F' : a.kind == PIPE_B ? 'B' : 'W';
+    if (V > 1) snprintf(name, sizeof(name), "%c %d.%d", kind, a.micro, a.chunk);
+    else snprintf(name, sizeof(name), "%c %d", kind, a.micro);
+    trace_add(tr, a.kind == PIPE_F ? "forward" : "backward", name, -1, start_us);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -409,9 +453,9 @@ static void action_label(PipeAction a, int V, char* out, size_t n) {
     else snprintf(out, n, "%c%d", kind, a.micro);
 }
 
-// An exchange of stage s, as pipeline_step makes it: one sendrecv when `paired` (GPipe and 1F1B pair a
-// send and a receive with the same neighbour, pipe_exchange; the interleaved schedule pairs them all),
-// else the send, then the receive. "a3>1": micro-batch 3's activation sent to stage 1; "g3<2": its
+// An exchange of stage s, as pipeline_step makes it: one sendrecv when `paired` (GPipe, 1F1B and ZB-H1
+// pair a send and a receive with the same neighbour; the interleaved schedule pairs them all), else the
+// send, then the receive. "a3>1": micro-batch 3's activation sent to stage 1; "g3<2": its
 // gradient received from stage 2.
 static void print_exchange(PipeMessage send, PipeMessage recv, int paired, int P, int V, int s) {
     char send_s[48] = "", recv_s[48] = "", label[24];
@@ -438,8 +482,7 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
     int* f_end = (int*)malloc_check((size_t)P * V * M * sizeof(int));  // [virtual stage][micro] when its forward ends
     int* b_end = (int*)malloc_check((size_t)P * V * M * sizeof(int));
     int* start = (int*)malloc_check((size_t)P * per * sizeof(int));
-    PipeStep* steps = (PipeStep*)malloc_check((6 * (size_t)M * V + 2) * sizeof(PipeStep));
-    PipeMessage none = {.peer = -1, .backward = 0, .micro = 0, .chunk = 0};
+    PipeStep* steps = (PipeStep*)malloc_check((size_t)pipeline_plan_capacity(M, V) * sizeof(PipeStep));
     for (int s = 0; s < P; s++) pipeline_schedule(sched, P, s, M, V, acts + (size_t)s * per);
     for (int i = 0; i < P * V * M; i++) f_end[i] = b_end[i] = -1;
     // timeline: sweep until every action is placed (an action waits for the one before it on its stage
@@ -509,26 +552,12 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
         if (zb) printf(", %d set%s of output gradients", douts, douts > 1 ? "s" : "");
         printf(") |");
         int n = pipeline_plan(sched, P, s, M, V, steps);
-        PipeMessage pending = none;  // GPipe, 1F1B: the output of the action before, sent before the next
         for (int i = 0; i < n; i++) {
-            PipeStep st = steps[i];
-            if (st.exchange) {  // interleaved
-                print_exchange(st.send, st.recv, 1, P, V, s);
-                continue;
-            }
-            PipeAction a = st.action;
-            if (a.kind == PIPE_W) {  // ZB-H1: no messages of its own
-                if (send_before_weights(steps, n, i, P, s)) print_exchange(pending, none, 0, P, V, s), pending = none;
-            } else if (sched != SCHEDULE_INTERLEAVED) {
-                PipeMessage recv = received_by(a, P, V, s);
-                print_exchange(pending, recv, pending.peer == recv.peer, P, V, s);
-                pending = sent_by(a, P, V, s);
-            }
             char label[24];
-            action_label(a, V, label, sizeof(label));
-            printf(" %s |", label);
+            action_label(steps[i].action, V, label, sizeof(label));
+            if (steps[i].exchange) print_exchange(steps[i].send, steps[i].recv, steps[i].paired, P, V, s);
+            else printf(" %s |", label);
         }
-        print_exchange(pending, none, 0, P, V, s);
         printf("\n");
     }
     // the bubble: every stage is busy 3MV of the step's `width` slots (a forward 1, a backward 2; ZB-H1:

@@ -5,8 +5,9 @@
 # configurations below (the same flags, data and seeds), and requires byte-identical final model files,
 # checkpoints (the same file names; the state files less their header and hash, which hold the run identity each run draws),
 # JSONL logs (less the measured ms and tokens_per_s and the binary's path) and stdout loss lines.
-#   single rank; dp=2 ZeRO-2 with gradient accumulation; tp=2; pp=2 1F1B; 3D (dp2 tp2 pp2, ZeRO-1, 1F1B);
-#   recompute 3; dynamic loss scaling with an injected overflow that is skipped (dp=2 ZeRO-1)
+#   single rank; dp=2 ZeRO-2 with gradient accumulation; tp=2; pp=2 1F1B; pp=3 GPipe rematerialized;
+#   pp=2 interleaved (2 virtual stages); pp=3 ZB-H1; 3D (dp2 tp2 pp2, ZeRO-1, 1F1B); recompute 3; dynamic
+#   loss scaling with an injected overflow that is skipped (dp=2 ZeRO-1)
 # Both builds run the same CPU matmul (llmc/matmul.h), as byte-identity needs: where both know
 # --cpu-matmul, each its default (OpenBLAS where linked: the same bits at the one thread count used here,
 # OMP_NUM_THREADS=1) or CPU_MATMUL=blas|reference for both; where BASE_REV predates the flag (its matmuls
@@ -50,6 +51,9 @@ CONFIGS=(
     "dp2-zero2|2|--batch-size 2 --grad-accum 2 --zero 2"
     "tp2|2|--batch-size 4 --tp 2"
     "pp2-1f1b|2|--batch-size 4 --pp 2 --micro-batches 4 --schedule 1f1b"
+    "pp3-gpipe-remat|3|--batch-size 4 --pp 3 --micro-batches 4 --schedule gpipe --pp-rematerialize 1"
+    "pp2-interleaved|2|--batch-size 4 --pp 2 --micro-batches 4 --schedule interleaved --virtual-stages 2"
+    "pp3-zbh1|3|--batch-size 6 --pp 3 --micro-batches 6 --schedule zb-h1"
     "3d|8|--batch-size 4 --dp 2 --tp 2 --pp 2 --zero 1 --micro-batches 4 --schedule 1f1b"
     "recompute3|1|--batch-size 4 --recompute 3"
     "loss-scale-skip|2|--batch-size 2 --zero 1 --loss-scale dynamic --loss-scale-init 1024 --fault-inf-rank 1 --fault-inf-step 5"
