@@ -170,7 +170,7 @@ static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const 
 static void gpt2_export(const GPT2* model, const floatX* buffer, float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
     download_floats(mem, buffer, model->layout.total);
-    layout_to_file_order(&model->layout, model->place.tp_rank, mem, file_order);
+    layout_to_file_order(&model->layout, &model->place, model->place.tp_rank, mem, file_order);
     free(mem);
 }
 

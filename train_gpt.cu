@@ -66,7 +66,50 @@
 // llmc/param_layout.h computes that layout (ParamLayout: a TensorSlot per tensor, a Bucket per layer) and
 // its mapping to the llm.c file order. The model reads its tensors through tables of pointers into it:
 // Weights, with a LayerWeights per layer (the 12 tensors of a block in file order), made by point_weights
-// from each bucket's base (bucket_bases; both in llmc/param_layout.h).
+// from each bucket's base (bucket_bases). The gradients are laid out the same way.
+
+typedef struct {
+    floatX *ln1w, *ln1b;          // (C)
+    floatX *qkvw, *qkvb;          // (3C, C), (3C)
+    floatX *attprojw, *attprojb;  // (C, C), (C)
+    floatX *ln2w, *ln2b;          // (C)
+    floatX *fcw, *fcb;            // (4C, C), (4C)
+    floatX *fcprojw, *fcprojb;    // (C, 4C), (C)
+} LayerWeights;  // the 12 tensors of a block, in file order (llmc/model_file.h): a table of pointers
+static_assert(sizeof(LayerWeights) == NUM_LAYER_TENSORS * sizeof(floatX*), "LayerWeights is a table of 12 pointers");
+
+typedef struct {
+    floatX* wte;  // (Vp, C) token embedding, tied with the classifier
+    floatX* wpe;  // (maxT, C) position embedding
+    LayerWeights* layers;  // [L]
+    floatX *lnfw, *lnfb;   // (C) final LayerNorm
+} Weights;
+
+// Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
+// offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
+// buckets into a workspace instead, ZeRO-3 the parameter buckets into the slots they are gathered into.
+static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
+    Weights w;
+    memset(&w, 0, sizeof(w));
+    w.layers = (LayerWeights*)calloc_check(c->L * sizeof(LayerWeights));  // layers of other stages stay NULL
+    for (int i = 0; i < lay->num_slots; i++) {
+        const TensorSlot* s = &lay->slots[i];
+        floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
+        if (s->kind == WTE) w.wte = p;
+        else if (s->kind == WPE) w.wpe = p;
+        else if (s->kind == LNFW) w.lnfw = p;
+        else if (s->kind == LNFB) w.lnfb = p;
+        else ((floatX**)&w.layers[s->layer])[s->kind - LN1W] = p;  // LayerWeights is a table in file order
+    }
+    return w;
+}
+
+// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's slots (llmc/zero.h)
+static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_slots, floatX* flat, const LayerSlots* slots, floatX** bases) {
+    if (in_slots) layer_slots_bases(slots, z, bases);
+    else for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
+    return bases;
+}
 
 // ----------------------------------------------------------------------------------------------------
 // 2. activations and recomputation
@@ -120,6 +163,18 @@ typedef struct {
     floatX* scratch;               // (B, T, C) workspace shared by every layer (a projection before its residual add)
 } LayerActs;
 
+// ZB-H1: the output gradients of a layer's four linear layers, which its B computes and its deferred W
+// reads: d(output) for fcproj and d(residual2) for attproj (BT, C), dfch (BT, 4C/tp) for fc, dqkv (BT,
+// 3C/tp) for qkv. Set `set` of a chunk's buffer `douts` holds them for each of its L layers.
+typedef struct {
+    floatX *doutput, *dresidual2, *dfch, *dqkv;
+} LayerDouts;
+static size_t douts_per_layer(size_t BT, size_t C, size_t Cl) { return BT * (2 * C + 7 * Cl); }
+static LayerDouts layer_douts(floatX* douts, int set, int li, int L, size_t BT, size_t C, size_t Cl) {
+    floatX* p = douts + ((size_t)set * L + li) * douts_per_layer(BT, C, Cl);
+    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C, .dqkv = p + BT * (2 * C + 4 * Cl)};
+}
+
 // PP: a run of consecutive layers of this rank, and the activations of its micro-batches in flight: the
 // rank's stage, or with --virtual-stages V one of its V chunks (chunk v is virtual stage v*P + pp_rank)
 typedef struct {
@@ -134,6 +189,25 @@ typedef struct {
 
 // ----------------------------------------------------------------------------------------------------
 // 3. the model: build, parameters in and out, activations
+
+// The layer launchers' scratch: buffers a launcher needs only while it runs, grown on first
+// use and kept, one per purpose, owned by the model and freed with it. The planner counts them as kernel
+// scratch (gpu_kernel_scratch, cpu_kernel_scratch).
+typedef struct {
+    Scratch matmul;     // CPU: the transposed operand; GPU: the bias gradient's partial sums
+    Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
+    Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
+    Scratch encoder;    // GPU: encoder_backward's positions grouped by token
+    HostStaging encoder_host;  // GPU: the same grouping on the host (pinned with --fused-kernels), on its way to `encoder`
+    Scratch norm;       // GPU: the gradient norm's per-block partial sums
+    Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
+} KernelScratch;
+
+static void kernel_scratch_free(KernelScratch* k) {
+    Scratch* all[] = {&k->matmul, &k->layernorm, &k->attention, &k->encoder, &k->norm, &k->vocab_ce};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) scratch_free(all[i]);
+    host_staging_free(&k->encoder_host);
+}
 
 typedef struct {
     GPT2Config config;
@@ -197,11 +271,11 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
         model->chunks[v].first = model->first && v == 0, model->chunks[v].last = model->last && v == model->n_chunks - 1;
     }
     model->chunk = &model->chunks[0];
-    int zero_stage = place->zero, dp = place->dp, dp_rank = place->dp_rank;
+    int zero_stage = place->zero;
     model->layout = build_layout(c, place);
     model->num_parameters = gpt2_num_parameters(c);
     ParamLayout* lay = &model->layout;
-    zero_plan_init(&model->zero, zero_stage, dp, dp_rank, lay->buckets, lay->num_buckets);
+    zero_plan_init(&model->zero, &model->place, lay->buckets, lay->num_buckets);
     size_t n = lay->total, shard = model->zero.shard_total, fx = mode->elem_bytes;
 
     // whole buffers, or shards (gradients at ZeRO-2 and 3, parameters at 3) and slots the tensors point into
@@ -272,7 +346,7 @@ static floatX* owned_grads(GPT2* model, int b) {
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
     float* shard = model->zero.stage == 3 || !master_is_params(model) ? (float*)malloc_check(model->zero.shard_total * sizeof(float)) : NULL;
-    file_order_to_layout(&model->layout, model->place.tp_rank, file_order, mem);
+    file_order_to_layout(&model->layout, &model->place, model->place.tp_rank, file_order, mem);
     if (shard) shard_from_layout(&model->zero, mem, shard);
     if (model->zero.stage == 3) upload_floats(model->zero3.shard, shard, model->zero.shard_total);
     else upload_floats(model->params_memory, mem, model->layout.total);
@@ -288,7 +362,7 @@ static void gpt2_set_optimizer_state(GPT2* model, const float* m_file, const flo
     const float* src[2] = {m_file, v_file};
     float* dst[2] = {model->m, model->v};
     for (int i = 0; i < 2; i++) {
-        file_order_to_layout(&model->layout, model->place.tp_rank, src[i], mem);
+        file_order_to_layout(&model->layout, &model->place, model->place.tp_rank, src[i], mem);
         shard_from_layout(&model->zero, mem, shard);
         copy_to_device(dst[i], shard, model->zero.shard_total * sizeof(float));
     }
@@ -318,7 +392,7 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     copy_to_host(host, whole, n * model->place.tp * sizeof(float));
     size_t total = model->num_parameters;
     memset(file_order, 0, total * sizeof(float));
-    for (int r = 0; r < model->place.tp; r++) layout_to_file_order(&model->layout, r, host + (size_t)r * n, file_order);
+    for (int r = 0; r < model->place.tp; r++) layout_to_file_order(&model->layout, &model->place, r, host + (size_t)r * n, file_order);
     free(host);
     device_free(whole);
     if (model->place.pp > 1) {  // PP: each stage filled in its own tensors; the sum over stages is the model
@@ -618,7 +692,8 @@ static void gradients_ready(GPT2* model, int b, int communicate) {
     if (!communicate || model->layout.buckets[b].size == 0 || (model->place.dp == 1 && model->zero.stage < 2)) return;
     double t0 = trace_now_us(model->tracer);
     zero_reduce_bucket(model->comm, &model->zero, &model->zero2, b, backward_grads(model, b));
-    trace_add(model->tracer, "allreduce", model->zero.stage == 0 ? "all-reduce" : "reduce-scatter", b, t0);
+    if (model->zero.stage == 0) trace_add(model->tracer, "allreduce", "all-reduce", b, t0);
+    else trace_add(model->tracer, "reducescatter", "reduce-scatter", b, t0);
 }
 
 // Backward pass for the last gpt2_forward on the activation set a (which must have had targets and
@@ -965,10 +1040,11 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     // each DP rank writes its chunks. TP ranks and pipeline stages hold different tensors: each writes
     // its own shards. What several of them hold alike is written once, so that the shards cover every
     // parameter exactly once: a replicated tensor by TP rank 0, the tied wte by the first stage.
-    int per_tp = z->stage == 0 ? 1 : z->D;
+    const Placement* pl = &model->place;
+    int per_tp = z->stage == 0 ? 1 : pl->dp;
     state->num_shards = model->place.pp * model->place.tp * per_tp;
-    state->shard = (model->place.pp_rank * model->place.tp + model->place.tp_rank) * per_tp + (z->stage == 0 ? 0 : z->d);
-    if (z->stage > 0 || z->d == 0) {
+    state->shard = (pl->pp_rank * pl->tp + pl->tp_rank) * per_tp + (z->stage == 0 ? 0 : pl->dp_rank);
+    if (z->stage > 0 || pl->dp_rank == 0) {
         int64_t* ranges;
         float *m, *v;
         size_t n_ranges = shard_file_runs(&model->layout, z, &model->place, model->m, model->v, &ranges, &m, &v);
@@ -1386,7 +1462,9 @@ static void training_finish(Training* run) {
         save_final_model(run->comm, tc, &model->config, buf);
         free(buf);
     }
-    if (tc->trace) pipeline_trace_finish(&run->tracer, tc->trace, tc->pipe_schedule, tc->grad_accum, tc->virtual_stages, run->comm);
+    if (tc->trace)
+        pipeline_trace_finish(&run->tracer, tc->trace, tc->pipe_schedule, tc->grad_accum, tc->virtual_stages, model->zero.stage,
+                              run->comm);
     free(run->tracer.events);
     logger_close(&run->logger);
     run_inputs_free(&run->in, tc);

@@ -69,12 +69,13 @@ ADAMW_FN float adamw_element(float* master, float* m, float* v, float grad, Adam
 // are distinct buffers (__restrict), and each element is adamw_element of its own values, so the result
 // does not depend on the thread count or the vector width. (On the CPU floatX is float and the master is
 // the parameter: param_copy is NULL.)
-static void adamw_cpu(float* __restrict master, floatX* __restrict param_copy, const floatX* __restrict grad, float* __restrict m,
-                      float* __restrict v, size_t n, AdamWArgs a) {
+static void adamw_cpu(float* __restrict master, floatX* __restrict param_copy, const floatX* __restrict grad,
+                      float* __restrict m, float* __restrict v, size_t n, AdamWArgs a) {
     float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
     if (param_copy == NULL) {
 #pragma omp parallel for simd schedule(static)
-        for (size_t i = 0; i < n; i++) adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
+        for (size_t i = 0; i < n; i++)
+            adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
         return;
     }
 #pragma omp parallel for schedule(static)
@@ -108,14 +109,15 @@ __device__ static inline floatX round_param(float p, size_t index, int t, int st
         return __nv_bfloat16(raw);
     }
 #endif
-    (void)index, (void)t, (void)stochastic;
+    (void)index; (void)t; (void)stochastic;
     return float_to_floatX(p);
 }
 
 // threads per block of both kernels (one element per thread)
 #define ADAMW_THREADS 256
-__global__ void __launch_bounds__(ADAMW_THREADS) adamw_kernel(float* master, floatX* param_copy, const floatX* grad, float* m,
-                                                              float* v, size_t n, AdamWArgs a, float bc1, float bc2_sqrt) {
+__global__ void __launch_bounds__(ADAMW_THREADS) adamw_kernel(float* master, floatX* param_copy, const floatX* grad,
+                                                              float* m, float* v, size_t n, AdamWArgs a, float bc1,
+                                                              float bc2_sqrt) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float p = adamw_element(master + i, m + i, v + i, floatX_to_float(grad[i]), a, bc1, bc2_sqrt);
@@ -132,12 +134,12 @@ typedef struct {
 } AdamWBatch;
 
 // verdict (NULL: none): the optimizer step's verdict on the device, computed after backward without the
-// host (llmc/step_report.h): verdict[0] != 0 skips the step (parameters and state untouched), verdict[1]
+// host (llmc/step_outputs.h): verdict[0] != 0 skips the step (parameters and state untouched), verdict[1]
 // replaces a.grad_scale.
 static_assert(sizeof(AdamWBatch) + sizeof(AdamWArgs) + 2 * sizeof(float) + sizeof(float*) <= 4096,
               "adamw_batch_kernel's parameters exceed the 4 KiB of a launch: lower ADAMW_BATCH");
-__global__ void __launch_bounds__(ADAMW_THREADS) adamw_batch_kernel(const __grid_constant__ AdamWBatch batch, AdamWArgs a, float bc1,
-                                                                    float bc2_sqrt, const float* verdict) {
+__global__ void __launch_bounds__(ADAMW_THREADS) adamw_batch_kernel(
+    const __grid_constant__ AdamWBatch batch, AdamWArgs a, float bc1, float bc2_sqrt, const float* verdict) {
     if (verdict != NULL) {
         if (verdict[0] != 0.0f) return;
         a.grad_scale = verdict[1];
@@ -160,19 +162,22 @@ __global__ void __launch_bounds__(ADAMW_THREADS) round_params_kernel(floatX* par
 
 static void round_params(floatX* param_copy, const float* master, size_t n, size_t index_base, int t, int stochastic) {
 #ifdef LLMC_CPU
-    (void)param_copy, (void)master, (void)n, (void)index_base, (void)t, (void)stochastic;  // fp32: no copy
+    (void)param_copy; (void)master; (void)n; (void)index_base; (void)t; (void)stochastic;  // fp32: no copy
 #else
-    round_params_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(param_copy, master, n, index_base, t, stochastic);
+    round_params_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(param_copy, master, n,
+                                                                                       index_base, t, stochastic);
     launchCheck();
 #endif
 }
 
-static void adamw_update(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n, AdamWArgs a) {
+static void adamw_update(float* master, floatX* param_copy, const floatX* grad, float* m, float* v, size_t n,
+                         AdamWArgs a) {
 #ifdef LLMC_CPU
     adamw_cpu(master, param_copy, grad, m, v, n, a);
 #else
     float bc1 = 1.0f - powf(a.beta1, (float)a.t), bc2_sqrt = sqrtf(1.0f - powf(a.beta2, (float)a.t));
-    adamw_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(master, param_copy, grad, m, v, n, a, bc1, bc2_sqrt);
+    adamw_kernel<<<grid_for(n, ADAMW_THREADS), ADAMW_THREADS, 0, main_stream>>>(master, param_copy, grad, m, v, n, a,
+                                                                                bc1, bc2_sqrt);
     launchCheck();
 #endif
 }
@@ -188,7 +193,8 @@ static void adamw_update_ranges(AdamWRange* r, int k, AdamWArgs a, int batched, 
     check_internal(verdict == NULL || batched, "a gradient factor on the device without the batched AdamW");
     if (!batched) {
         for (int j = 0; j < k; j++) {
-            a.weight_decay = r[j].weight_decay, a.index_base = r[j].index_base;
+            a.weight_decay = r[j].weight_decay;
+            a.index_base = r[j].index_base;
             adamw_update(r[j].master, r[j].param_copy, r[j].grad, r[j].m, r[j].v, r[j].n, a);
         }
         return;

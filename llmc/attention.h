@@ -31,7 +31,8 @@
 #pragma once
 
 #include "device.h"           // floatX, Scratch, launches
-#include "matmul.h"           // matmul_init, cublas_handle (the batched products of classic attention); cblas_sgemm on the CPU
+#include "matmul.h"           // matmul_init, cublas_handle (the batched products of classic attention);
+                              // cblas_sgemm on the CPU
 #include "attention_flash.h"  // attention_forward_flash, attention_backward_flash
 #ifdef LLMC_CPU
 #include <omp.h>  // omp_get_thread_num: each thread's block of the OpenBLAS backward's scratch
@@ -41,12 +42,16 @@
 // the run or plan uses; for_plan: only planning, so the CPU target may plan a GPU run), or head size != 64
 static void attention_flash_validate(int C, int NH, size_t bytes, int for_plan) {
 #ifdef LLMC_CPU
-    if (!for_plan) fatal("--attention flash runs only on the GPU (BF16 or FP16 builds); the CPU target computes attention the classic way: drop the flag");
+    if (!for_plan)
+        fatal("--attention flash runs only on the GPU (BF16 or FP16 builds); the CPU target computes attention the "
+              "classic way: drop the flag");
 #endif
-    if (bytes != 2) fatal("--attention flash needs 16-bit activations (a BF16 or FP16 build%s); FP32 computes attention the classic way",
-                          for_plan ? ", or --precision bf16|fp16 with --plan" : "");
+    if (bytes != 2)
+        fatal("--attention flash needs 16-bit activations (a BF16 or FP16 build%s); FP32 computes attention the "
+              "classic way", for_plan ? ", or --precision bf16|fp16 with --plan" : "");
     if (!flash_head_size_ok(C, NH))
-        fatal("--attention flash needs head size 64 (every GPT-2 size has it), got %d channels / %d heads = %g", C, NH, (double)C / NH);
+        fatal("--attention flash needs head size 64 (every GPT-2 size has it), got %d channels / %d heads = %g", C, NH,
+              (double)C / NH);
 }
 
 // --attention as the run (or plan) takes it: a choice given on the command line as given (it is validated
@@ -171,8 +176,8 @@ static void attention_forward_blas(float* out, float* att, const float* qkv, int
             for (int t0 = 0; t0 < T; t0 += ATTENTION_CPU_ROWS) {
                 int rows = T - t0 < ATTENTION_CPU_ROWS ? T - t0 : ATTENTION_CPU_ROWS, cols = t0 + rows;
                 float* ab = a + (size_t)t0 * T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale, q + (size_t)t0 * 3 * C, 3 * C, k, 3 * C,
-                            0.0f, ab, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, scale, q + (size_t)t0 * 3 * C,
+                            3 * C, k, 3 * C, 0.0f, ab, T);
                 for (int r = 0; r < rows; r++) {  // row t: softmax over keys 0..t
                     int t = t0 + r;
                     float* __restrict p = ab + (size_t)r * T;
@@ -198,8 +203,8 @@ static void attention_forward_blas(float* out, float* att, const float* qkv, int
 }
 
 // scratch: attention_cpu_scratch_bytes (a block of datt rows per thread)
-static void attention_backward_blas(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
-                                    float* scratch) {
+static void attention_backward_blas(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                    int C, int NH, float* scratch) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -222,8 +227,10 @@ static void attention_backward_blas(float* dqkv, const float* dout, const float*
                 int rows = T - t0 < ATTENTION_CPU_ROWS ? T - t0 : ATTENTION_CPU_ROWS, cols = t0 + rows;
                 const float* ab = a + (size_t)t0 * T;
                 const float* db = d + (size_t)t0 * C;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0f, db, C, v, 3 * C, 0.0f, datt, T);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, ab, T, db, C, 1.0f, dv, 3 * C);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, hs, 1.0f, db, C, v, 3 * C,
+                            0.0f, datt, T);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, ab, T, db, C,
+                            1.0f, dv, 3 * C);
                 for (int r = 0; r < rows; r++) {  // row t: dpre = scale * a * (datt - sum_u a datt), zero past t
                     int t = t0 + r;
                     const float* __restrict p = ab + (size_t)r * T;
@@ -237,8 +244,8 @@ static void attention_backward_blas(float* dqkv, const float* dout, const float*
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, cols, 1.0f, datt, T, k, 3 * C, 0.0f,
                             dq + (size_t)t0 * 3 * C, 3 * C);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, datt, T, q + (size_t)t0 * 3 * C, 3 * C, 1.0f,
-                            dk, 3 * C);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hs, rows, 1.0f, datt, T,
+                            q + (size_t)t0 * 3 * C, 3 * C, 1.0f, dk, 3 * C);
             }
         }
     }
@@ -254,7 +261,9 @@ static void attention_backward_blas(float*, const float*, const float*, const fl
 
 // Whether the CPU target computes attention through OpenBLAS: `kernels` is the run's choice
 // (--cpu-matmul); NULL, from a caller that passes none, takes the default (OpenBLAS where linked).
-static int attention_cpu_blas(const KernelChoice* kernels) { return cpu_blas_linked && (kernels == NULL || kernels->cpu_blas); }
+static int attention_cpu_blas(const KernelChoice* kernels) {
+    return cpu_blas_linked && (kernels == NULL || kernels->cpu_blas);
+}
 
 // The CPU target's attention scratch: a block of ATTENTION_CPU_ROWS rows of datt (T floats each) per
 // OpenMP thread for the OpenBLAS backward; the reference loops need none. (The memory plan counts it.)
@@ -262,7 +271,7 @@ static size_t attention_cpu_scratch_bytes(int T, const KernelChoice* kernels) {
 #if defined(LLMC_CPU) && defined(LLMC_BLAS)
     if (attention_cpu_blas(kernels)) return (size_t)omp_get_max_threads() * ATTENTION_CPU_ROWS * T * sizeof(float);
 #endif
-    (void)T, (void)kernels;
+    (void)T; (void)kernels;
     return 0;
 }
 
@@ -285,22 +294,22 @@ __device__ static inline size_t head_row_offset(size_t idx, int T, int NH, int h
 #define ATTENTION_THREADS 256
 
 // dst (B,NH,T,hs) <- src rows
-__global__ void __launch_bounds__(ATTENTION_THREADS) heads_split_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs,
-                                                                        int row_stride, int offset) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) heads_split_kernel(floatX* dst, const floatX* src, int B, int T,
+                                                                        int NH, int hs, int row_stride, int offset) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < (size_t)B * NH * T * hs) dst[idx] = src[head_row_offset(idx, T, NH, hs, row_stride, offset)];
 }
 
 // the inverse: dst rows <- src (B,NH,T,hs)
-__global__ void __launch_bounds__(ATTENTION_THREADS) heads_merge_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int hs,
-                                                                        int row_stride, int offset) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) heads_merge_kernel(floatX* dst, const floatX* src, int B, int T,
+                                                                        int NH, int hs, int row_stride, int offset) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < (size_t)B * NH * T * hs) dst[head_row_offset(idx, T, NH, hs, row_stride, offset)] = src[idx];
 }
 
 // one warp per row of (B*NH*T, T): att = causal softmax(scale * preatt), zeros above the diagonal
-__global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_kernel(floatX* att, const floatX* preatt, int rows, int T,
-                                                                           float scale) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_kernel(floatX* att, const floatX* preatt, int rows,
+                                                                           int T, float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -318,8 +327,8 @@ __global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_kernel(float
 }
 
 // one warp per row, in place on datt: dpre = scale * att * (datt - sum(att * datt))
-__global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T,
-                                                                                    float scale) {
+__global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_backward_kernel(floatX* datt, const floatX* att,
+                                                                                    int rows, int T, float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -337,12 +346,14 @@ __global__ void __launch_bounds__(ATTENTION_THREADS) causal_softmax_backward_ker
 
 // column-major strided-batched C (m,n) = op(A) . op(B) over `batch` matrices
 static void batched_matmul(floatX* c, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a, bool trans_b,
-                           int lda, long long stride_a, int ldb, long long stride_b, int ldc, long long stride_c, int batch) {
+                           int lda, long long stride_a, int ldb, long long stride_b, int ldc, long long stride_c,
+                           int batch) {
     matmul_init();
     const float alpha = 1.0f, beta = 0.0f;
-    cublasCheck(cublasGemmStridedBatchedEx(cublas_handle, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                           m, n, k, &alpha, a, CUDA_FLOATX, lda, stride_a, b, CUDA_FLOATX, ldb, stride_b,
-                                           &beta, c, CUDA_FLOATX, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cublasCheck(cublasGemmStridedBatchedEx(cublas_handle, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_FLOATX, lda,
+                                           stride_a, b, CUDA_FLOATX, ldb, stride_b, &beta, c, CUDA_FLOATX, ldc,
+                                           stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 #endif
 
@@ -352,8 +363,8 @@ static void batched_matmul(floatX* c, const floatX* a, const floatX* b, int m, i
 // `scratch`, GPU: q, k, v, y (and in backward their gradients) as (B,NH,T,hs), plus one (B,NH,T,T)
 // matrix; CPU: attention_cpu_scratch_bytes. `kernels` (CPU): OpenBLAS or the reference loops, see
 // attention_cpu_blas (the GPU ignores it).
-static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH, Scratch* scratch,
-                              const KernelChoice* kernels = NULL) {
+static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T, int C, int NH,
+                              Scratch* scratch, const KernelChoice* kernels = NULL) {
 #ifdef LLMC_CPU
     (void)scratch;
     if (attention_cpu_blas(kernels)) attention_forward_blas(out, att, qkv, B, T, C, NH);
@@ -372,7 +383,8 @@ static void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B
     long long s_head = (long long)T * hs, s_att = (long long)T * T;
     // preatt (Tq,Tk) row-major = column-major (Tk,Tq) = k (Tk,hs) . q^T (hs,Tq)
     batched_matmul(preatt, k, q, T, T, hs, true, false, hs, s_head, hs, s_head, T, s_att, B * NH);
-    causal_softmax_kernel<<<ceil_div(B * NH * T, block / 32), block, 0, main_stream>>>(att, preatt, B * NH * T, T, 1.0f / sqrtf((float)hs));
+    causal_softmax_kernel<<<ceil_div(B * NH * T, block / 32), block, 0, main_stream>>>(
+        att, preatt, B * NH * T, T, 1.0f / sqrtf((float)hs));
     launchCheck();
     // y^T (hs,Tq) = v^T (hs,Tk) . att^T (Tk,Tq)
     batched_matmul(y, v, att, hs, T, T, false, false, hs, s_head, T, s_att, hs, s_head, B * NH);
@@ -385,7 +397,8 @@ static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
                                int C, int NH, Scratch* scratch, const KernelChoice* kernels = NULL) {
 #ifdef LLMC_CPU
     if (attention_cpu_blas(kernels))
-        attention_backward_blas(dqkv, dout, qkv, att, B, T, C, NH, (float*)scratch_get(scratch, attention_cpu_scratch_bytes(T, kernels)));
+        attention_backward_blas(dqkv, dout, qkv, att, B, T, C, NH,
+                                (float*)scratch_get(scratch, attention_cpu_scratch_bytes(T, kernels)));
     else attention_backward_cpu(dqkv, dout, qkv, att, B, T, C, NH);
 #else
     (void)kernels;
@@ -405,7 +418,8 @@ static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
     batched_matmul(datt, v, dy, T, T, hs, true, false, hs, s_head, hs, s_head, T, s_att, B * NH);
     // dv^T (hs,Tk) = dy^T (hs,Tq) . att (Tq,Tk)
     batched_matmul(dv, dy, att, hs, T, T, false, true, hs, s_head, T, s_att, hs, s_head, B * NH);
-    causal_softmax_backward_kernel<<<ceil_div(B * NH * T, block / 32), block, 0, main_stream>>>(datt, att, B * NH * T, T, 1.0f / sqrtf((float)hs));
+    causal_softmax_backward_kernel<<<ceil_div(B * NH * T, block / 32), block, 0, main_stream>>>(
+        datt, att, B * NH * T, T, 1.0f / sqrtf((float)hs));
     launchCheck();
     // dq^T (hs,Tq) = k^T (hs,Tk) . dpre^T (Tk,Tq)
     batched_matmul(dq, k, datt, hs, T, T, false, false, hs, s_head, T, s_att, hs, s_head, B * NH);
@@ -421,7 +435,7 @@ static void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
 // --attention flash: out (B,T,C) =, lse (B,NH,T) = (fp32 logsumexp of each scaled score row)
 static void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
 #if defined(LLMC_CPU) || !(defined(ENABLE_BF16) || defined(ENABLE_FP16))
-    (void)out, (void)lse, (void)qkv, (void)B, (void)T;
+    (void)out; (void)lse; (void)qkv; (void)B; (void)T;
     attention_flash_validate(C, NH, sizeof(floatX), 0);  // always an error here
 #else
     flash_tc_attention_forward(out, lse, qkv, B, T, C, NH, main_stream);
@@ -430,10 +444,10 @@ static void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, 
 
 // --attention flash: dqkv (B,T,3C) = (overwritten), from dout (B,T,C), qkv, the forward's out and lse;
 // `scratch` holds D = rowsum(dout * out), (B,NH,T) floats
-static void attention_backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                     int B, int T, int C, int NH, Scratch* scratch) {
+static void attention_backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+                                     const float* lse, int B, int T, int C, int NH, Scratch* scratch) {
 #if defined(LLMC_CPU) || !(defined(ENABLE_BF16) || defined(ENABLE_FP16))
-    (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T, (void)scratch;
+    (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse; (void)B; (void)T; (void)scratch;
     attention_flash_validate(C, NH, sizeof(floatX), 0);  // always an error here
 #else
     float* D = (float*)scratch_get(scratch, (size_t)B * NH * T * sizeof(float));

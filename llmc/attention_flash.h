@@ -48,7 +48,9 @@
 
 // the head size is the one this path supports; the grid of a launch fits: B*NH blocks in y, B*T*NH rows in an int
 static int flash_head_size_ok(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH == FLASH_HS; }
-static int flash_grid_fits(long long B, long long T, long long NH) { return B * NH <= 65535 && B * T * NH <= 0x7fffffffLL; }
+static int flash_grid_fits(long long B, long long T, long long NH) {
+    return B * NH <= 65535 && B * T * NH <= 0x7fffffffLL;
+}
 
 #ifndef LLMC_CPU
 // ----------------------------------------------------------------------------------------------------
@@ -69,19 +71,23 @@ static void flash_check_launch(int B, int T, int C, int NH) {
     if (!flash_head_size_ok(C, NH))
         fatal("--attention flash needs head size %d (channels %d / heads %d)", FLASH_HS, C, NH);
     if (!flash_grid_fits(B, T, NH))
-        fatal("--attention flash: B*NH = %lld (at most 65535) or B*T*NH = %lld too large", (long long)B * NH, (long long)B * T * NH);
+        fatal("--attention flash: B*NH = %lld (at most 65535) or B*T*NH = %lld too large", (long long)B * NH,
+              (long long)B * T * NH);
     static int checked_device = -1;
     int device;
     cudaCheck(cudaGetDevice(&device));
     if (device == checked_device) return;
     int cc = flash_device_capability();
-    if (cc < 80) fatal("--attention flash needs a GPU of compute capability 8.0 or newer (cp.async, bf16 mma.sync); this one is %d.%d", cc / 10, cc % 10);
+    if (cc < 80)
+        fatal("--attention flash needs a GPU of compute capability 8.0 or newer (cp.async, bf16 mma.sync); "
+              "this one is %d.%d", cc / 10, cc % 10);
     checked_device = device;
 }
 
 // out (B,T,C) =, lse (B,NH,T) =, from qkv (B,T,3C)
 template <typename Tp>
-static void flash_tc_attention_forward(Tp* out, float* lse, const Tp* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+static void flash_tc_attention_forward(Tp* out, float* lse, const Tp* qkv, int B, int T, int C, int NH,
+                                       cudaStream_t stream) {
     flash_check_launch(B, T, C, NH);
     float scale = 1.0f / sqrtf((float)FLASH_HS);
     dim3 grid((T + FLASH_TILE - 1) / FLASH_TILE, B * NH);
@@ -91,15 +97,17 @@ static void flash_tc_attention_forward(Tp* out, float* lse, const Tp* qkv, int B
 
 // dqkv (B,T,3C) = (every element written); D: scratch of B*NH floats * T
 template <typename Tp>
-static void flash_tc_attention_backward(Tp* dqkv, float* D, const Tp* dout, const Tp* qkv, const Tp* out, const float* lse,
-                                        int B, int T, int C, int NH, cudaStream_t stream) {
+static void flash_tc_attention_backward(Tp* dqkv, float* D, const Tp* dout, const Tp* qkv, const Tp* out,
+                                        const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
     flash_check_launch(B, T, C, NH);
     static int smem_device = -1;  // opt in to more than 48 KiB of dynamic shared memory, once per type and device
     int device;
     cudaCheck(cudaGetDevice(&device));
     if (device != smem_device) {
-        cudaCheck(cudaFuncSetAttribute(flash_tc_backward_dkdv_kernel<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, FLASH_TC_BWD_SMEM));
-        cudaCheck(cudaFuncSetAttribute(flash_tc_backward_dq_kernel<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize, FLASH_TC_BWD_SMEM));
+        cudaCheck(cudaFuncSetAttribute(flash_tc_backward_dkdv_kernel<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       FLASH_TC_BWD_SMEM));
+        cudaCheck(cudaFuncSetAttribute(flash_tc_backward_dq_kernel<Tp>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       FLASH_TC_BWD_SMEM));
         smem_device = device;
     }
     float scale = 1.0f / sqrtf((float)FLASH_HS);
@@ -109,11 +117,11 @@ static void flash_tc_attention_backward(Tp* dqkv, float* D, const Tp* dout, cons
     flash_tc_backward_dot_kernel<Tp><<<dot_blocks, FLASH_DOT_THREADS, 0, stream>>>(D, dout, out, B, T, C, NH, scale);
     cudaCheck(cudaGetLastError());
     dim3 grid((T + FLASH_TILE - 1) / FLASH_TILE, B * NH);
-    flash_tc_backward_dkdv_kernel<Tp><<<grid, FLASH_THREADS, FLASH_TC_BWD_SMEM, stream>>>(dqkv, qkv, dout, lse, D, T, C, NH,
-                                                                                        scale, scale * FLASH_LOG2E);
+    flash_tc_backward_dkdv_kernel<Tp><<<grid, FLASH_THREADS, FLASH_TC_BWD_SMEM, stream>>>(
+        dqkv, qkv, dout, lse, D, T, C, NH, scale, scale * FLASH_LOG2E);
     cudaCheck(cudaGetLastError());
-    flash_tc_backward_dq_kernel<Tp><<<grid, FLASH_THREADS, FLASH_TC_BWD_SMEM, stream>>>(dqkv, qkv, dout, lse, D, T, C, NH,
-                                                                                      scale, scale * FLASH_LOG2E);
+    flash_tc_backward_dq_kernel<Tp><<<grid, FLASH_THREADS, FLASH_TC_BWD_SMEM, stream>>>(
+        dqkv, qkv, dout, lse, D, T, C, NH, scale, scale * FLASH_LOG2E);
     cudaCheck(cudaGetLastError());
 }
 #endif  // LLMC_CPU

@@ -15,8 +15,8 @@
 // 32 rows per block
 #define FLASH_DOT_THREADS 256
 template <typename Tp>
-__global__ void __launch_bounds__(FLASH_DOT_THREADS) flash_tc_backward_dot_kernel(float* D, const Tp* dout, const Tp* out, int B,
-                                                                                  int T, int C, int NH, float scale) {
+__global__ void __launch_bounds__(FLASH_DOT_THREADS) flash_tc_backward_dot_kernel(
+    float* D, const Tp* dout, const Tp* out, int B, int T, int C, int NH, float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b*T + t)*NH + h
     int lane = threadIdx.x % 32;
     if (row >= B * T * NH) return;  // the whole warp: row is per warp
@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(FLASH_DOT_THREADS) flash_tc_backward_dot_kerne
 static const int FLASH_TC_BWD_SMEM = 6 * FLASH_TILE_ELEMS * 2 + 4 * FLASH_TILE * (int)sizeof(float);  // 56320 bytes
 
 // lse (times log2 e) and D of rows [row0, row0+64) -> shared, plain loads (0 past T: those P are masked)
-__device__ __forceinline__ void load_row_stats(float* lse_s, float* D_s, const float* lse, const float* D, int row0, int T) {
+__device__ __forceinline__ void load_row_stats(float* lse_s, float* D_s, const float* lse, const float* D,
+                                               int row0, int T) {
     int i = threadIdx.x;
     if (i < 64) lse_s[i] = row0 + i < T ? lse[row0 + i] * FLASH_LOG2E : 0.0f;
     else if (i < 128) D_s[i - 64] = row0 + i - 64 < T ? D[row0 + i - 64] : 0.0f;
@@ -43,9 +44,9 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* D_s, const f
 // fewer, so the kernel fits 168 without spilling and three blocks share an SM instead of two (the
 // __launch_bounds__ minimum; make -C dev/cuda report shows both), for 8 more ldmatrix per 128 mma.
 template <typename Tp>
-__global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kernel(Tp* dqkv, const Tp* qkv, const Tp* dout,
-                                                                               const float* lse, const float* D, int T, int C,
-                                                                               int NH, float scale, float scale_log2) {
+__global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kernel(
+    Tp* dqkv, const Tp* qkv, const Tp* dout, const float* lse, const float* D, int T, int C, int NH, float scale,
+    float scale_log2) {
     extern __shared__ __align__(16) unsigned char flash_smem[];
     Tp* Ks = (Tp*)flash_smem;
     Tp* Vs = Ks + FLASH_TILE_ELEMS;
@@ -77,7 +78,10 @@ __global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kerne
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[nt][e] = 0.0f, dv[nt][e] = 0.0f;
+        for (int e = 0; e < 4; e++) {
+            dk[nt][e] = 0.0f;
+            dv[nt][e] = 0.0f;
+        }
 
     for (int qt = kt; qt < ntiles; qt++) {
         int buf = (qt - kt) & 1, q0 = qt * FLASH_TILE;
@@ -87,7 +91,8 @@ __global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kerne
             load_tile_async(Qs + (buf ^ 1) * FLASH_TILE_ELEMS, base, q0 + FLASH_TILE, T, stride);
             load_tile_async(dOs + (buf ^ 1) * FLASH_TILE_ELEMS, dbase, q0 + FLASH_TILE, T, (size_t)C);
             cp_async_commit();
-            load_row_stats(lse_s + (buf ^ 1) * FLASH_TILE, D_s + (buf ^ 1) * FLASH_TILE, lse_bh, D_bh, q0 + FLASH_TILE, T);
+            load_row_stats(lse_s + (buf ^ 1) * FLASH_TILE, D_s + (buf ^ 1) * FLASH_TILE, lse_bh, D_bh,
+                           q0 + FLASH_TILE, T);
         }
         const Tp* Qb = Qs + buf * FLASH_TILE_ELEMS;
         const Tp* dOb = dOs + buf * FLASH_TILE_ELEMS;
@@ -96,13 +101,17 @@ __global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kerne
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) st[nt][e] = 0.0f, dpt[nt][e] = 0.0f;
+            for (int e = 0; e < 4; e++) {
+                st[nt][e] = 0.0f;
+                dpt[nt][e] = 0.0f;
+            }
         load_a_frags(kf, Ks, warp * 16);
         mma_a_xt<Tp>(st, kf, Qb);    // S^T = K Q^T
         load_a_frags(vf, Vs, warp * 16);
         mma_a_xt<Tp>(dpt, vf, dOb);  // dP^T = V dO^T
         bool edge = qt == kt || q0 + FLASH_TILE > T;  // the diagonal or the sequence tail
-        flash_bwd_ds_t(st, dpt, lse_s + buf * FLASH_TILE, D_s + buf * FLASH_TILE, lane, k0 + warp * 16, q0, T, edge, scale, scale_log2);
+        flash_bwd_ds_t(st, dpt, lse_s + buf * FLASH_TILE, D_s + buf * FLASH_TILE, lane, k0 + warp * 16, q0, T, edge,
+                       scale, scale_log2);
         mma_p_x<Tp>(dv, st, dOb);  // dV += P^T dO
         mma_p_x<Tp>(dk, dpt, Qb);  // dK += scale dS^T Q
     }
@@ -114,9 +123,9 @@ __global__ void __launch_bounds__(FLASH_THREADS, 3) flash_tc_backward_dkdv_kerne
 
 // c. dQ. grid (ceil(T/64) query tiles, B*NH), block 128
 template <typename Tp>
-__global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dq_kernel(Tp* dqkv, const Tp* qkv, const Tp* dout,
-                                                                             const float* lse, const float* D, int T, int C,
-                                                                             int NH, float scale, float scale_log2) {
+__global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dq_kernel(
+    Tp* dqkv, const Tp* qkv, const Tp* dout, const float* lse, const float* D, int T, int C, int NH, float scale,
+    float scale_log2) {
     extern __shared__ __align__(16) unsigned char flash_smem[];
     Tp* Qs = (Tp*)flash_smem;
     Tp* dOs = Qs + FLASH_TILE_ELEMS;
@@ -151,9 +160,12 @@ __global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dq_kernel(Tp*
         cp_async_wait_all();
         __syncthreads();  // key tile kt has landed, and the other buffer is no longer read
         if (kt == 0) {
-            load_a_frags(qf, Qs, warp * 16), load_a_frags(df, dOs, warp * 16);
-            lse_r[0] = lse_s[warp * 16 + g], lse_r[1] = lse_s[warp * 16 + g + 8];
-            D_r[0] = D_s[warp * 16 + g], D_r[1] = D_s[warp * 16 + g + 8];
+            load_a_frags(qf, Qs, warp * 16);
+            load_a_frags(df, dOs, warp * 16);
+            lse_r[0] = lse_s[warp * 16 + g];
+            lse_r[1] = lse_s[warp * 16 + g + 8];
+            D_r[0] = D_s[warp * 16 + g];
+            D_r[1] = D_s[warp * 16 + g + 8];
         }
         if (kt < qt) {
             load_tile_async(Ks + (buf ^ 1) * FLASH_TILE_ELEMS, base + C, (kt + 1) * FLASH_TILE, T, stride);
@@ -166,10 +178,14 @@ __global__ void __launch_bounds__(FLASH_THREADS) flash_tc_backward_dq_kernel(Tp*
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
+            for (int e = 0; e < 4; e++) {
+                s[nt][e] = 0.0f;
+                dp[nt][e] = 0.0f;
+            }
         mma_a_xt<Tp>(s, qf, Kb);   // S = Q K^T
         mma_a_xt<Tp>(dp, df, Vb);  // dP = dO V^T
-        flash_bwd_ds(s, dp, lse_r, D_r, lane, q0 + warp * 16, kt * FLASH_TILE, kt == qt, scale, scale_log2);  // s = scale dS
+        // s = scale dS
+        flash_bwd_ds(s, dp, lse_r, D_r, lane, q0 + warp * 16, kt * FLASH_TILE, kt == qt, scale, scale_log2);
         mma_p_x<Tp>(dq, s, Kb);  // dQ += scale dS K
     }
     store_rows<Tp>(dqkv + (size_t)b * T * stride + (size_t)h * FLASH_HS, stride, dq, 1.0f, 1.0f, row_lo, T);

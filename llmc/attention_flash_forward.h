@@ -12,8 +12,8 @@
 // grid (ceil(T/64), B*NH), block 128, static shared memory 5 tiles (46080 bytes, under the 48 KiB that
 // needs no opt-in)
 template <typename Tp>
-__global__ void __launch_bounds__(FLASH_THREADS) flash_tc_forward_kernel(Tp* out, float* lse, const Tp* qkv, int T, int C,
-                                                                         int NH, float scale_log2) {
+__global__ void __launch_bounds__(FLASH_THREADS) flash_tc_forward_kernel(Tp* out, float* lse, const Tp* qkv, int T,
+                                                                         int C, int NH, float scale_log2) {
     __shared__ __align__(16) Tp Qs[FLASH_TILE_ELEMS];
     __shared__ __align__(16) Tp Ks[2][FLASH_TILE_ELEMS];
     __shared__ __align__(16) Tp Vs[2][FLASH_TILE_ELEMS];
@@ -50,12 +50,14 @@ __global__ void __launch_bounds__(FLASH_THREADS) flash_tc_forward_kernel(Tp* out
         for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
         mma_a_xt<Tp>(s, qf, Ks[kt & 1]);  // S = Q K^T
         flash_fwd_scores(s, mx, m, lane, q0 + warp * 16, kt * FLASH_TILE, kt == qt, scale_log2);
-        mx[0] = quad_max(mx[0]), mx[1] = quad_max(mx[1]);
+        mx[0] = quad_max(mx[0]);
+        mx[1] = quad_max(mx[1]);
         flash_fwd_online_softmax(s, o, m, l, mx);  // s = P now
         mma_p_x<Tp>(o, s, Vs[kt & 1]);            // O += P V
     }
 
-    l[0] = quad_sum(l[0]), l[1] = quad_sum(l[1]);
+    l[0] = quad_sum(l[0]);
+    l[1] = quad_sum(l[1]);
     store_rows<Tp>(out + (size_t)b * T * C + (size_t)h * FLASH_HS, (size_t)C, o, 1.0f / l[0], 1.0f / l[1], row_lo, T);
     if (c == 0) {
         if (row_lo < T) lse[(size_t)bh * T + row_lo] = flash_lse(m[0], l[0]);

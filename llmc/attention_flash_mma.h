@@ -120,7 +120,8 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
 #ifdef FLASH_NO_SM80
-    r[0] = r[1] = r[2] = r[3] = 0, __trap();
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
 #elif defined(DEV_CUDA_EMULATED)
     emu::ldmatrix_x4(r, p, false);
 #else
@@ -130,7 +131,8 @@ __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void* p) {
 }
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void* p) {
 #ifdef FLASH_NO_SM80
-    r[0] = r[1] = r[2] = r[3] = 0, __trap();
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
 #elif defined(DEV_CUDA_EMULATED)
     emu::ldmatrix_x4(r, p, true);
 #else
@@ -148,12 +150,14 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint3
     emu::mma_16816<Tp>(d, a, b0, b1);
 #else
     if constexpr (std::is_same<Tp, __nv_bfloat16>::value) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     } else {
         static_assert(std::is_same<Tp, __half>::value, "flash attention takes bf16 or fp16");
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
@@ -251,7 +255,8 @@ __device__ __forceinline__ void load_tile_async(Tp* tile, const Tp* src, int row
 #pragma unroll
     for (int j = 0; j < FLASH_TILE / rows_per_pass; j++) {
         bool valid = row0 + r + j * rows_per_pass < T;
-        cp_async_16(dst + j * rows_per_pass * FLASH_LDS, valid ? from + j * step : src, valid);  // (src: a legal address)
+        // (src: a legal address)
+        cp_async_16(dst + j * rows_per_pass * FLASH_LDS, valid ? from + j * step : src, valid);
     }
 }
 
@@ -263,8 +268,10 @@ __device__ __forceinline__ void store_rows(Tp* dst, size_t stride, const float x
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) {
         int col = flash_acc_col(lane, nt, 0);
-        if (row_lo < T) *(uint32_t*)(dst + (size_t)row_lo * stride + col) = pack2<Tp>(x[nt][0] * mul_lo, x[nt][1] * mul_lo);
-        if (row_lo + 8 < T) *(uint32_t*)(dst + (size_t)(row_lo + 8) * stride + col) = pack2<Tp>(x[nt][2] * mul_hi, x[nt][3] * mul_hi);
+        if (row_lo < T)
+            *(uint32_t*)(dst + (size_t)row_lo * stride + col) = pack2<Tp>(x[nt][0] * mul_lo, x[nt][1] * mul_lo);
+        if (row_lo + 8 < T)
+            *(uint32_t*)(dst + (size_t)(row_lo + 8) * stride + col) = pack2<Tp>(x[nt][2] * mul_hi, x[nt][3] * mul_hi);
     }
 }
 

@@ -25,7 +25,8 @@
 // separate test. Between this and step 2 the caller takes mx over the quad.
 static FLASH_HD void flash_fwd_scores(float s[8][4], float mx[2], const float m[2], int lane, int row0, int k0,
                                             bool diagonal, float scale_log2) {
-    mx[0] = m[0], mx[1] = m[1];
+    mx[0] = m[0];
+    mx[1] = m[1];
     FLASH_UNROLL for (int nt = 0; nt < 8; nt++)
         FLASH_UNROLL for (int e = 0; e < 4; e++) {
             float v = s[nt][e] * scale_log2;
@@ -48,8 +49,16 @@ static FLASH_HD void flash_fwd_online_softmax(float s[8][4], float o[8][4], floa
             s[nt][e] = p;
             rs[e >> 1] += p;
         }
-    FLASH_UNROLL for (int i = 0; i < 2; i++) l[i] = l[i] * corr[i] + rs[i], m[i] = mx[i];
-    for (int nt = 0; nt < 8; nt++) o[nt][0] *= corr[0], o[nt][1] *= corr[0], o[nt][2] *= corr[1], o[nt][3] *= corr[1];
+    FLASH_UNROLL for (int i = 0; i < 2; i++) {
+        l[i] = l[i] * corr[i] + rs[i];
+        m[i] = mx[i];
+    }
+    for (int nt = 0; nt < 8; nt++) {
+        o[nt][0] *= corr[0];
+        o[nt][1] *= corr[0];
+        o[nt][2] *= corr[1];
+        o[nt][3] *= corr[1];
+    }
 }
 
 // forward, the end: natural-log logsumexp of a scaled score row from its maximum m (log2 units) and its

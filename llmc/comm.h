@@ -10,7 +10,7 @@
  * ranks that differ in one coordinate only: the DP group of a rank is every rank with its tp_rank and
  * pp_rank, and so on.
  *
- * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, broadcast, send, recv,
+ * One small API: all_reduce (sum, avg, max), reduce_scatter (sum), all_gather, send, recv,
  * barrier, over buffers in device memory (host memory on the CPU target), of type floatX or float.
  * Every operation is described by one CommOp and handed to the engine of the run:
  *   NCCL  (comm/nccl_engine.h) GPU buffers, one GPU per rank, the production path. Every group has its own
@@ -82,13 +82,57 @@ static void comm_join_group(Comm* c, Group* g) {
 
 // The main stream's later work waits for the operations of group g posted so far, while the host goes on
 // without waiting (--fused-kernels' optimizer step: a sum across ranks feeds the next kernel directly,
-// llmc/step_report.h). NCCL: an event on the group's stream; MPI: its operations have completed by now
+// llmc/step_outputs.h). NCCL: an event on the group's stream; MPI: its operations have completed by now
 // (strict mode runs the group's queued ones here). A peer that never answers holds the main stream, and
 // the host's next blocking CUDA call ends under the watchdog (llmc/comm/watchdog.h).
 static void comm_main_waits(Comm* c, Group* g) {
     if (g->size <= 1) return;
     if (c->engine == ENGINE_NCCL) nccl_main_waits(c, g);
     mpi_flush_group(c, g);
+}
+
+// A fence: a mark after the operations of group g posted so far, which the main stream waits for later,
+// while other operations are posted in between (ZeRO-2's gradient buffers, ZeRO-3's gathered ones: a
+// buffer is written again only once the communication that reads or fills it is done). NCCL: an event
+// recorded on the group's stream, and only the main stream waits for it (the host goes on); MPI: the
+// operations have completed by the wait, except in strict mode (llmc/comm.h), where the group's join there
+// runs the queued ones. Zero-initialized it is unmarked; comm_fence_free releases it.
+typedef struct {
+    int marked;  // marked and not yet waited for
+#ifdef HAVE_NCCL
+    cudaEvent_t event;  // (created at the first mark)
+#endif
+} CommFence;
+
+static void comm_fence_mark(Comm* c, Group* g, CommFence* f) {
+#ifdef HAVE_NCCL
+    if (c->engine == ENGINE_NCCL) {
+        if (f->event == NULL) cudaCheck(cudaEventCreateWithFlags(&f->event, cudaEventDisableTiming));
+        cudaCheck(cudaEventRecord(f->event, g->stream));
+    }
+#endif
+    (void)c;
+    (void)g;
+    f->marked = 1;
+}
+
+// The main stream waits for what was posted before the mark (nothing when unmarked); `what` names the wait
+// for the watchdog's message.
+static void comm_fence_wait(Comm* c, Group* g, CommFence* f, const char* what) {
+    if (!f->marked) return;
+#ifdef HAVE_NCCL
+    if (c->engine == ENGINE_NCCL) cudaCheckBlocking(what, cudaStreamWaitEvent(main_stream, f->event, 0));
+#endif
+    (void)what;
+    if (c->engine != ENGINE_NCCL) comm_join_group(c, g);
+    f->marked = 0;
+}
+
+static void comm_fence_free(CommFence* f) {
+#ifdef HAVE_NCCL
+    if (f->event != NULL) cudaCheck(cudaEventDestroy(f->event));
+#endif
+    memset(f, 0, sizeof(*f));
 }
 
 // The wait before what only kernels read (a tensor-parallel sum): with c->kernels_wait the main stream's
@@ -119,12 +163,6 @@ static void comm_all_gather(Comm* c, Group* g, void* buf, size_t count, DType t)
     if (g->size == 1) return;
     comm_post(c, (CommOp){.kind = OP_ALL_GATHER, .g = g, .send = buf, .recv = buf, .n = count, .t = t, .op = REDUCE_SUM,
                           .peer = -1, .recv_peer = -1});
-}
-
-static void comm_broadcast(Comm* c, Group* g, void* buf, size_t n, DType t, int root) {
-    if (g->size == 1) return;
-    comm_post(c, (CommOp){.kind = OP_BROADCAST, .g = g, .send = buf, .recv = buf, .n = n, .t = t, .op = REDUCE_SUM,
-                          .peer = root, .recv_peer = -1});
 }
 
 static void comm_send(Comm* c, Group* g, const void* buf, size_t n, DType t, int peer) {

@@ -80,7 +80,8 @@ static inline FILE* fopen_check(const char* path, const char* mode) {
     if (fd < 0) fatal("cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) fatal("cannot stat '%s': %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) fatal("'%s' is not a regular file (a FIFO, device or folder cannot be read as one)", path);
+    if (!S_ISREG(st.st_mode))
+        fatal("'%s' is not a regular file (a FIFO, device or folder cannot be read as one)", path);
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) fatal("cannot read '%s': %s", path, strerror(errno));
     FILE* f = fdopen(fd, mode);
     if (f == NULL) fatal("cannot open '%s' (mode %s): %s", path, mode, strerror(errno));
@@ -132,7 +133,8 @@ static inline void check_path_length(const char* path, size_t appended, const ch
     if (path[0] == '\0') fatal("%s: the path is empty", what);
     size_t n = strlen(path);
     if (n + appended >= OUTPUT_PATH_MAX)
-        fatal("%s: the path is too long (%zu characters and the %zu appended to it; at most %d in all)", what, n, appended, OUTPUT_PATH_MAX - 1);
+        fatal("%s: the path is too long (%zu characters and the %zu appended to it; at most %d in all)", what, n,
+              appended, OUTPUT_PATH_MAX - 1);
 }
 
 // The folder of `path` into dir (cap bytes): "." for a bare name, "/" for "/name".
@@ -166,7 +168,8 @@ static inline void check_writable_dir(const char* dir, const char* what, int cre
         check_writable_dir(parent, what, 0, 0);  // (a probe file: access() says yes to root on a read-only sysfs)
         return;
     }
-    if (create == 1 && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("%s '%s': cannot create the folder: %s", what, dir, strerror(errno));
+    if (create == 1 && mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fatal("%s '%s': cannot create the folder: %s", what, dir, strerror(errno));
     if (stat(dir, &st) != 0) fatal("%s: folder '%s': %s", what, dir, strerror(errno));
     if (!S_ISDIR(st.st_mode)) fatal("%s: '%s' is not a folder", what, dir);
     char probe[OUTPUT_PATH_MAX + 64];
@@ -193,7 +196,8 @@ static inline void check_writable_file(const char* path, const char* what, size_
     check_path_length(path, appended, what);
     if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) fatal("%s '%s' is a folder, not a file", what, path);
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        fatal("%s '%s' exists and is not a regular file (%s): saving renames a new file over it; give another path", what, path,
+        fatal("%s '%s' exists and is not a regular file (%s): saving renames a new file over it; give another path",
+              what, path,
               S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
     size_t len = strlen(path);
     if (path[len - 1] == '/') fatal("%s '%s' names a folder (it ends in '/'), not a file", what, path);
@@ -204,8 +208,8 @@ static inline void check_writable_file(const char* path, const char* what, size_
     size_t name = strlen(slash ? slash + 1 : path) + appended;
     long name_max = pathconf(dir, _PC_NAME_MAX);
     if (name_max > 0 && name > (size_t)name_max)
-        fatal("%s '%s': the file name is too long for its folder (%zu characters with the %zu appended while it is written; at most %ld)",
-              what, path, name, appended, name_max);
+        fatal("%s '%s': the file name is too long for its folder (%zu characters with the %zu appended while it is "
+              "written; at most %ld)", what, path, name, appended, name_max);
 }
 
 static inline void* malloc_check(size_t bytes) {

@@ -488,7 +488,7 @@ static inline void device_synchronize(void) {
 }
 
 // A layer launcher's scratch: memory the launcher needs only while it runs, grown on demand and kept for
-// reuse. The caller owns it (the model keeps one per purpose, train_gpt.cu's KernelScratch) and frees it
+// reuse. The caller owns it (the model keeps one per purpose: KernelScratch in train_gpt.cu) and frees it
 // with scratch_free. Device memory on the GPU; on the CPU target plain malloc'ed memory, as the CPU loops'
 // other temporaries (not counted in device_allocated_bytes).
 typedef struct {
@@ -515,25 +515,6 @@ static inline void* scratch_get(Scratch* s, size_t bytes) {
         s->bytes = bytes;
     }
     return s->ptr;
-}
-
-// The layer launchers' scratch: buffers a launcher needs only while it runs, grown on first
-// use and kept, one per purpose, owned by the model and freed with it. The planner counts them as kernel
-// scratch (gpu_kernel_scratch, cpu_kernel_scratch).
-typedef struct {
-    Scratch matmul;     // CPU: the transposed operand; GPU: the bias gradient's partial sums
-    Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
-    Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
-    Scratch encoder;    // GPU: encoder_backward's positions grouped by token
-    HostStaging encoder_host;  // GPU: the same grouping on the host (pinned with --fused-kernels), on its way to `encoder`
-    Scratch norm;       // GPU: the gradient norm's per-block partial sums
-    Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
-} KernelScratch;
-
-static void kernel_scratch_free(KernelScratch* k) {
-    Scratch* all[] = {&k->matmul, &k->layernorm, &k->attention, &k->encoder, &k->norm, &k->vocab_ce};
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) scratch_free(all[i]);
-    host_staging_free(&k->encoder_host);
 }
 
 // host float[n] -> device floatX[n], converting in chunks so no large host temporary is needed

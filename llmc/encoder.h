@@ -48,8 +48,8 @@ static void encoder_forward_cpu(float* out, const int* inp, const float* wte, co
 // and streams through the positions in order, adding contiguous pieces of rows (so each sum has the
 // fixed order of the positions, and the inner loop vectorizes).
 #define ENCODER_CPU_COLUMNS 32
-static void encoder_backward_cpu(float* __restrict dwte, float* __restrict dwpe, const float* __restrict dout, const int* __restrict inp,
-                                 int B, int T, int C, int vocab_start, int vocab_rows) {
+static void encoder_backward_cpu(float* __restrict dwte, float* __restrict dwpe, const float* __restrict dout,
+                                 const int* __restrict inp, int B, int T, int C, int vocab_start, int vocab_rows) {
 #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += ENCODER_CPU_COLUMNS) {
         int w = C - c0 < ENCODER_CPU_COLUMNS ? C - c0 : ENCODER_CPU_COLUMNS;
@@ -78,7 +78,8 @@ static int group_positions_by_token(int* buf, const int* inp, int BT, int vocab_
     long long* keys = (long long*)malloc_check(BT * sizeof(long long));
     int n = 0;
     for (int i = 0; i < BT; i++)
-        if (inp[i] >= vocab_start && inp[i] < vocab_start + vocab_rows) keys[n++] = ((long long)(inp[i] - vocab_start) << 32) | i;
+        if (inp[i] >= vocab_start && inp[i] < vocab_start + vocab_rows)
+            keys[n++] = ((long long)(inp[i] - vocab_start) << 32) | i;
     *n_kept = n;
     BT = n;
     qsort(keys, BT, sizeof(long long), [](const void* a, const void* b) {
@@ -128,7 +129,10 @@ static int chunk_positions(int* buf, const int* start, int n_unique, int* n_mult
             chunk_begin[k] = start[u] + j * ENCODER_WTE_CHUNK;
             chunk_slot[k] = count > 1 ? slot++ : -1;
         }
-        if (count > 1) multi_token[m] = u, multi_slot[++m] = slot;
+        if (count > 1) {
+            multi_token[m] = u;
+            multi_slot[++m] = slot;
+        }
     }
     *n_multi = multi;
     return n_chunks;
@@ -154,9 +158,9 @@ static size_t encoder_scratch_bytes(size_t BT, int C, int fused) {
 // threads per block of the three kernels (one element per thread, or a block striding over a row's C)
 #define ENCODER_THREADS 256
 
-__global__ void __launch_bounds__(ENCODER_THREADS) encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte,
-                                                                          const floatX* wpe, int B, int T, int C, int vocab_start,
-                                                                          int vocab_rows) {
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_forward_kernel(
+    floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B, int T, int C, int vocab_start,
+    int vocab_rows) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * T * C) return;
     int c = idx % C;
@@ -168,8 +172,8 @@ __global__ void __launch_bounds__(ENCODER_THREADS) encoder_forward_kernel(floatX
 }
 
 // one block per distinct token u: dwte[token[u]] += dout rows positions[start[u] .. start[u+1]), in order
-__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* token,
-                                                                               const int* start, const int* positions, int C) {
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_kernel(
+    floatX* dwte, const floatX* dout, const int* token, const int* start, const int* positions, int C) {
     int u = blockIdx.x;
     floatX* row = dwte + (size_t)token[u] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
@@ -192,13 +196,14 @@ typedef struct {  // the grouping and its chunks on the device (group_positions_
 } EncoderChunks;
 // the views of a grouping of n_unique tokens at `grouping` and of its chunks at `chunks`, as
 // group_positions_by_token and chunk_positions lay them out
-static EncoderChunks encoder_chunks_view(const int* grouping, int n_unique, const int* chunks, int n_chunks, int n_multi) {
-    EncoderChunks g = {grouping, grouping + n_unique, grouping + 2 * n_unique + 1, chunks, chunks + n_chunks, chunks + 2 * n_chunks,
-                       chunks + 3 * n_chunks, chunks + 3 * n_chunks + n_multi, n_multi};
+static EncoderChunks encoder_chunks_view(const int* grouping, int n_unique, const int* chunks, int n_chunks,
+                                         int n_multi) {
+    EncoderChunks g = {grouping, grouping + n_unique, grouping + 2 * n_unique + 1, chunks, chunks + n_chunks,
+                       chunks + 2 * n_chunks, chunks + 3 * n_chunks, chunks + 3 * n_chunks + n_multi, n_multi};
     return g;
 }
-__global__ void __launch_bounds__(ENCODER_WTE_WARPS * 32) encoder_backward_wte_chunk_kernel(floatX* dwte, float* partial,
-                                                                                           const floatX* dout, EncoderChunks g, int C) {
+__global__ void __launch_bounds__(ENCODER_WTE_WARPS * 32) encoder_backward_wte_chunk_kernel(
+    floatX* dwte, float* partial, const floatX* dout, EncoderChunks g, int C) {
     constexpr int TILE = 32 * Pack128::size;  // channels per tile (256 in 16-bit builds, 128 in FP32)
     __shared__ float warp_sums[ENCODER_WTE_WARPS][TILE];
     int k = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -230,8 +235,8 @@ __global__ void __launch_bounds__(ENCODER_WTE_WARPS * 32) encoder_backward_wte_c
 // --fused-kernels: a token of several chunks (blockIdx.y: the m-th), one thread per channel: its chunks'
 // sums added in chunk order, then into its row. Launched with at least one row of blocks (so that every
 // step launches it), which returns when no token has several chunks.
-__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_combine_kernel(floatX* dwte, const float* partial,
-                                                                                      EncoderChunks g, int C) {
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_combine_kernel(
+    floatX* dwte, const float* partial, EncoderChunks g, int C) {
     int m = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= g.n_multi || c >= C) return;
     float s = 0.0f;
@@ -241,7 +246,8 @@ __global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wte_combine_
 }
 
 // one thread per (t, c): sum over the batch in order
-__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+__global__ void __launch_bounds__(ENCODER_THREADS) encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B,
+                                                                               int T, int C) {
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)T * C) return;
     float sum = 0.0f;
@@ -259,7 +265,8 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
     encoder_forward_cpu(out, inp, wte, wpe, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = ENCODER_THREADS;
-    encoder_forward_kernel<<<grid_for((size_t)B * T * C, block), block, 0, main_stream>>>(out, inp, wte, wpe, B, T, C, vocab_start, vocab_rows);
+    encoder_forward_kernel<<<grid_for((size_t)B * T * C, block), block, 0, main_stream>>>(out, inp, wte, wpe, B, T, C,
+                                                                                          vocab_start, vocab_rows);
     launchCheck();
 #endif
 }
@@ -269,9 +276,10 @@ static void encoder_forward(floatX* out, const int* inp, const floatX* wte, cons
 // `fused`: the run's --fused-kernels (KernelChoice.fused), which copies the grouping without waiting and
 // sums a token's positions in chunks, a block each, warps side by side
 static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp, const int* inp_host, int B,
-                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch, HostStaging* staging, int fused) {
+                             int T, int C, int vocab_start, int vocab_rows, Scratch* scratch, HostStaging* staging,
+                             int fused) {
 #ifdef LLMC_CPU
-    (void)inp_host, (void)scratch, (void)staging, (void)fused;
+    (void)inp_host; (void)scratch; (void)staging; (void)fused;
     encoder_backward_cpu(dwte, dwpe, dout, inp, B, T, C, vocab_start, vocab_rows);
 #else
     const int block = ENCODER_THREADS;
@@ -292,12 +300,14 @@ static void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, con
     if (chunked) {
         EncoderChunks g = encoder_chunks_view(dev, n_unique, dev + n_grouping, n_chunks, n_multi);
         if (n_chunks > 0)
-            encoder_backward_wte_chunk_kernel<<<n_chunks, ENCODER_WTE_WARPS * 32, 0, main_stream>>>(dwte, partial, dout, g, C);
+            encoder_backward_wte_chunk_kernel<<<n_chunks, ENCODER_WTE_WARPS * 32, 0, main_stream>>>(dwte, partial, dout,
+                                                                                                    g, C);
         launchCheck();
         dim3 grid(grid_for(C, block), n_multi > 0 ? n_multi : 1);
         encoder_backward_wte_combine_kernel<<<grid, block, 0, main_stream>>>(dwte, partial, g, C);
     } else if (n_unique > 0) {
-        encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique, dev + 2 * n_unique + 1, C);
+        encoder_backward_wte_kernel<<<n_unique, block, 0, main_stream>>>(dwte, dout, dev, dev + n_unique,
+                                                                         dev + 2 * n_unique + 1, C);
     }
     launchCheck();
     encoder_backward_wpe_kernel<<<grid_for((size_t)T * C, block), block, 0, main_stream>>>(dwpe, dout, B, T, C);

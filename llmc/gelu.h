@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(GELU_THREADS) gelu_forward_kernel(floatX* out,
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = float_to_floatX(gelu_value(floatX_to_float(inp[i])));
 }
-__global__ void __launch_bounds__(GELU_THREADS) gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+__global__ void __launch_bounds__(GELU_THREADS) gelu_backward_kernel(floatX* dinp, const floatX* inp,
+                                                                     const floatX* dout, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dinp[i] = float_to_floatX(floatX_to_float(dout[i]) * gelu_derivative(floatX_to_float(inp[i])));
 }
@@ -86,8 +87,8 @@ __global__ void __launch_bounds__(GELU_THREADS) gelu_forward_vec_kernel(floatX* 
     for (int k = 0; k < Pack128::size; k++) y.v[k] = float_to_floatX(gelu_value(floatX_to_float(x.v[k])));
     store128(out + i, y);
 }
-__global__ void __launch_bounds__(GELU_THREADS) gelu_backward_vec_kernel(floatX* dinp, const floatX* inp, const floatX* dout,
-                                                                         size_t n) {
+__global__ void __launch_bounds__(GELU_THREADS) gelu_backward_vec_kernel(floatX* dinp, const floatX* inp,
+                                                                         const floatX* dout, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * Pack128::size;
     if (i >= n) return;
     Pack128 x = load128(inp + i), d = load128(dout + i), dx;
@@ -110,7 +111,8 @@ static void gelu_forward(floatX* out, const floatX* inp, size_t n, int fused) {
     gelu_forward_cpu(out, inp, n);
 #else
     if (gelu_vec_ok(fused, out, inp, NULL, n))
-        gelu_forward_vec_kernel<<<grid_for(n / Pack128::size, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(out, inp, n);
+        gelu_forward_vec_kernel<<<grid_for(n / Pack128::size, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(
+            out, inp, n);
     else
         gelu_forward_kernel<<<grid_for(n, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(out, inp, n);
     launchCheck();
@@ -123,7 +125,8 @@ static void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, s
     gelu_backward_cpu(dinp, inp, dout, n);
 #else
     if (gelu_vec_ok(fused, dinp, inp, dout, n))
-        gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(dinp, inp, dout, n);
+        gelu_backward_vec_kernel<<<grid_for(n / Pack128::size, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(
+            dinp, inp, dout, n);
     else
         gelu_backward_kernel<<<grid_for(n, GELU_THREADS), GELU_THREADS, 0, main_stream>>>(dinp, inp, dout, n);
     launchCheck();

@@ -90,8 +90,10 @@ typedef struct {
     NormRange r[NORM_BATCH];
 } NormBatch;
 
-static_assert(sizeof(float*) + sizeof(NormBatch) <= 4096, "sum_squares_batch_kernel's parameters exceed the 4 KiB of a launch: lower NORM_BATCH");
-__global__ void __launch_bounds__(NORM_THREADS) sum_squares_batch_kernel(float* partial, const __grid_constant__ NormBatch batch) {
+static_assert(sizeof(float*) + sizeof(NormBatch) <= 4096,
+              "sum_squares_batch_kernel's parameters exceed the 4 KiB of a launch: lower NORM_BATCH");
+__global__ void __launch_bounds__(NORM_THREADS) sum_squares_batch_kernel(float* partial,
+                                                                         const __grid_constant__ NormBatch batch) {
     __shared__ float s_warp[32];
     const NormRange* r = &batch.r[range_of_block(batch.r, batch.k)];
     float total = block_sum_squares(s_warp, r->x, r->n, blockIdx.x - r->first_block, r->blocks);
@@ -103,8 +105,8 @@ static int norm_blocks(size_t n) {
 }
 
 // the launches of sum_squares_gpu: returns the device buffer of the blocks' partial sums (*total of them)
-static float* sum_squares_partials(const floatX* const* x, const size_t* n, const int* blocks, int k, Scratch* scratch, int batched,
-                                   size_t* total) {
+static float* sum_squares_partials(const floatX* const* x, const size_t* n, const int* blocks, int k, Scratch* scratch,
+                                   int batched, size_t* total) {
     size_t total_blocks = 0;
     for (int i = 0; i < k; i++) total_blocks += blocks[i];
     float* partial = (float*)scratch_get(scratch, total_blocks * sizeof(float));
@@ -116,7 +118,8 @@ static float* sum_squares_partials(const floatX* const* x, const size_t* n, cons
         batch.k = k - first < NORM_BATCH ? k - first : NORM_BATCH;
         int grid = 0;
         for (int j = 0; j < batch.k; j++) {
-            batch.r[j] = (NormRange){.x = x[first + j], .n = n[first + j], .first_block = grid, .blocks = blocks[first + j]};
+            batch.r[j] =
+                (NormRange){.x = x[first + j], .n = n[first + j], .first_block = grid, .blocks = blocks[first + j]};
             grid += blocks[first + j];
         }
         sum_squares_batch_kernel<<<grid, NORM_THREADS, 0, main_stream>>>(partial + offset, batch);
@@ -131,8 +134,8 @@ static float* sum_squares_partials(const floatX* const* x, const size_t* n, cons
 // their partial sums into `scratch` (range i's blocks[i] after range i-1's), in a launch per range or
 // (`batched`) one per NORM_BATCH ranges, the same bits either way, and a single copy brings them all to
 // host (total blocks floats), so a step synchronizes once
-static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host, double* sums,
-                            Scratch* scratch, int batched) {
+static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* blocks, int k, float* host,
+                            double* sums, Scratch* scratch, int batched) {
     size_t total_blocks;
     float* partial = sum_squares_partials(x, n, blocks, k, scratch, batched, &total_blocks);
     copy_to_host(host, partial, total_blocks * sizeof(float));
@@ -145,15 +148,15 @@ static void sum_squares_gpu(const floatX* const* x, const size_t* n, const int* 
     }
 }
 
-// --fused-kernels (the optimizer step without a wait, llmc/step_report.h): sums[g] = the sum of squares of
+// --fused-kernels (the optimizer step without a wait, llmc/step_outputs.h): sums[g] = the sum of squares of
 // the ranges of group g (g = 0, 1) from the ranges' block partials, range i's in partial[first[i] ..
 // first[i + 1]): each range's partials added in double in order, then the ranges in order, the additions
 // norm_parts_sum makes on the host, and rounded once to float (what the sums across ranks carry).
 // range_sum: (n) doubles of dynamic shared memory.
 #define NORM_GROUP_THREADS 256
 #define NORM_GROUP_MAX_RANGES 6144  // 48 KiB of doubles, the dynamic shared memory a launch may take without opting in
-__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_group_sums_kernel(float* sums, const float* partial, const int* first,
-                                                                             const int* group, int n) {
+__global__ void __launch_bounds__(NORM_GROUP_THREADS) norm_group_sums_kernel(
+    float* sums, const float* partial, const int* first, const int* group, int n) {
     extern __shared__ double range_sum[];
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         double s = 0.0;
@@ -183,7 +186,9 @@ static double sum_squares(const floatX* x, size_t n, Scratch* scratch) {
 #endif
 }
 
-static float global_norm(const floatX* x, size_t n, Scratch* scratch) { return (float)sqrt(sum_squares(x, n, scratch)); }
+static float global_norm(const floatX* x, size_t n, Scratch* scratch) {
+    return (float)sqrt(sum_squares(x, n, scratch));
+}
 
 // ----------------------------------------------------------------------------------------------------
 // a fixed list of ranges, summed every step without allocating
@@ -222,7 +227,8 @@ static void norm_parts_add(NormParts* p, const floatX* x, size_t len, int group)
 static void norm_parts_finish(NormParts* p) {
 #ifdef LLMC_CPU
     size_t most_chunks = 1;
-    for (int i = 0; i < p->n; i++) most_chunks = norm_chunks(p->len[i]) > most_chunks ? norm_chunks(p->len[i]) : most_chunks;
+    for (int i = 0; i < p->n; i++)
+        most_chunks = norm_chunks(p->len[i]) > most_chunks ? norm_chunks(p->len[i]) : most_chunks;
     p->chunks = (double*)malloc_check(most_chunks * sizeof(double));
 #else
     size_t total_blocks = 1;
@@ -235,7 +241,7 @@ static void norm_parts_finish(NormParts* p) {
 // (`scratch`: the GPU's partial sums, grown on the first step; `batched`: --fused-kernels' batched launches)
 static void norm_parts_sum(NormParts* p, double group_sums[2], Scratch* scratch, int batched) {
 #ifdef LLMC_CPU
-    (void)scratch, (void)batched;
+    (void)scratch; (void)batched;
     for (int i = 0; i < p->n; i++) p->sums[i] = sum_squares_cpu_into(p->x[i], p->len[i], p->chunks);
 #else
     sum_squares_gpu(p->x, p->len, p->blocks, p->n, p->host, p->sums, scratch, batched);
@@ -253,14 +259,18 @@ static void norm_parts_sum_on_device(NormParts* p, float* sums, Scratch* scratch
         check_internal(p->n <= NORM_GROUP_MAX_RANGES, "more gradient ranges than norm_group_sums_kernel holds");
         int* host = (int*)malloc_check((2 * p->n + 1) * sizeof(int));
         host[0] = 0;
-        for (int i = 0; i < p->n; i++) host[i + 1] = host[i] + p->blocks[i], host[p->n + 1 + i] = p->group[i];
+        for (int i = 0; i < p->n; i++) {
+            host[i + 1] = host[i] + p->blocks[i];
+            host[p->n + 1 + i] = p->group[i];
+        }
         p->table = (int*)device_malloc((2 * p->n + 1) * sizeof(int));
         copy_to_device(p->table, host, (2 * p->n + 1) * sizeof(int));
         free(host);
     }
     size_t total_blocks;
     float* partial = sum_squares_partials(p->x, p->len, p->blocks, p->n, scratch, 1, &total_blocks);
-    norm_group_sums_kernel<<<1, NORM_GROUP_THREADS, p->n * sizeof(double), main_stream>>>(sums, partial, p->table, p->table + p->n + 1, p->n);
+    norm_group_sums_kernel<<<1, NORM_GROUP_THREADS, p->n * sizeof(double), main_stream>>>(sums, partial, p->table,
+                                                                                          p->table + p->n + 1, p->n);
     launchCheck();
 }
 #endif
@@ -269,6 +279,12 @@ static void norm_parts_free(NormParts* p) {
 #ifndef LLMC_CPU
     device_free(p->table);
 #endif
-    free(p->x), free(p->len), free(p->group), free(p->sums), free(p->blocks), free(p->chunks), free(p->host);
+    free(p->x);
+    free(p->len);
+    free(p->group);
+    free(p->sums);
+    free(p->blocks);
+    free(p->chunks);
+    free(p->host);
     memset(p, 0, sizeof(*p));
 }

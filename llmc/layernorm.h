@@ -31,8 +31,9 @@ static const float LAYERNORM_EPS = 1e-5f;
 // out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C). Rows in parallel (static schedule);
 // within a row the sums are taken in vector lanes (`omp simd`: an order fixed by the build, the same at
 // any thread count) and the loops vectorize (__restrict: the buffers are distinct).
-static void layernorm_forward_cpu(float* __restrict out, float* __restrict mean, float* __restrict rstd, const float* __restrict inp,
-                                  const float* __restrict weight, const float* __restrict bias, int N, int C) {
+static void layernorm_forward_cpu(float* __restrict out, float* __restrict mean, float* __restrict rstd,
+                                  const float* __restrict inp, const float* __restrict weight,
+                                  const float* __restrict bias, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
@@ -57,8 +58,9 @@ static void layernorm_forward_cpu(float* __restrict out, float* __restrict mean,
 // lanes), then blocks of LN_CPU_COLUMNS channels in parallel for dw and db, each block streaming through
 // the rows in order with a contiguous inner loop (each channel's sums in row order).
 #define LN_CPU_COLUMNS 32
-static void layernorm_backward_cpu(float* __restrict dinp, float* __restrict dweight, float* __restrict dbias, const float* __restrict dout,
-                                   const float* __restrict inp, const float* __restrict weight, const float* __restrict mean,
+static void layernorm_backward_cpu(float* __restrict dinp, float* __restrict dweight, float* __restrict dbias,
+                                   const float* __restrict dout, const float* __restrict inp,
+                                   const float* __restrict weight, const float* __restrict mean,
                                    const float* __restrict rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -113,8 +115,8 @@ static void layernorm_backward_cpu(float* __restrict dinp, float* __restrict dwe
 #define LN_THREADS 256
 
 // one warp per row
-__global__ void __launch_bounds__(LN_THREADS) layernorm_forward_kernel(floatX* out, float* mean, float* rstd, const floatX* inp,
-                                                                       const floatX* weight, const floatX* bias, int N, int C) {
+__global__ void __launch_bounds__(LN_THREADS) layernorm_forward_kernel(
+    floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight, const floatX* bias, int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -140,9 +142,9 @@ __global__ void __launch_bounds__(LN_THREADS) layernorm_forward_kernel(floatX* o
 }
 
 // one warp per row: dinp += rstd * (g - mean(g) - norm * mean(g * norm))
-__global__ void __launch_bounds__(LN_THREADS) layernorm_backward_dinp_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
-                                                                             const floatX* weight, const float* mean,
-                                                                             const float* rstd, int N, int C) {
+__global__ void __launch_bounds__(LN_THREADS) layernorm_backward_dinp_kernel(
+    floatX* dinp, const floatX* dout, const floatX* inp, const floatX* weight, const float* mean, const float* rstd,
+    int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -170,9 +172,8 @@ __global__ void __launch_bounds__(LN_THREADS) layernorm_backward_dinp_kernel(flo
 // sum a strided subset of rows into partial[chunk] (float), then one thread per channel adds the chunks.
 #define LN_CHUNKS 64
 #define LN_ROW_LANES 8
-__global__ void __launch_bounds__(32 * LN_ROW_LANES) layernorm_backward_partial_kernel(float* partial, const floatX* dout,
-                                                                                       const floatX* inp, const float* mean,
-                                                                                       const float* rstd, int N, int C) {
+__global__ void __launch_bounds__(32 * LN_ROW_LANES) layernorm_backward_partial_kernel(
+    float* partial, const floatX* dout, const floatX* inp, const float* mean, const float* rstd, int N, int C) {
     __shared__ float sw[LN_ROW_LANES][32], sb[LN_ROW_LANES][32];
     int c = blockIdx.x * 32 + threadIdx.x;
     float dw = 0.0f, db = 0.0f;
@@ -196,8 +197,8 @@ __global__ void __launch_bounds__(32 * LN_ROW_LANES) layernorm_backward_partial_
     }
 }
 
-__global__ void __launch_bounds__(LN_THREADS) layernorm_backward_finish_kernel(floatX* dweight, floatX* dbias, const float* partial,
-                                                                               int chunks, int C) {
+__global__ void __launch_bounds__(LN_THREADS) layernorm_backward_finish_kernel(
+    floatX* dweight, floatX* dbias, const float* partial, int chunks, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float dw = 0.0f, db = 0.0f;
@@ -215,8 +216,8 @@ __global__ void __launch_bounds__(LN_THREADS) layernorm_backward_finish_kernel(f
 // in turn, on 3 blocks at C = 768: ~21 µs a call, 25 calls per step (Nsight Compute, H200 and H100);
 // dev/cuda/layernorm_backward.cu on an H100: the whole backward 0.106 ms with this finish, 0.120 with that.
 #define LNF_WARPS 8
-__global__ void __launch_bounds__(32 * LNF_WARPS) layernorm_backward_finish_warps_kernel(floatX* dweight, floatX* dbias,
-                                                                                         const float* partial, int chunks, int C) {
+__global__ void __launch_bounds__(32 * LNF_WARPS) layernorm_backward_finish_warps_kernel(
+    floatX* dweight, floatX* dbias, const float* partial, int chunks, int C) {
     __shared__ float warp_sums[LNF_WARPS][32];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int j = blockIdx.x * 32 + lane;  // the column: dweight[j] for j < C, else dbias[j - C]
@@ -239,9 +240,9 @@ __global__ void __launch_bounds__(32 * LNF_WARPS) layernorm_backward_finish_warp
 // written), then out = layernorm(res); with b == NULL the row is a and res is not touched. The statistics
 // are taken over the rounded residual, exactly what a separate layernorm_forward would read back.
 // Needs C % Pack128::size == 0 and 16-byte aligned pointers (the launcher checks).
-__global__ void __launch_bounds__(LN_THREADS) residual_layernorm_forward_kernel(floatX* res, floatX* out, float* mean, float* rstd,
-                                                                                const floatX* a, const floatX* b, const floatX* weight,
-                                                                                const floatX* bias, int N, int C) {
+__global__ void __launch_bounds__(LN_THREADS) residual_layernorm_forward_kernel(
+    floatX* res, floatX* out, float* mean, float* rstd, const floatX* a, const floatX* b, const floatX* weight,
+    const floatX* bias, int N, int C) {
     const int V = Pack128::size;
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -358,23 +359,25 @@ static void layernorm_forward(floatX* out, float* mean, float* rstd, const float
 #else
     const int block = LN_THREADS, rows_per_block = block / 32;
     if (fused && layernorm_fused_ok(out, inp, weight, bias, NULL, C))
-        residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(NULL, out, mean, rstd, inp, NULL,
-                                                                                                   weight, bias, N, C);
+        residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(
+            NULL, out, mean, rstd, inp, NULL, weight, bias, N, C);
     else
-        layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+        layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(out, mean, rstd, inp, weight,
+                                                                                         bias, N, C);
     launchCheck();
 #endif
 }
 
 // res (N,C) = a + b, then out = layernorm(res) (with mean, rstd): the residual add of a block and the
 // LayerNorm that follows it. One kernel with --fused-kernels on the GPU, else the two separate launchers.
-static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, float* rstd, const floatX* a, const floatX* b,
-                                       const floatX* weight, const floatX* bias, int N, int C, int fused) {
+static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, float* rstd, const floatX* a,
+                                       const floatX* b, const floatX* weight, const floatX* bias, int N, int C,
+                                       int fused) {
 #ifndef LLMC_CPU
     if (fused && layernorm_fused_ok(res, out, a, b, weight, C) && aligned16(bias)) {
         const int block = LN_THREADS, rows_per_block = block / 32;
-        residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(res, out, mean, rstd, a, b,
-                                                                                                   weight, bias, N, C);
+        residual_layernorm_forward_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(
+            res, out, mean, rstd, a, b, weight, bias, N, C);
         launchCheck();
         return;
     }
@@ -385,10 +388,10 @@ static void residual_layernorm_forward(floatX* res, floatX* out, float* mean, fl
 
 // `scratch`: on the GPU the per-block partial sums of dweight and dbias (the CPU loop needs none)
 static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                               const floatX* weight, const float* mean, const float* rstd, int N, int C, Scratch* scratch,
-                               int fused) {
+                               const floatX* weight, const float* mean, const float* rstd, int N, int C,
+                               Scratch* scratch, int fused) {
 #ifdef LLMC_CPU
-    (void)scratch, (void)fused;
+    (void)scratch; (void)fused;
     layernorm_backward_cpu(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 #else
     if (fused && layernorm_fused_ok(dinp, dout, inp, weight, NULL, C)) {
@@ -400,24 +403,30 @@ static void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
         }
         if (smem <= (size_t)layernorm_smem_optin) {
             if (smem > 48 * 1024)
-                cudaCheck(cudaFuncSetAttribute(layernorm_backward_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                cudaCheck(cudaFuncSetAttribute(layernorm_backward_fused_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             int blocks = ceil_div(N, LNB_WARPS) < LNB_BLOCKS ? ceil_div(N, LNB_WARPS) : LNB_BLOCKS;
             float* partial = (float*)scratch_get(scratch, (size_t)LNB_BLOCKS * 2 * C * sizeof(float));
-            layernorm_backward_fused_kernel<<<blocks, 32 * LNB_WARPS, smem, main_stream>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C);
+            layernorm_backward_fused_kernel<<<blocks, 32 * LNB_WARPS, smem, main_stream>>>(dinp, partial, dout, inp,
+                                                                                           weight, mean, rstd, N, C);
             launchCheck();
-            layernorm_backward_finish_warps_kernel<<<ceil_div(2 * C, 32), 32 * LNF_WARPS, 0, main_stream>>>(dweight, dbias, partial, blocks, C);
+            layernorm_backward_finish_warps_kernel<<<ceil_div(2 * C, 32), 32 * LNF_WARPS, 0, main_stream>>>(
+                dweight, dbias, partial, blocks, C);
             launchCheck();
             return;
         }
     }
     const int block = LN_THREADS, rows_per_block = block / 32;
-    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), block, 0, main_stream>>>(dinp, dout, inp, weight,
+                                                                                           mean, rstd, N, C);
     launchCheck();
     float* partial = (float*)scratch_get(scratch, (size_t)LN_CHUNKS * 2 * C * sizeof(float));
     dim3 partial_grid(ceil_div(C, 32), LN_CHUNKS), partial_block(32, LN_ROW_LANES);
-    layernorm_backward_partial_kernel<<<partial_grid, partial_block, 0, main_stream>>>(partial, dout, inp, mean, rstd, N, C);
+    layernorm_backward_partial_kernel<<<partial_grid, partial_block, 0, main_stream>>>(partial, dout, inp, mean, rstd,
+                                                                                       N, C);
     launchCheck();
-    layernorm_backward_finish_kernel<<<ceil_div(C, LN_THREADS), LN_THREADS, 0, main_stream>>>(dweight, dbias, partial, LN_CHUNKS, C);
+    layernorm_backward_finish_kernel<<<ceil_div(C, LN_THREADS), LN_THREADS, 0, main_stream>>>(dweight, dbias, partial,
+                                                                                              LN_CHUNKS, C);
     launchCheck();
 #endif
 }

@@ -77,13 +77,14 @@ static int loss_scaler_update(LossScaler* s, int found_inf) {
 static const char* loss_scaler_settings_error(const LossScaler* s, char* msg, size_t len) {
     if (s->mode == SCALE_OFF) return NULL;
     if (!(s->scale >= LOSS_SCALE_MIN && s->scale <= LOSS_SCALE_MAX)) {
-        snprintf(msg, len, "%s must be between %g and %.0f, got %g", s->mode == SCALE_STATIC ? "--loss-scale" : "--loss-scale-init",
+        snprintf(msg, len, "%s must be between %g and %.0f, got %g",
+                 s->mode == SCALE_STATIC ? "--loss-scale" : "--loss-scale-init",
                  LOSS_SCALE_MIN, LOSS_SCALE_MAX, s->scale);
         return msg;
     }
     if (s->mode == SCALE_DYNAMIC && !(s->backoff < 1.0f)) {
-        snprintf(msg, len, "--loss-scale-backoff must be below 1 (got %g): an overflowing dynamic scale would never come down, "
-                 "and every later step would be skipped", s->backoff);
+        snprintf(msg, len, "--loss-scale-backoff must be below 1 (got %g): an overflowing dynamic scale would never "
+                 "come down, and every later step would be skipped", s->backoff);
         return msg;
     }
     return NULL;

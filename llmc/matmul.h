@@ -106,8 +106,8 @@ static void bias_add_cpu(float* out, const float* bias, int N, int OC) {
 }
 
 // `scratch` holds the transposed operand
-static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
-                               Scratch* scratch) {
+static void matmul_forward_cpu(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                               int OC, Scratch* scratch) {
     float* wT = (float*)scratch_get(scratch, (size_t)IC * OC * sizeof(float));
     transpose_cpu(wT, weight, OC, IC);  // (IC, OC)
     gemm_cpu(out, inp, wT, N, OC, IC, 0);
@@ -137,8 +137,8 @@ static void bias_backward_cpu(float* __restrict dbias, const float* __restrict d
 static void matmul_backward_input_cpu(float* dinp, const float* dout, const float* weight, int N, int IC, int OC) {
     gemm_cpu(dinp, dout, weight, N, IC, OC, 0);  // (N,OC) . (OC,IC)
 }
-static void matmul_backward_weight_cpu(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC,
-                                       Scratch* scratch) {
+static void matmul_backward_weight_cpu(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC,
+                                       int OC, Scratch* scratch) {
     float* doutT = (float*)scratch_get(scratch, (size_t)N * OC * sizeof(float));
     transpose_cpu(doutT, dout, N, OC);  // (OC, N)
     gemm_cpu(dweight, doutT, inp, OC, IC, N, 1);  // (OC,N) . (N,IC)
@@ -150,14 +150,16 @@ static void matmul_backward_weight_cpu(float* dweight, float* dbias, const float
 // (beta = 1). The bias adds and sums stay the loops above (a pass over the output either way).
 #if defined(LLMC_CPU) && defined(LLMC_BLAS)
 static const int cpu_blas_linked = 1;
-static void matmul_forward_blas(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC) {
+static void matmul_forward_blas(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                                int OC) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f, out, OC);
     if (bias != NULL) bias_add_cpu(out, bias, N, OC);
 }
 static void matmul_backward_input_blas(float* dinp, const float* dout, const float* weight, int N, int IC, int OC) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
 }
-static void matmul_backward_weight_blas(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC) {
+static void matmul_backward_weight_blas(float* dweight, float* dbias, const float* dout, const float* inp, int N,
+                                        int IC, int OC) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
     if (dbias != NULL) bias_backward_cpu(dbias, dout, N, OC);
 }
@@ -175,17 +177,18 @@ static void matmul_backward_weight_blas(float*, float*, const float*, const floa
 #endif
 
 // CPU target: OpenBLAS or the reference, as the run chose (--cpu-matmul)
-static void matmul_forward_host(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
-                                Scratch* scratch, const KernelChoice* k) {
+static void matmul_forward_host(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                                int OC, Scratch* scratch, const KernelChoice* k) {
     if (k->cpu_blas) matmul_forward_blas(out, inp, weight, bias, N, IC, OC);
     else matmul_forward_cpu(out, inp, weight, bias, N, IC, OC, scratch);
 }
-static void matmul_backward_input_host(float* dinp, const float* dout, const float* weight, int N, int IC, int OC, const KernelChoice* k) {
+static void matmul_backward_input_host(float* dinp, const float* dout, const float* weight, int N, int IC, int OC,
+                                       const KernelChoice* k) {
     if (k->cpu_blas) matmul_backward_input_blas(dinp, dout, weight, N, IC, OC);
     else matmul_backward_input_cpu(dinp, dout, weight, N, IC, OC);
 }
-static void matmul_backward_weight_host(float* dweight, float* dbias, const float* dout, const float* inp, int N, int IC, int OC,
-                                        Scratch* scratch, const KernelChoice* k) {
+static void matmul_backward_weight_host(float* dweight, float* dbias, const float* dout, const float* inp, int N,
+                                        int IC, int OC, Scratch* scratch, const KernelChoice* k) {
     if (k->cpu_blas) matmul_backward_weight_blas(dweight, dbias, dout, inp, N, IC, OC);
     else matmul_backward_weight_cpu(dweight, dbias, dout, inp, N, IC, OC, scratch);
 }
@@ -244,7 +247,8 @@ static void matmul_plan_point(MatmulPlan* p, const void* vec, const void* aux) {
     if (p->epilogue != EPI_NONE)
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
     if (p->epilogue == EPI_GELU_AUX_BIAS)
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        cublasCheck(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
 }
 
 static void matmul_plan_create(MatmulPlan* p, const void* vec, const void* aux) {
@@ -252,22 +256,26 @@ static void matmul_plan_create(MatmulPlan* p, const void* vec, const void* aux) 
     cublasOperation_t op_a = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    const cublasLtEpilogue_t lt_epilogue[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-                                              CUBLASLT_EPILOGUE_BGRADB};
+    const cublasLtEpilogue_t lt_epilogue[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
+                                              CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_BGRADB};
     cublasLtEpilogue_t epilogue = lt_epilogue[p->epilogue];
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (p->epilogue != EPI_NONE) {  // the vector is of the output's type (a bias gradient can be no other)
         cudaDataType_t vec_type = CUDA_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type, sizeof(vec_type)));
+        cublasCheck(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type, sizeof(vec_type)));
     }
     if (p->epilogue == EPI_GELU_AUX_BIAS) {  // the GELU input: m x n like D
         int64_t aux_ld = p->m;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        cublasCheck(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
     matmul_plan_point(p, vec, aux);  // the heuristic reads the alignment of these pointers
     int m = p->m, n = p->n, k = p->k;
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUDA_FLOATX, p->trans_a ? k : m, p->trans_a ? m : k, p->trans_a ? k : m));
-    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUDA_FLOATX, p->trans_b ? n : k, p->trans_b ? k : n, p->trans_b ? n : k));
+    cublasCheck(
+        cublasLtMatrixLayoutCreate(&p->la, CUDA_FLOATX, p->trans_a ? k : m, p->trans_a ? m : k, p->trans_a ? k : m));
+    cublasCheck(
+        cublasLtMatrixLayoutCreate(&p->lb, CUDA_FLOATX, p->trans_b ? n : k, p->trans_b ? k : n, p->trans_b ? n : k));
     cublasCheck(cublasLtMatrixLayoutCreate(&p->ld, CUDA_FLOATX, m, n, m));
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
@@ -283,13 +291,15 @@ static void matmul_plan_create(MatmulPlan* p, const void* vec, const void* aux) 
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &aligns[i], sizeof(aligns[i])));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heuristic, &found);
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref,
+                                                           1, &heuristic, &found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     p->usable = status == CUBLAS_STATUS_SUCCESS && found > 0;
     if (p->usable) p->algo = heuristic.algo;
     else if (p->epilogue == EPI_NONE || p->epilogue == EPI_BIAS) {  // the products every run needs
         cublasCheck(status);
-        fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, p->trans_a, p->trans_b, p->epilogue == EPI_BIAS);
+        fatal("cuBLASLt found no algorithm for m=%d n=%d k=%d trans=%d%d bias=%d", m, n, k, p->trans_a, p->trans_b,
+              p->epilogue == EPI_BIAS);
     }
 }
 
@@ -310,8 +320,9 @@ static int matmul_plan_cached = 0;
 static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const void* vec, const void* aux) {
     for (int i = 0; i < matmul_plan_cached; i++) {
         MatmulPlan* p = &matmul_plan_cache[i];
-        if (p->m == key->m && p->n == key->n && p->k == key->k && p->trans_a == key->trans_a && p->trans_b == key->trans_b &&
-            p->epilogue == key->epilogue && !memcmp(p->align, key->align, sizeof(p->align))) {
+        if (p->m == key->m && p->n == key->n && p->k == key->k && p->trans_a == key->trans_a &&
+            p->trans_b == key->trans_b && p->epilogue == key->epilogue &&
+            !memcmp(p->align, key->align, sizeof(p->align))) {
             if (p->usable) matmul_plan_point(p, vec, aux);
             return p;
         }
@@ -329,14 +340,15 @@ static MatmulPlan* matmul_plan_lookup(const MatmulPlan* key, const void* vec, co
 // matmul_forward / matmul_backward). `cached_plan` (--fused-kernels): keep the plan in the cache above for
 // the next call of this shape, else make it for this call only. Returns false, having done nothing, where
 // cuBLASLt has no algorithm for the epilogue.
-static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a, bool trans_b,
-                            bool accumulate, int cached_plan, Epilogue epilogue = EPI_NONE, const void* vec = NULL,
-                            const void* aux = NULL, const floatX* addend = NULL) {
+static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, int n, int k, bool trans_a,
+                            bool trans_b, bool accumulate, int cached_plan, Epilogue epilogue = EPI_NONE,
+                            const void* vec = NULL, const void* aux = NULL, const floatX* addend = NULL) {
     matmul_init();
     const floatX* c = addend != NULL ? addend : d;  // cuBLASLt's C, added with beta = 1 (C and D may differ)
     uint32_t align_cd = pointer_alignment(c) < pointer_alignment(d) ? pointer_alignment(c) : pointer_alignment(d);
     MatmulPlan key = {.m = m, .n = n, .k = k, .trans_a = trans_a, .trans_b = trans_b, .epilogue = epilogue,
-                      .align = {pointer_alignment(a), pointer_alignment(b), align_cd, pointer_alignment(vec), pointer_alignment(aux)}};
+                      .align = {pointer_alignment(a), pointer_alignment(b), align_cd, pointer_alignment(vec),
+                                pointer_alignment(aux)}};
     MatmulPlan* plan = cached_plan ? matmul_plan_lookup(&key, vec, aux) : NULL;
     if (plan == NULL) {  // made for this call only
         plan = &key;
@@ -345,8 +357,8 @@ static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
     bool ran = plan->usable;
     if (ran) {
         const float alpha = 1.0f, beta = accumulate || addend != NULL ? 1.0f : 0.0f;
-        cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, c, plan->ld, d, plan->ld,
-                                   &plan->algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
+        cublasCheck(cublasLtMatmul(cublaslt_handle, plan->desc, &alpha, a, plan->la, b, plan->lb, &beta, c, plan->ld, d,
+                                   plan->ld, &plan->algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, main_stream));
     }
     if (plan == &key) matmul_plan_destroy(plan);
     return ran;
@@ -357,7 +369,8 @@ static bool matmul_cublaslt(floatX* d, const floatX* a, const floatX* b, int m, 
 #define BIAS_CHUNKS 64
 #define BIAS_ROW_LANES 8
 #define BIAS_FINISH_THREADS 256  // bias_backward_finish_kernel's block (a thread per column)
-__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
+__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_kernel(float* partial, const floatX* dout,
+                                                                                    int N, int OC) {
     __shared__ float s[BIAS_ROW_LANES][32];
     int o = blockIdx.x * 32 + threadIdx.x;
     float sum = 0.0f;
@@ -371,8 +384,8 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_ker
         partial[(size_t)blockIdx.y * OC + o] = sum;
     }
 }
-__global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kernel(floatX* dbias, const float* partial, int chunks,
-                                                                                   int OC) {
+__global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kernel(floatX* dbias, const float* partial,
+                                                                                   int chunks, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= OC) return;
     float sum = 0.0f;
@@ -385,8 +398,8 @@ __global__ void __launch_bounds__(BIAS_FINISH_THREADS) bias_backward_finish_kern
 #define BIAS_VEC_CHUNKS 128
 // the vector kernels' end: each thread's sums of its Pack128::size columns (sum) added over the block's
 // row-lanes in row-lane order, through the block's shared `s`, into the block's partial row (blockIdx.y)
-__device__ inline void bias_partial_row_write(float* partial, float (*s)[32 * Pack128::size], float* sum, int pack, bool active,
-                                              int OC) {
+__device__ inline void bias_partial_row_write(float* partial, float (*s)[32 * Pack128::size], float* sum, int pack,
+                                              bool active, int OC) {
     const int P = Pack128::size;
     for (int k = 0; k < P; k++) s[threadIdx.y][threadIdx.x * P + k] = sum[k];
     __syncthreads();
@@ -396,8 +409,8 @@ __device__ inline void bias_partial_row_write(float* partial, float (*s)[32 * Pa
         for (int k = 0; k < P; k++) partial[(size_t)blockIdx.y * OC + (size_t)pack * P + k] = sum[k];
     }
 }
-__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec_kernel(float* partial, const floatX* dout, int N,
-                                                                                        int OC) {
+__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec_kernel(
+    float* partial, const floatX* dout, int N, int OC) {
     const int P = Pack128::size;
     __shared__ float s[BIAS_ROW_LANES][32 * Pack128::size];
     int pack = blockIdx.x * 32 + threadIdx.x;  // this thread's columns: pack * P .. pack * P + P - 1
@@ -418,9 +431,8 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) bias_backward_partial_vec
 // GELU'(inp) are written, then added to its sums as rounded, rows in the kernel above's order: the partial
 // rows are the bits the two kernels give. dinp may alias dout (each element read before it is written).
 // Same grid, block and partial rows; needs OC % Pack128::size == 0 and 16-byte aligned buffers.
-__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) gelu_bias_backward_partial_kernel(floatX* dinp, float* partial,
-                                                                                         const floatX* inp, const floatX* dout,
-                                                                                         int N, int OC) {
+__global__ void __launch_bounds__(32 * BIAS_ROW_LANES) gelu_bias_backward_partial_kernel(
+    floatX* dinp, float* partial, const floatX* inp, const floatX* dout, int N, int OC) {
     const int P = Pack128::size;
     __shared__ float s[BIAS_ROW_LANES][32 * Pack128::size];
     int pack = blockIdx.x * 32 + threadIdx.x;
@@ -444,7 +456,8 @@ __global__ void __launch_bounds__(32 * BIAS_ROW_LANES) gelu_bias_backward_partia
 
 // dbias (OC) += the sums of `chunks` partial rows (OC floats each), in order: the kernels above end here
 static void bias_backward_finish(floatX* dbias, const float* partial, int chunks, int OC) {
-    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(dbias, partial, chunks, OC);
+    bias_backward_finish_kernel<<<ceil_div(OC, BIAS_FINISH_THREADS), BIAS_FINISH_THREADS, 0, main_stream>>>(
+        dbias, partial, chunks, OC);
     launchCheck();
 }
 
@@ -454,7 +467,9 @@ static void bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC, 
     int chunks = vec ? BIAS_VEC_CHUNKS : BIAS_CHUNKS;
     float* partial = (float*)scratch_get(scratch, (size_t)chunks * OC * sizeof(float));
     dim3 block(32, BIAS_ROW_LANES);
-    if (vec) bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
+    if (vec)
+        bias_backward_partial_vec_kernel<<<dim3(ceil_div(OC / Pack128::size, 32), chunks), block, 0, main_stream>>>(
+            partial, dout, N, OC);
     else bias_backward_partial_kernel<<<dim3(ceil_div(OC, 32), chunks), block, 0, main_stream>>>(partial, dout, N, OC);
     launchCheck();
     bias_backward_finish(dbias, partial, chunks, OC);
@@ -477,12 +492,14 @@ static void gelu_bias_backward_gpu(floatX* dinp, floatX* dbias, const floatX* in
 }
 
 // dbias (OC) += grad (OC): the bias gradient an epilogue wrote (it cannot add), added to the accumulated one
-static void bias_accumulate(floatX* dbias, const floatX* grad, int OC) { residual_forward(dbias, dbias, grad, (size_t)OC); }
+static void bias_accumulate(floatX* dbias, const floatX* grad, int OC) {
+    residual_forward(dbias, dbias, grad, (size_t)OC);
+}
 
 // the weight and bias gradients of matmul_backward: dweight^T (IC,OC) += inp^T (IC,N) . dout (N,OC), and
 // dbias += column sums of dout, with --fused-kernels read by the same product (BGRADB)
-static void matmul_backward_weight_gpu(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N, int IC, int OC,
-                                       Scratch* scratch, int fused) {
+static void matmul_backward_weight_gpu(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N,
+                                       int IC, int OC, Scratch* scratch, int fused) {
     if (dbias != NULL && fused) {
         floatX* grad = (floatX*)scratch_get(scratch, (size_t)OC * sizeof(floatX));
         if (matmul_cublaslt(dweight, inp, dout, IC, OC, N, false, true, true, fused, EPI_BGRADB, grad)) {
@@ -501,8 +518,8 @@ static void matmul_backward_weight_gpu(floatX* dweight, floatX* dbias, const flo
 // `scratch`: the CPU reference's transposed operand (OpenBLAS and the GPU path need none); `kernels`: the
 // run's choice (llmc/device.h): on the CPU --cpu-matmul, on the GPU --fused-kernels (cached cuBLASLt plans
 // and their epilogues)
-static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC, int OC,
-                           Scratch* scratch, const KernelChoice* kernels) {
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC,
+                           int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
     matmul_forward_host(out, inp, weight, bias, N, IC, OC, scratch, kernels);
 #else
@@ -527,8 +544,8 @@ static void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX
     matmul_cublaslt(dinp, weight, dout, IC, N, OC, false, false, false, kernels->fused);
 #endif
 }
-static void matmul_backward_weight(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N, int IC, int OC,
-                                   Scratch* scratch, const KernelChoice* kernels) {
+static void matmul_backward_weight(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N, int IC,
+                                   int OC, Scratch* scratch, const KernelChoice* kernels) {
 #ifdef LLMC_CPU
     matmul_backward_weight_host(dweight, dbias, dout, inp, N, IC, OC, scratch, kernels);
 #else
@@ -536,7 +553,8 @@ static void matmul_backward_weight(floatX* dweight, floatX* dbias, const floatX*
 #endif
 }
 static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
+                            const floatX* weight, int N, int IC, int OC, Scratch* scratch,
+                            const KernelChoice* kernels) {
     matmul_backward_input(dinp, dout, weight, N, IC, OC, kernels);
     matmul_backward_weight(dweight, dbias, dout, inp, N, IC, OC, scratch, kernels);
 }
@@ -544,12 +562,13 @@ static void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
 // A projection into the residual stream: out (N,OC) = residual + inp . weight^T + bias. With --fused-kernels
 // on the GPU one product, which reads residual as cuBLASLt's C (beta = 1) and adds the bias in its
 // epilogue, rounding once; otherwise the product into `proj` (N,OC) and the residual kernel's add.
-static void matmul_forward_residual(floatX* out, const floatX* residual, floatX* proj, const floatX* inp, const floatX* weight,
-                                    const floatX* bias, int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
+static void matmul_forward_residual(floatX* out, const floatX* residual, floatX* proj, const floatX* inp,
+                                    const floatX* weight, const floatX* bias, int N, int IC, int OC, Scratch* scratch,
+                                    const KernelChoice* kernels) {
 #ifndef LLMC_CPU
     if (kernels->fused) {
-        matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, kernels->fused, bias != NULL ? EPI_BIAS : EPI_NONE, bias, NULL,
-                        residual);
+        matmul_cublaslt(out, weight, inp, OC, N, IC, true, false, false, kernels->fused,
+                        bias != NULL ? EPI_BIAS : EPI_NONE, bias, NULL, residual);
         return;
     }
 #endif
@@ -562,8 +581,9 @@ static void matmul_forward_residual(floatX* out, const floatX* residual, floatX*
 // `gelu_epilogue`: on the GPU, GELU in the product's epilogue (one pass instead of three); it computes
 // GELU from the unrounded sum, so its out may differ from gelu_forward(pre) in the last bit, and a run
 // that recomputes out (--recompute) must not use it.
-static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias, int N, int IC,
-                                int OC, Scratch* scratch, const KernelChoice* kernels, int gelu_epilogue) {
+static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, const floatX* weight, const floatX* bias,
+                                int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels,
+                                int gelu_epilogue) {
     int fused = kernels->fused;
 #ifndef LLMC_CPU
     // the GELU input's leading dimension must be a multiple of 8 (cuBLASLt)
@@ -585,8 +605,9 @@ static void matmul_forward_gelu(floatX* out, floatX* pre, const floatX* inp, con
 // call, where --fused-kernels' 16-byte GELU-backward and bias-gradient kernels took about 90 and 45
 // (dev/cuda, the same GPU; on an H100 in training 100 and 44 + 7): so our own kernels, on both paths, and
 // with --fused-kernels the two in one pass (gelu_bias_backward_gpu).
-static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const floatX* dout, const floatX* pre, const floatX* weight,
-                                       int N, int IC, int OC, Scratch* scratch, const KernelChoice* kernels) {
+static void matmul_backward_gelu_input(floatX* dpre, floatX* dbias_pre, const floatX* dout, const floatX* pre,
+                                       const floatX* weight, int N, int IC, int OC, Scratch* scratch,
+                                       const KernelChoice* kernels) {
 #ifdef LLMC_CPU
     (void)scratch;
     matmul_backward_input_host(dpre, dout, weight, N, IC, OC, kernels);

@@ -43,8 +43,8 @@ typedef enum {
 #define NUM_LAYER_TENSORS (FCPROJB - LN1W + 1)  // the 12 tensors of one transformer block
 
 [[maybe_unused]] static const char* FILE_TENSOR_NAMES[NUM_FILE_TENSORS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb",
-    "lnfw", "lnfb"};
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+    "fcprojb", "lnfw", "lnfb"};
 
 // one per transformer block (L of them in the file), or once for the whole model
 static int tensor_is_per_layer(int kind) { return kind >= LN1W && kind <= FCPROJB; }
@@ -65,12 +65,12 @@ static void file_tensor_dims(const GPT2Config* c, int kind, size_t* rows, size_t
     size_t C = c->C;
     *cols = 1;
     switch (kind) {
-        case WTE: *rows = c->Vp, *cols = C; break;
-        case WPE: *rows = c->maxT, *cols = C; break;
-        case QKVW: *rows = 3 * C, *cols = C; break;
-        case ATTPROJW: *rows = C, *cols = C; break;
-        case FCW: *rows = 4 * C, *cols = C; break;
-        case FCPROJW: *rows = C, *cols = 4 * C; break;
+        case WTE: *rows = c->Vp; *cols = C; break;
+        case WPE: *rows = c->maxT; *cols = C; break;
+        case QKVW: *rows = 3 * C; *cols = C; break;
+        case ATTPROJW: *rows = C; *cols = C; break;
+        case FCW: *rows = 4 * C; *cols = C; break;
+        case FCPROJW: *rows = C; *cols = 4 * C; break;
         case QKVB: *rows = 3 * C; break;
         case FCB: *rows = 4 * C; break;
         default: *rows = C; break;  // LayerNorms, attprojb, fcprojb
@@ -108,7 +108,9 @@ static void describe_param(const GPT2Config* c, const float* params, size_t i, c
         size_t k = i - pos, layer = k / numel, e = k % numel;
         char layer_s[32] = "";
         if (layers > 1) snprintf(layer_s, sizeof(layer_s), " of layer %zu ", layer);
-        if (tensor_is_matrix(kind)) snprintf(where, where_len, "%s%s[%zu][%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e / cols, e % cols, params[i]);
+        if (tensor_is_matrix(kind))
+            snprintf(where, where_len, "%s%s[%zu][%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s,
+                     e / cols, e % cols, params[i]);
         else snprintf(where, where_len, "%s%s[%zu] = %g", FILE_TENSOR_NAMES[kind], layer_s, e, params[i]);
         return;
     }
@@ -129,9 +131,11 @@ static void validate_config(const GPT2Config* c, const char* what) {
     if (c->L < 1 || c->C < 1 || c->NH < 1 || c->V < 1 || c->maxT < 1)
         fatal("%s: every size must be positive (L=%d C=%d NH=%d V=%d maxT=%d)", what, c->L, c->C, c->NH, c->V, c->maxT);
     if (c->C % c->NH != 0) fatal("%s: channels C=%d is not divisible by heads NH=%d", what, c->C, c->NH);
-    if (c->Vp < c->V || c->Vp % 128 != 0) fatal("%s: padded vocab Vp=%d must be a multiple of 128 and >= V=%d", what, c->Vp, c->V);
+    if (c->Vp < c->V || c->Vp % 128 != 0)
+        fatal("%s: padded vocab Vp=%d must be a multiple of 128 and >= V=%d", what, c->Vp, c->V);
     if (c->V > 65536) fatal("%s: vocab V=%d does not fit the uint16 token files", what, c->V);
-    if (c->L > 4096 || c->C > 65536 || c->maxT > 1 << 20 || c->Vp > 1 << 20) fatal("%s: implausibly large model sizes", what);
+    if (c->L > 4096 || c->C > 65536 || c->maxT > 1 << 20 || c->Vp > 1 << 20)
+        fatal("%s: implausibly large model sizes", what);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -226,7 +230,8 @@ static uint64_t model_file_read(const char* path, GPT2Config* c, float** params)
     long long size;
     FILE* f = open_with_header(path, MODEL_MAGIC, "GPT-2 model file", header, &size);
     int version = header[1];
-    if (version != 3 && version != 5) fatal("'%s': unsupported model file version %d (3 = fp32 and 5 = bf16 are known)", path, version);
+    if (version != 3 && version != 5)
+        fatal("'%s': unsupported model file version %d (3 = fp32 and 5 = bf16 are known)", path, version);
     c->maxT = header[2];
     c->V = header[3];
     c->L = header[4];
@@ -238,7 +243,8 @@ static uint64_t model_file_read(const char* path, GPT2Config* c, float** params)
     size_t elem = version == 3 ? 4 : 2;
     long long expected = (long long)sizeof(header) + (long long)(n * elem);
     if (size != expected)
-        fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected, size < expected ? "truncated" : "trailing bytes");
+        fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected,
+              size < expected ? "truncated" : "trailing bytes");
     uint64_t hash = fnv1a_update(FNV1A_INIT, header, sizeof(header));
     if (params != NULL) {
         float* p = (float*)malloc_check(n * sizeof(float));

@@ -19,7 +19,7 @@
 #include "common.h"           // round_up, malloc_check
 #include "device.h"           // copy_to_host
 #include "model_file.h"       // GPT2Config, FileTensor (WTE ...), file_tensor_numel
-#include "pipeline.h"         // MAX_VIRTUAL_STAGES, pipeline_chunks
+#include "placement.h"        // Placement: this rank's place in the grid
 #include "tensor_parallel.h"  // TensorShape, local_shape, Run, tensor_runs
 #include "zero.h"             // Bucket, LayerSlots, layer_slots_bases
 
@@ -45,45 +45,7 @@ typedef struct {
     int num_buckets;  // L + 2
     Bucket* buckets;
     size_t total;  // elements of the flat buffer, gaps included
-    int tp;        // the split tensors are held as slices of 1/tp (which slice: Placement.tp_rank)
 } ParamLayout;
-
-// Where a rank sits in the dp x tp x pp grid, what it owns, and how its optimizer state is sharded.
-typedef struct {
-    int zero;            // ZeRO stage
-    int dp, dp_rank;     // data parallelism
-    int tp, tp_rank;     // tensor parallelism: slice tp_rank of the split tensors
-    int pp, pp_rank;     // pipeline parallelism: this stage owns layers [l0, l1)
-    int l0, l1;
-    int V;               // --virtual-stages: V > 1 chunks of layers [vl0[v], vl1[v]) instead (0 or 1: [l0, l1))
-    int vl0[MAX_VIRTUAL_STAGES], vl1[MAX_VIRTUAL_STAGES];
-} Placement;
-
-static Placement placement_single(const GPT2Config* c) { return (Placement){.dp = 1, .tp = 1, .pp = 1, .l1 = c->L}; }
-
-// Stage pp_rank's layers as the pipeline cuts L of them (--pp-split, --virtual-stages V): [l0, l1), or V chunks
-static void place_layers(Placement* p, int L, const char* split, int V) {
-    p->V = V;
-    pipeline_chunks(L, p->pp, V, split, p->pp_rank, p->vl0, p->vl1);
-    p->l0 = p->vl0[0], p->l1 = p->vl1[0];
-}
-
-// The chunks of layers a stage holds (1 but with --virtual-stages): chunk v is [*l0, *l1)
-static int num_chunks(const Placement* p) { return p->V > 1 ? p->V : 1; }
-static void chunk_layers(const Placement* p, int v, int* l0, int* l1) {
-    *l0 = p->V > 1 ? p->vl0[v] : p->l0;
-    *l1 = p->V > 1 ? p->vl1[v] : p->l1;
-}
-static int stage_layer_count(const Placement* p) {  // over all its chunks
-    int n = 0, l0, l1;
-    for (int v = 0; v < num_chunks(p); v++) chunk_layers(p, v, &l0, &l1), n += l1 - l0;
-    return n;
-}
-static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }
-static int is_last_stage(const Placement* p) { return p->pp_rank == p->pp - 1; }
-// the stages before and after this one on the ring of stages (the interleaved schedule goes round it)
-static int ring_prev(const Placement* p) { return (p->pp_rank + p->pp - 1) % p->pp; }
-static int ring_next(const Placement* p) { return (p->pp_rank + 1) % p->pp; }
 
 // Which tensors a pipeline stage holds: the first stage the embeddings, the last the final LayerNorm,
 // both the tied wte, each its own layers.
@@ -112,7 +74,6 @@ static int memory_order_tensor(int i, int L, int* layer) {
 
 static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     ParamLayout lay;
-    lay.tp = p->tp;
     lay.slots = (TensorSlot*)malloc_check((NUM_LAYER_TENSORS * c->L + 4) * sizeof(TensorSlot));
     // every tensor's place in the file order, and the slots of the ones this stage holds
     size_t* file_base = (size_t*)malloc_check(NUM_FILE_TENSORS * c->L * sizeof(size_t));  // [kind][layer]
@@ -156,13 +117,13 @@ static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     return lay;
 }
 
-// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of slot i held by TP rank r, in the
-// file order. Returns a malloc'ed array and its length in *n.
-static Run* slot_runs(const ParamLayout* lay, int i, int r, size_t lo, size_t hi, size_t* n) {
+// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of slot i held by TP rank r of the
+// placement's TP group, in the file order. Returns a malloc'ed array and its length in *n.
+static Run* slot_runs(const ParamLayout* lay, const Placement* p, int i, int r, size_t lo, size_t hi, size_t* n) {
     const TensorSlot* s = &lay->slots[i];
-    TensorShape local = local_shape(s->whole, lay->tp);
+    TensorShape local = local_shape(s->whole, p->tp);
     Run* runs = (Run*)malloc_check(((hi - lo) / local.cols + 2) * sizeof(Run));
-    *n = tensor_runs(s->whole, lay->tp, r, s->file_base, lo, hi, runs);
+    *n = tensor_runs(s->whole, p->tp, r, s->file_base, lo, hi, runs);
     return runs;
 }
 
@@ -171,12 +132,12 @@ static void free_layout(ParamLayout* lay) {
     free(lay->buckets);
 }
 
-// memory layout of TP rank r <-> llm.c file order, for float buffers on the host (layout_to_file_order
-// writes only rank r's slices of the split tensors; file_order_to_layout reads them)
-static void copy_layout_file(const ParamLayout* lay, int r, float* mem, float* file, int to_file) {
+// memory layout of TP rank r (of the placement's TP group) <-> llm.c file order, for float buffers on the
+// host (layout_to_file_order writes only rank r's slices of the split tensors; file_order_to_layout reads them)
+static void copy_layout_file(const ParamLayout* lay, const Placement* p, int r, float* mem, float* file, int to_file) {
     for (int i = 0; i < lay->num_slots; i++) {
         size_t n;
-        Run* runs = slot_runs(lay, i, r, 0, lay->slots[i].numel, &n);
+        Run* runs = slot_runs(lay, p, i, r, 0, lay->slots[i].numel, &n);
         for (size_t k = 0; k < n; k++) {
             float* m = mem + lay->slots[i].offset + runs[k].local;
             if (to_file) memcpy(file + runs[k].file, m, runs[k].count * sizeof(float));
@@ -185,12 +146,12 @@ static void copy_layout_file(const ParamLayout* lay, int r, float* mem, float* f
         free(runs);
     }
 }
-static void layout_to_file_order(const ParamLayout* lay, int r, const float* mem, float* file) {
-    copy_layout_file(lay, r, (float*)mem, file, 1);
+static void layout_to_file_order(const ParamLayout* lay, const Placement* p, int r, const float* mem, float* file) {
+    copy_layout_file(lay, p, r, (float*)mem, file, 1);
 }
-static void file_order_to_layout(const ParamLayout* lay, int r, const float* file, float* mem) {
+static void file_order_to_layout(const ParamLayout* lay, const Placement* p, int r, const float* file, float* mem) {
     memset(mem, 0, lay->total * sizeof(float));
-    copy_layout_file(lay, r, mem, (float*)file, 0);
+    copy_layout_file(lay, p, r, mem, (float*)file, 0);
 }
 
 // The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
@@ -229,10 +190,12 @@ static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const P
         if (t->whole.split == SPLIT_NONE && p->tp_rank != 0) continue;  // TP rank 0 has the same
         if (t->kind == WTE && !is_first_stage(p)) continue;             // the first stage has the same
         size_t n;
-        Run* runs = slot_runs(lay, i, p->tp_rank, lo - t->offset, hi - t->offset, &n);
+        Run* runs = slot_runs(lay, p, i, p->tp_rank, lo - t->offset, hi - t->offset, &n);
         for (size_t j = 0; j < n; j++) {
-            if (n_ranges == cap) ranges = (int64_t*)realloc(ranges, 2 * (cap *= 2) * sizeof(int64_t));
-            if (ranges == NULL) fatal("out of host memory");
+            if (n_ranges == cap) {
+                cap *= 2;
+                ranges = (int64_t*)realloc_check(ranges, 2 * cap * sizeof(int64_t));
+            }
             size_t from = k + (runs[j].local - (lo - t->offset));
             ranges[2 * n_ranges] = (int64_t)runs[j].file;
             ranges[2 * n_ranges + 1] = (int64_t)runs[j].count;
@@ -246,50 +209,4 @@ static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const P
     free(m), free(v);
     *ranges_out = ranges, *m_out = m_file, *v_out = v_file;
     return n_ranges;
-}
-
-// ----------------------------------------------------------------------------------------------------
-// the model's tensors as tables of pointers into a buffer laid out like the parameters
-
-typedef struct {
-    floatX *ln1w, *ln1b;          // (C)
-    floatX *qkvw, *qkvb;          // (3C, C), (3C)
-    floatX *attprojw, *attprojb;  // (C, C), (C)
-    floatX *ln2w, *ln2b;          // (C)
-    floatX *fcw, *fcb;            // (4C, C), (4C)
-    floatX *fcprojw, *fcprojb;    // (C, 4C), (C)
-} LayerWeights;  // the 12 tensors of a block, in file order (llmc/model_file.h): a table of pointers
-static_assert(sizeof(LayerWeights) == NUM_LAYER_TENSORS * sizeof(floatX*), "LayerWeights is a table of 12 pointers");
-
-typedef struct {
-    floatX* wte;  // (Vp, C) token embedding, tied with the classifier
-    floatX* wpe;  // (maxT, C) position embedding
-    LayerWeights* layers;  // [L]
-    floatX *lnfw, *lnfb;   // (C) final LayerNorm
-} Weights;
-
-// Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
-// offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
-// buckets into a workspace instead, ZeRO-3 the parameter buckets into the slots they are gathered into.
-static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
-    Weights w;
-    memset(&w, 0, sizeof(w));
-    w.layers = (LayerWeights*)calloc_check(c->L * sizeof(LayerWeights));  // layers of other stages stay NULL
-    for (int i = 0; i < lay->num_slots; i++) {
-        const TensorSlot* s = &lay->slots[i];
-        floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
-        if (s->kind == WTE) w.wte = p;
-        else if (s->kind == WPE) w.wpe = p;
-        else if (s->kind == LNFW) w.lnfw = p;
-        else if (s->kind == LNFB) w.lnfb = p;
-        else ((floatX**)&w.layers[s->layer])[s->kind - LN1W] = p;  // LayerWeights is a table in file order
-    }
-    return w;
-}
-
-// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's slots (llmc/zero.h)
-static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_slots, floatX* flat, const LayerSlots* slots, floatX** bases) {
-    if (in_slots) layer_slots_bases(slots, z, bases);
-    else for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
-    return bases;
 }

@@ -82,10 +82,11 @@ static double pipeline_ideal_bubble(Schedule sched, int P, int M, int V, const c
 }
 
 // --trace's end (llmc/run/trace.h): the trace written, and the bubble it measured beside the schedule's
-static void pipeline_trace_finish(const Tracer* tracer, const char* path, Schedule sched, int M, int V, Comm* comm) {
+static void pipeline_trace_finish(const Tracer* tracer, const char* path, Schedule sched, int M, int V, int zero_stage,
+                                  Comm* comm) {
     const char* formula;
     double ideal = pipeline_ideal_bubble(sched, comm->pp, M, V, &formula);
-    trace_finish(tracer, path, schedule_flag(sched), M, V, ideal, formula, comm);
+    trace_finish(tracer, path, schedule_flag(sched), M, V, ideal, formula, zero_stage, comm);
 }
 
 // What an action does: a forward (F), a backward (B: with ZB-H1 the inputs' gradients only; otherwise the
@@ -364,18 +365,6 @@ static int pipeline_slots(Schedule sched, int P, int s, int M, int V, int chunk)
 // the other schedules, whose backward uses them at once
 static int pipeline_stash_slots(Schedule sched, int P, int s, int M) {
     return P > 1 && sched == SCHEDULE_ZBH1 ? pipeline_held(sched, P, s, M, 1, 0, PIPE_B, PIPE_W) : 0;
-}
-
-// ZB-H1: the output gradients of a layer's four linear layers, which its B computes and its deferred W
-// reads: d(output) for fcproj and d(residual2) for attproj (BT, C), dfch (BT, 4C/tp) for fc, dqkv (BT,
-// 3C/tp) for qkv. Set `set` of a chunk's buffer `douts` holds them for each of its L layers.
-typedef struct {
-    floatX *doutput, *dresidual2, *dfch, *dqkv;
-} LayerDouts;
-static size_t douts_per_layer(size_t BT, size_t C, size_t Cl) { return BT * (2 * C + 7 * Cl); }
-static LayerDouts layer_douts(floatX* douts, int set, int li, int L, size_t BT, size_t C, size_t Cl) {
-    floatX* p = douts + ((size_t)set * L + li) * douts_per_layer(BT, C, Cl);
-    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C, .dqkv = p + BT * (2 * C + 4 * Cl)};
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -47,9 +47,11 @@ typedef struct {
 static RecomputeKeeps recompute_keeps(int R, int K, int L) {
     if (R == 3 && K > 1) {
         K = K < L ? K : L;
-        return (RecomputeKeeps){.all = K, .ln = K, .gelu = K, .outputs = K, .checkpoints = (L + K - 1) / K - 1, .segment = K};
+        return (RecomputeKeeps){.all = K, .ln = K, .gelu = K, .outputs = K, .checkpoints = (L + K - 1) / K - 1,
+                                .segment = K};
     }
-    return (RecomputeKeeps){.all = R < 3 ? L : 1, .ln = R < 2 ? L : 1, .gelu = R < 1 ? L : 1, .outputs = L, .checkpoints = 0, .segment = 0};
+    return (RecomputeKeeps){.all = R < 3 ? L : 1, .ln = R < 2 ? L : 1, .gelu = R < 1 ? L : 1, .outputs = L,
+                            .checkpoints = 0, .segment = 0};
 }
 
 // Which of `count` layer-sized buffers layer li (of L) uses: its own, the one shared, or its place in the segment

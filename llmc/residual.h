@@ -14,7 +14,8 @@ static void residual_forward_cpu(float* out, const float* a, const float* b, siz
 
 #ifndef LLMC_CPU
 #define RESIDUAL_THREADS 256  // threads per block, one element each
-__global__ void __launch_bounds__(RESIDUAL_THREADS) residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t n) {
+__global__ void __launch_bounds__(RESIDUAL_THREADS) residual_forward_kernel(floatX* out, const floatX* a,
+                                                                            const floatX* b, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = float_to_floatX(floatX_to_float(a[i]) + floatX_to_float(b[i]));
 }

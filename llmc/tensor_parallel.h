@@ -134,7 +134,8 @@ static size_t tensor_runs(TensorShape whole, int tp, int r, size_t file_base, si
         size_t lr = pos / local.cols, lc = pos % local.cols;
         size_t len = local.cols - lc < hi - pos ? local.cols - lc : hi - pos;
         size_t file = file_base + whole_index(whole, tp, r, lr, lc);
-        if (n > 0 && out[n - 1].file + out[n - 1].count == file && out[n - 1].local + out[n - 1].count == pos) out[n - 1].count += len;
+        if (n > 0 && out[n - 1].file + out[n - 1].count == file && out[n - 1].local + out[n - 1].count == pos)
+            out[n - 1].count += len;
         else out[n++] = (Run){.local = pos, .file = file, .count = len};
         pos += len;
     }
@@ -171,7 +172,8 @@ static void vocab_ce_max_cpu(float* m, const float* logits, int N, int Vl, int s
 }
 
 // st: (N, 2) = [sum of exponentials, target logit]
-static void vocab_ce_sum_cpu(float* st, const float* logits, const float* m, const int* targets, int N, int Vl, int start, int V) {
+static void vocab_ce_sum_cpu(float* st, const float* logits, const float* m, const int* targets, int N, int Vl,
+                             int start, int V) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* x = logits + (size_t)n * Vl;
@@ -183,8 +185,8 @@ static void vocab_ce_sum_cpu(float* st, const float* logits, const float* m, con
     }
 }
 
-static void vocab_ce_finish_cpu(float* logits, float* losses, const float* m, const float* st, const int* targets, float dloss,
-                                int N, int Vl, int start, int V) {
+static void vocab_ce_finish_cpu(float* logits, float* losses, const float* m, const float* st, const int* targets,
+                                float dloss, int N, int Vl, int start, int V) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         losses[n] = logf(st[2 * n]) + m[n] - st[2 * n + 1];
@@ -201,7 +203,8 @@ static void vocab_ce_finish_cpu(float* logits, float* losses, const float* m, co
 #ifndef LLMC_CPU
 // one block of VOCAB_CE_THREADS per row for each pass
 #define VOCAB_CE_THREADS 256
-__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_max_kernel(float* m, const floatX* logits, int Vl, int start, int V) {
+__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_max_kernel(float* m, const floatX* logits, int Vl,
+                                                                        int start, int V) {
     __shared__ float s_warp[32];
     const floatX* x = logits + (size_t)blockIdx.x * Vl;
     float mx = -INFINITY;
@@ -231,9 +234,9 @@ __global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_sum_kernel(float* s
         st[2 * n + 1] = t >= 0 && t < Vl ? floatX_to_float(x[t]) : 0.0f;
     }
 }
-__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_finish_kernel(floatX* logits, float* losses, const float* m,
-                                                                           const float* st, const int* targets, float dloss, int Vl,
-                                                                           int start, int V) {
+__global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_finish_kernel(
+    floatX* logits, float* losses, const float* m, const float* st, const int* targets, float dloss, int Vl, int start,
+    int V) {
     int n = blockIdx.x;
     if (threadIdx.x == 0) losses[n] = logf(st[2 * n]) + m[n] - st[2 * n + 1];
     if (dloss == 0.0f) return;
@@ -250,8 +253,8 @@ __global__ void __launch_bounds__(VOCAB_CE_THREADS) vocab_ce_finish_kernel(float
 // the vocab-parallel classifier_forward_backward (see classifier.h); collective over the TP group.
 // logits (N, Vp/T): this rank's rows of the padded vocabulary Vp (V real ids, the rest excluded).
 // `scratch` holds each row's max (N), then its sum of exponentials and target logit (N, 2)
-static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* losses, const int* targets, float dloss, int N,
-                                         int V, int Vp, Scratch* scratch) {
+static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* losses, const int* targets, float dloss,
+                                         int N, int V, int Vp, Scratch* scratch) {
     VocabSlice slice = vocab_slice(comm, Vp);
     int Vl = slice.rows, start = slice.start;
     float* m = (float*)scratch_get(scratch, 3 * (size_t)N * sizeof(float));
@@ -275,7 +278,8 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 #ifdef LLMC_CPU
     vocab_ce_finish_cpu(logits, losses, m, st, targets, dloss, N, Vl, start, V);
 #else
-    vocab_ce_finish_kernel<<<N, VOCAB_CE_THREADS, 0, main_stream>>>(logits, losses, m, st, targets, dloss, Vl, start, V);
+    vocab_ce_finish_kernel<<<N, VOCAB_CE_THREADS, 0, main_stream>>>(logits, losses, m, st, targets, dloss,
+                                                                    Vl, start, V);
     launchCheck();
 #endif
 }
@@ -288,15 +292,16 @@ static void vocab_parallel_cross_entropy(Comm* comm, floatX* logits, float* loss
 static void vocab_parallel_embedding_forward(Comm* comm, Tracer* tr, floatX* out, const int* inp, const floatX* wte,
                                              const floatX* wpe, int B, int T, int C, int Vp) {
     VocabSlice slice = vocab_slice(comm, Vp);
-    encoder_forward(out, inp, wte, slice.start == 0 ? wpe : NULL, B, T, C, slice.start, slice.rows);  // wpe once, on rank 0
+    // wpe once, on rank 0
+    encoder_forward(out, inp, wte, slice.start == 0 ? wpe : NULL, B, T, C, slice.start, slice.rows);
     tp_g_forward(comm, tr, out, (size_t)B * T * C);
 }
 
 // dwte (+=) for the ids in our rows only, dwpe (+=) the same on every rank: g's backward needs no
 // communication, dout is replicated (inp_host: the same ids on the host; scratch, staging, fused: encoder_backward's)
-static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
-                                              const int* inp_host, int B, int T, int C, int Vp, Scratch* scratch,
-                                              HostStaging* staging, int fused) {
+static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* dwpe, const floatX* dout,
+                                              const int* inp, const int* inp_host, int B, int T, int C, int Vp,
+                                              Scratch* scratch, HostStaging* staging, int fused) {
     VocabSlice slice = vocab_slice(comm, Vp);
     encoder_backward(dwte, dwpe, dout, inp, inp_host, B, T, C, slice.start, slice.rows, scratch, staging, fused);
 }
@@ -304,7 +309,8 @@ static void vocab_parallel_embedding_backward(Comm* comm, floatX* dwte, floatX* 
 // One position's logits for sampling: this rank's Vp/tp vocabulary rows (mine, on the device) all-gathered
 // over the TP group, and the V real ones as floats on the host (logits). gathered (Vp, device) and row
 // (Vp, host) are the caller's scratch.
-static void vocab_parallel_logits_row(Comm* comm, const floatX* mine, int Vp, int V, floatX* gathered, floatX* row, float* logits) {
+static void vocab_parallel_logits_row(Comm* comm, const floatX* mine, int Vp, int V, floatX* gathered, floatX* row,
+                                      float* logits) {
     int Vpl = Vp / comm->tp;
     device_copy(gathered + (size_t)comm->tp_rank * Vpl, mine, Vpl * sizeof(floatX));
     comm_all_gather(comm, &comm->tp_group, gathered, Vpl, DT_FLOATX);
@@ -325,12 +331,13 @@ static void residual_bias_forward_cpu(float* out, const float* a, const float* b
 
 #ifndef LLMC_CPU
 #define RESIDUAL_BIAS_THREADS 256  // threads per block, one element each
-__global__ void __launch_bounds__(RESIDUAL_BIAS_THREADS) residual_bias_forward_kernel(floatX* out, const floatX* a, const floatX* b,
-                                                                                      const floatX* bias, int N, int C) {
+__global__ void __launch_bounds__(RESIDUAL_BIAS_THREADS) residual_bias_forward_kernel(
+    floatX* out, const floatX* a, const floatX* b, const floatX* bias, int N, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
     float v = floatX_to_float(b[i]) + floatX_to_float(bias[i % C]);
-    out[i] = float_to_floatX(floatX_to_float(a[i]) + floatX_to_float(float_to_floatX(v)));  // b + bias rounded, as a matmul output would be
+    // b + bias rounded, as a matmul output would be
+    out[i] = float_to_floatX(floatX_to_float(a[i]) + floatX_to_float(float_to_floatX(v)));
 }
 #endif
 

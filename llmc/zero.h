@@ -61,8 +61,9 @@
  */
 #pragma once
 
-#include "comm.h"    // Comm, comm_all_reduce, comm_reduce_scatter, comm_all_gather, comm_join_group
-#include "device.h"  // floatX, BuildMode, zeroed_device_buffer, device_free, device_memset_zero, device_accumulate
+#include "comm.h"       // Comm, comm_all_reduce, comm_reduce_scatter, comm_all_gather, comm_join_group
+#include "device.h"     // floatX, BuildMode, zeroed_device_buffer, device_free, device_memset_zero, device_accumulate
+#include "placement.h"  // Placement: the DP group's size D (dp) and this rank's index d (dp_rank)
 
 typedef struct {
     size_t offset;  // first element in the flat buffer
@@ -70,8 +71,8 @@ typedef struct {
 } Bucket;
 
 typedef struct {
-    int stage;  // 0, 1, 2, 3
-    int D, d;   // DP size and this rank's DP index
+    int stage;                 // 0, 1, 2, 3
+    const Placement* place;    // this rank's place: D = place->dp ranks share the state, this one is d = place->dp_rank
     int num_buckets;
     Bucket* buckets;
     size_t* owned_offset;  // where bucket b's owned range sits in the shard buffers (m, v, master, grad shard)
@@ -81,23 +82,23 @@ typedef struct {
 // The range of bucket b whose optimizer state this rank keeps: all of it at stage 0, its chunk otherwise.
 static size_t owned_start(const ZeroPlan* z, int b) {
     const Bucket* k = &z->buckets[b];
-    return z->stage == 0 ? k->offset : k->offset + (size_t)z->d * (k->size / z->D);
+    return z->stage == 0 ? k->offset : k->offset + (size_t)z->place->dp_rank * (k->size / z->place->dp);
 }
 static size_t owned_size(const ZeroPlan* z, int b) {
-    return z->stage == 0 ? z->buckets[b].size : z->buckets[b].size / z->D;
+    return z->stage == 0 ? z->buckets[b].size : z->buckets[b].size / z->place->dp;
 }
 
-static void zero_plan_init(ZeroPlan* z, int stage, int D, int d, const Bucket* buckets, int num_buckets) {
-    z->stage = stage;
-    z->D = D;
-    z->d = d;
+// The plan of a rank at `place` (kept: it must outlive the plan), for the layout's buckets.
+static void zero_plan_init(ZeroPlan* z, const Placement* place, const Bucket* buckets, int num_buckets) {
+    z->stage = place->zero;
+    z->place = place;
     z->num_buckets = num_buckets;
     z->buckets = (Bucket*)malloc_check(num_buckets * sizeof(Bucket));
     memcpy(z->buckets, buckets, num_buckets * sizeof(Bucket));
     z->owned_offset = (size_t*)malloc_check(num_buckets * sizeof(size_t));
     size_t pos = 0;
     for (int b = 0; b < num_buckets; b++) {
-        check_internal(buckets[b].size % D == 0, "bucket size not a multiple of the DP size");
+        check_internal(buckets[b].size % place->dp == 0, "bucket size not a multiple of the DP size");
         z->owned_offset[b] = pos;
         pos += owned_size(z, b);
     }
@@ -151,10 +152,7 @@ typedef struct {
     floatX* incoming;       // (shard_total) the chunks reduce-scattered in this micro-step
     LayerSlots workspace;   // what backward writes
     size_t shard_total;
-    int slot_pending[2];    // a reduce-scatter that reads the slot was posted and not yet waited for
-#ifdef HAVE_NCCL
-    cudaEvent_t slot_free[2];  // recorded on the communication stream after that reduce-scatter
-#endif
+    CommFence slot_free[2]; // marked after the reduce-scatter that reads the buffer was posted
 } Zero2Grads;
 
 // Allocates the buffers at stages 2 and 3 (below, nothing: the full gradient buffer serves); the bytes
@@ -175,10 +173,7 @@ static void zero2_free(Zero2Grads* w) {
     device_free(w->shard);
     device_free(w->incoming);
     device_free(w->workspace.base);
-#ifdef HAVE_NCCL
-    for (int s = 0; s < 2; s++)
-        if (w->slot_free[s] != NULL) cudaCheck(cudaEventDestroy(w->slot_free[s]));
-#endif
+    for (int s = 0; s < 2; s++) comm_fence_free(&w->slot_free[s]);
     memset(w, 0, sizeof(*w));
 }
 
@@ -198,32 +193,16 @@ static void zero2_begin_micro_step(Zero2Grads* w) {
 static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
     if (w->shard == NULL) return;
     int slot = l % 2;
-    if (w->slot_pending[slot]) {
-#ifdef HAVE_NCCL
-        // NCCL: the main stream waits for the communication that reads this slot. (Only the stream, on a
-        // GPU: the host blocks in the next copy or synchronization instead. The emulation blocks here.)
-        if (c->engine == ENGINE_NCCL)
-            cudaCheckBlocking("the main stream's wait for a ZeRO-2 reduce-scatter", cudaStreamWaitEvent(main_stream, w->slot_free[slot], 0));
-#endif
-        // MPI: done already, except in strict mode (llmc/comm.h), where the DP group's join runs it
-        if (c->engine != ENGINE_NCCL) comm_join_group(c, &c->dp_group);
-        w->slot_pending[slot] = 0;
-    }
+    // the main stream waits for the communication that reads this slot (on a GPU only the stream: the host
+    // blocks in the next copy or synchronization instead; the emulation blocks here)
+    comm_fence_wait(c, &c->dp_group, &w->slot_free[slot], "the main stream's wait for a ZeRO-2 reduce-scatter");
     device_memset_zero(w->workspace.layer_slot[slot], w->workspace.slot_size * sizeof(floatX));
 }
 
 // After the reduce-scatter of layer l was posted (zero_reduce_bucket): its slot belongs to it until done.
 static void zero2_layer_done(Comm* c, Zero2Grads* w, int l) {
     if (w->shard == NULL) return;
-    int slot = l % 2;
-#ifdef HAVE_NCCL
-    if (c->engine == ENGINE_NCCL) {
-        if (w->slot_free[slot] == NULL) cudaCheck(cudaEventCreateWithFlags(&w->slot_free[slot], cudaEventDisableTiming));
-        cudaCheck(cudaEventRecord(w->slot_free[slot], c->dp_group.stream));  // (the DP group's stream)
-    }
-#endif
-    (void)c;
-    w->slot_pending[slot] = 1;
+    comm_fence_mark(c, &c->dp_group, &w->slot_free[l % 2]);
 }
 
 // end of a micro-step's backward, after the communication was joined: its reduced chunks join the ones
@@ -238,13 +217,13 @@ static void zero2_end_micro_step(Zero2Grads* w) {
 // grads: the bucket's full gradient (in the gradient buffer at stages 0 and 1, in the workspace at
 // stages 2 and 3, whose reduced chunks land in w->incoming).
 static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, int b, floatX* grads) {
-    size_t chunk = z->buckets[b].size / z->D;
+    size_t chunk = z->buckets[b].size / z->place->dp;
     switch (z->stage) {
         case 0:  // DP: everyone gets the sum of everyone's gradients
             comm_all_reduce(c, &c->dp_group, grads, z->buckets[b].size, DT_FLOATX, REDUCE_SUM);
             break;
         case 1:  // ZeRO-1: the sum of my chunk lands in place, in my chunk of the full gradient buffer
-            comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->d * chunk, chunk, DT_FLOATX);
+            comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->place->dp_rank * chunk, chunk, DT_FLOATX);
             break;
         case 2:  // ZeRO-2 (and 3): the sum of my chunk lands in the micro-step's incoming shard
         case 3:
@@ -258,5 +237,5 @@ static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, 
 static void zero_gather_params(Comm* c, const ZeroPlan* z, floatX* params) {
     if (z->stage == 0 || z->stage == 3) return;
     for (int b = 0; b < z->num_buckets; b++)
-        comm_all_gather(c, &c->dp_group, params + z->buckets[b].offset, z->buckets[b].size / z->D, DT_FLOATX);
+        comm_all_gather(c, &c->dp_group, params + z->buckets[b].offset, z->buckets[b].size / z->place->dp, DT_FLOATX);
 }

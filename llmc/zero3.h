@@ -56,11 +56,8 @@ typedef struct {
     LayerSlots gathered;  // the gathered parameters the model's tensors point into
     int ends_valid;       // the embeddings and final LayerNorm are gathered and current
     int slot_layer[2];    // the layer whose gather was posted into each layer slot (-1: none, or stale)
-    int pending[3];       // a gather into layer slot 0, 1, or the ends (2) was posted and not yet waited for
+    CommFence ready[3];   // marked after a gather into layer slot 0, 1, or the ends (2) was posted
     Tracer* tracer;       // --trace (NULL: off)
-#ifdef HAVE_NCCL
-    cudaEvent_t ready[3];  // recorded on the communication stream after that gather
-#endif
 } Zero3Params;
 
 static void zero3_params_changed(Zero3Params* p) {
@@ -81,47 +78,27 @@ static void zero3_free(Zero3Params* p) {
     if (p->shard == NULL) return;
     device_free(p->shard);
     device_free(p->gathered.base);
-#ifdef HAVE_NCCL
-    for (int s = 0; s < 3; s++)
-        if (p->ready[s] != NULL) cudaCheck(cudaEventDestroy(p->ready[s]));
-#endif
+    for (int s = 0; s < 3; s++) comm_fence_free(&p->ready[s]);
     memset(p, 0, sizeof(*p));
 }
 
 // Posts the all-gather of bucket b into dst (the bucket's full size): this rank's chunk goes to its
 // place in dst, the others arrive there from their owners.
 static void zero3_post_gather(Comm* c, const Zero3Params* p, const ZeroPlan* z, int b, floatX* dst) {
-    size_t chunk = z->buckets[b].size / z->D;
+    size_t chunk = z->buckets[b].size / z->place->dp;
     if (chunk == 0) return;
     double t0 = trace_now_us(p->tracer);
-    device_copy(dst + (size_t)z->d * chunk, p->shard + z->owned_offset[b], chunk * sizeof(floatX));
+    device_copy(dst + (size_t)z->place->dp_rank * chunk, p->shard + z->owned_offset[b], chunk * sizeof(floatX));
     comm_all_gather(c, &c->dp_group, dst, chunk, DT_FLOATX);
     trace_add(p->tracer, "allgather", "gather", b, t0);  // (bucket b: layer b - 1)
 }
 
-// The gathers into slot s (0, 1: layers; 2: the ends) were posted: remember it, and on the GPU with NCCL
-// mark their end on the communication stream.
-static void zero3_posted(Comm* c, Zero3Params* p, int s) {
-#ifdef HAVE_NCCL
-    if (c->engine == ENGINE_NCCL) {
-        if (p->ready[s] == NULL) cudaCheck(cudaEventCreateWithFlags(&p->ready[s], cudaEventDisableTiming));
-        cudaCheck(cudaEventRecord(p->ready[s], c->dp_group.stream));
-    }
-#endif
-    (void)c;
-    p->pending[s] = 1;
-}
+// The gathers into slot s (0, 1: layers; 2: the ends) were posted: mark their end (a fence, llmc/comm.h).
+static void zero3_posted(Comm* c, Zero3Params* p, int s) { comm_fence_mark(c, &c->dp_group, &p->ready[s]); }
 
-// The main stream waits for slot s's gathers. (NCCL: only the stream, the host goes on; the MPI engine
-// has completed them, except in strict mode, where the DP group's join runs them.)
+// The main stream waits for slot s's gathers (on a GPU with NCCL only the stream: the host goes on).
 static void zero3_wait(Comm* c, Zero3Params* p, int s) {
-    if (!p->pending[s]) return;
-#ifdef HAVE_NCCL
-    if (c->engine == ENGINE_NCCL)
-        cudaCheckBlocking("the main stream's wait for a ZeRO-3 gather", cudaStreamWaitEvent(main_stream, p->ready[s], 0));
-#endif
-    if (c->engine != ENGINE_NCCL) comm_join_group(c, &c->dp_group);
-    p->pending[s] = 0;
+    comm_fence_wait(c, &c->dp_group, &p->ready[s], "the main stream's wait for a ZeRO-3 gather");
 }
 
 static void zero3_gather_layer(Comm* c, Zero3Params* p, const ZeroPlan* z, int l) {

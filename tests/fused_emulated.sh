@@ -10,7 +10,7 @@
 #    one activation set) and with pipelines (slots; 1F1B, interleaved with 2 chunks per stage, and ZB-H1,
 #    whose deferred weight products take cuBLASLt's bias-gradient epilogue apart from the input pass's fc
 #    bias gradient) must equal the unfused run.
-# 2. Its optimizer step has no wait before AdamW (llmc/step_report.h): norm, clip factor and the skip
+# 2. Its optimizer step has no wait before AdamW (llmc/step_outputs.h): norm, clip factor and the skip
 #    verdict are computed on the device and summed across ranks by device collectives. With a
 #    --grad-clip small enough that every step is clipped (it moves the losses by ~6e-5 relative, six
 #    times the tolerance), on one rank, with dp 2 (ZeRO-1 on the NCCL engine, ZeRO-0 on the MPI engine)

@@ -12,6 +12,9 @@
 #                          1e-5 relative norm
 #   expect_mpi_error NAME PATTERN NP ARGS...   a bad configuration ends every rank with PATTERN
 #   children_of PID        the child processes of PID
+#   check_title NAME TRACE.json RUN.out TITLE HINT LEGEND
+#                          a --trace run's title, warning and hint (in the trace and the run's output) and
+#                          plot_trace.py's legend
 # Every run uses the MPI engine's strict mode (LLMC_COMM_STRICT=1, llmc/comm.h): sends and collectives
 # read their buffers only at the join, as NCCL may, so a buffer reused before its communication was
 # waited for gives wrong losses here rather than only on GPUs.
@@ -110,4 +113,42 @@ expect_mpi_error() {
 
 children_of() {  # PID: its child processes, read from /proc (procps' pgrep may be missing on a fresh machine)
     cat /proc/"$1"/task/*/children 2>/dev/null | tr ' ' '\n' | grep .
+}
+
+# The trace's run record and the run's last lines (llmc/run/trace.h), and plot_trace.py --describe: the
+# title names the techniques in use (TITLE, a Python regex); a warning, one line in the output and a note
+# in the record, exactly when the ranks (one thread each: OMP_NUM_THREADS above) outnumber the machine's
+# cores (all of them on this machine); a hint naming --pp-split exactly when HINT is 1 (0: never; -:
+# either, as stages of about equal work may come out either way on a busy machine); --describe prints that
+# title and those notes, and a legend with each entry of LEGEND (separated by ";"; "!entry": without it).
+check_title() {  # NAME TRACE.json RUN.out TITLE HINT(1|0|-) LEGEND
+    "$PY" - "$@" "$(dirname "${BASH_SOURCE[0]}")/../scripts/plot_trace.py" <<'PYEOF'
+import json, os, re, subprocess, sys
+name, path, out_path, want, hint, legend, plot = sys.argv[1:8]
+trace = json.load(open(path, encoding="utf-8"))["traceEvents"]
+run = next((e["args"] for e in trace if e.get("name") == "run"), {})
+out = open(out_path, encoding="utf-8", errors="replace").read().splitlines()
+ranks, cores = len({e["pid"] for e in trace if e.get("ph") == "X"}), os.sysconf("SC_NPROCESSORS_ONLN")
+title, notes, bad = run.get("title", ""), run.get("notes", []), []
+if not re.fullmatch(want, title): bad.append(f"title {title!r}, want {want!r}")
+setup = title.split(" · bubble")[0]
+if not any(re.fullmatch(re.escape(f"wrote trace {path}: {setup}") + r"(; pipeline bubble: .*)?", l) for l in out):
+    bad.append(f"no line 'wrote trace {path}: {setup}'")
+warned = [l for l in out if re.match(r"warning: \d+ ranks? × \d+ threads? share \d+ cores? on this machine", l)]
+if len(warned) != (ranks > cores) or [n for n in notes if n.startswith("warning: ")] != warned:
+    bad.append(f"{ranks} ranks on {cores} cores: warning lines {warned}, notes {notes}")
+hinted = [l for l in out if l.startswith("hint: ") and "--pp-split" in l]
+if (hint != "-" and len(hinted) != int(hint)) or [n for n in notes if n.startswith("hint: ")] != hinted:
+    bad.append(f"hint lines {hinted} (want {hint}), notes {notes}")
+described = subprocess.run([sys.executable, plot, path, "--describe"], capture_output=True, text=True)
+described = described.stdout.splitlines()
+if described[:1 + len(notes)] != [f"title: {title}"] + [f"note: {n}" for n in notes]:
+    bad.append(f"--describe printed {described}")
+entries = next((l[len("legend: "):].split(", ") for l in described if l.startswith("legend: ")), [])
+if [e for e in legend.split(";") if e and ((e[1:] in entries) if e.startswith("!") else (e not in entries))]:
+    bad.append(f"legend {entries}, want {legend}")
+print(f"  {'ok  ' if not bad else 'FAIL'}  trace {name}: title '{title}'" + (f", {len(notes)} note(s)" if notes else "")
+      + "".join("\n        " + b for b in bad))
+sys.exit(1 if bad else 0)
+PYEOF
 }

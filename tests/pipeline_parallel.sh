@@ -15,7 +15,10 @@
 #   3. the trace: a Chrome trace with every rank's forward, backward, send and receive spans on one
 #      clock (every message ends on its receiver after it began on its sender), communication on a lane
 #      of its own (with dp x tp x pp: DP reductions, TP f/g), and the bubble printed (1F1B, GPipe,
-#      interleaved, whose messages go round the ring of stages; ZB-H1, whose B and W are spans of their own)
+#      interleaved, whose messages go round the ring of stages; ZB-H1, whose B and W are spans of their own);
+#      the title naming dp, tp, pp and the schedule, the warning when ranks outnumber cores, the --pp-split
+#      hint for a stage given most layers, interleaved spans named with their chunk; plot_trace.py's
+#      labels ("RS 3", "AG 1", "send act 2", "F 3.1") and legend (reduce-scatter and all-gather apart)
 #   4. --print-schedule: the GPipe, interleaved and ZB-H1 timelines equal the diagrams in llmc/pipeline.h, a
 #      1F1B case equals the messages worked out by hand; every stage's printed exchanges, run as
 #      blocking operations (a send completes only with its receive, as NCCL's do), all complete with
@@ -231,14 +234,37 @@ for c in gpipe:0 1f1b:-2.5; do
     run 2 --pp 2 --pp-schedule $S --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_$S.json" --fault-clock-skew $skew
     grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
     check_trace "pp=2 $S, clock skew $skew s" "$TMP/trace_$S.json" 1 1 || fails=$((fails + 1))
+    [ $S = gpipe ] && title="GPipe" || title="1F1B"
+    check_title "pp=2 $S" "$TMP/trace_$S.json" "$TMP/run.out" \
+        "dp 1 · tp 1 · pp 2 · $title · M=4 · bubble \d+% \(ideal 20%\)" - "forward;backward;optimizer;send;recv" \
+        || fails=$((fails + 1))
 done
+# one stage given 4 layers and the classifier, the other one layer: a hint names --pp-split
+run 2 --pp 2 --pp-split 1,4 --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_split.json"
+check_title "pp=2 --pp-split 1,4" "$TMP/trace_split.json" "$TMP/run.out" \
+    "dp 1 · tp 1 · pp 2 · GPipe · M=4 · bubble \d+% .*" 1 "" || fails=$((fails + 1))
 run 3 --pp 3 --pp-schedule interleaved --virtual-stages 2 --layers 6 --batch-size 6 --micro-batches 3 --steps 3 --trace "$TMP/trace_int.json" --fault-clock-skew 0.5
 grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
 check_trace "pp=3 interleaved V=2, clock skew 0.5 s" "$TMP/trace_int.json" 1 1 || fails=$((fails + 1))
+check_title "pp=3 interleaved V=2" "$TMP/trace_int.json" "$TMP/run.out" \
+    "dp 1 · tp 1 · pp 3 · interleaved 1F1B · M=3 · V=2 · bubble \d+% \(ideal 25%\)" - "" || fails=$((fails + 1))
+# its forwards and backwards are named by micro-batch and chunk, "F 2.1", on every stage, both chunks
+"$PY" - "$TMP/trace_int.json" <<'PYEOF' || fails=$((fails + 1))
+import json, re, sys
+spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("cat") in ("forward", "backward")]
+named = [re.fullmatch(r"[FB] [0-2]\.([01])", e["name"]) for e in spans]
+ok = spans and all(named)
+ok = ok and {(e["pid"], m.group(1)) for e, m in zip(spans, named)} == {(p, c) for p in range(3) for c in "01"}
+print(f"  {'ok  ' if ok else 'FAIL'}  trace pp=3 interleaved V=2: forwards and backwards named with their chunk"
+      + ("" if ok else f": {sorted({e['name'] for e in spans})[:8]}"))
+sys.exit(0 if ok else 1)
+PYEOF
 # ZB-H1: each micro-batch's backward is two spans on each stage, its B and its W, in the schedule's order
 run 3 --pp 3 --pp-schedule zb-h1 --batch-size 8 --micro-batches 4 --steps 3 --trace "$TMP/trace_zb.json" --fault-clock-skew 0.5
 grep -h "pipeline bubble" "$TMP/run.out" | sed 's/^/        /'
 check_trace "pp=3 zb-h1, clock skew 0.5 s" "$TMP/trace_zb.json" 1 1 || fails=$((fails + 1))
+check_title "pp=3 zb-h1" "$TMP/trace_zb.json" "$TMP/run.out" \
+    "dp 1 · tp 1 · pp 3 · ZB-H1 · M=4 · bubble \d+% \(ideal 14%\)" - "backward;backward W" || fails=$((fails + 1))
 "$BIN" --print-schedule --pp 3 --batch-size 4 --micro-batches 4 --pp-schedule zb-h1 >"$TMP/sched_zb.out"
 if "$PY" - "$TMP/trace_zb.json" "$TMP/sched_zb.out" <<'PYEOF'
 import collections, json, re, sys
@@ -255,10 +281,35 @@ PYEOF
 then :; else fails=$((fails + 1)); fi
 run 8 --dp 2 --tp 2 --pp 2 --pp-schedule 1f1b --batch-size 4 --micro-batches 4 --steps 3 --trace "$TMP/trace3d.json" --fault-clock-skew 0.25
 check_trace "2x2x2 1f1b, clock skew 0.25 s per rank" "$TMP/trace3d.json" 0 4 || fails=$((fails + 1))
+check_title "2x2x2 1f1b" "$TMP/trace3d.json" "$TMP/run.out" \
+    "dp 2 · tp 2 · pp 2 · 1F1B · M=4 · bubble \d+% \(ideal 20%\)" - "all-reduce;tp f/g (all-reduce);send + recv" \
+    || fails=$((fails + 1))
 cp "$TMP/trace_gpipe.json" "$TMP/trace.json"
 if "$PY" -c "import matplotlib" 2>/dev/null; then
     if "$PY" "$(dirname "$0")/../scripts/plot_trace.py" "$TMP/trace.json" -o "$TMP/trace.png" >/dev/null && [ -s "$TMP/trace.png" ]; then echo "  ok    plot_trace.py rendered a PNG"
     else echo "  FAIL  plot_trace.py"; fails=$((fails + 1)); fi
+    # The labels, on a trace made for it: every bar 1 ms long, wide enough for its name but the last,
+    # 1 us, which gets none; a reduce-scatter recorded under "allreduce" (by its name) or "reducescatter"
+    # is drawn and listed as one, apart from the all-reduce and the all-gather.
+    "$PY" - "$(dirname "$0")/../scripts/plot_trace.py" "$TMP/labels" <<'PYEOF' || fails=$((fails + 1))
+import json, subprocess, sys
+plot, base = sys.argv[1:3]
+spans = [("forward", "F 3.1"), ("backward", "B 3.1"), ("allreduce", "all-reduce 2"), ("allreduce", "reduce-scatter 3"),
+         ("reducescatter", "reduce-scatter 4"), ("allgather", "gather 1"), ("send", "send act 2"),
+         ("tp", "g (forward)"), ("allreduce", "reduce-scatter 5")]
+events = [{"name": n, "cat": c, "ph": "X", "ts": 1000.0 * i, "dur": 1.0 if n.endswith("5") else 1000.0, "pid": 0,
+           "tid": 0 if c in ("forward", "backward") else 1} for i, (c, n) in enumerate(spans)]
+json.dump({"traceEvents": events}, open(base + ".json", "w"))
+out = subprocess.run([sys.executable, plot, base + ".json", "-o", base + ".png", "--describe"], capture_output=True,
+                     text=True).stdout
+lines = dict(l.split(": ", 1) for l in out.splitlines() if ": " in l)
+want_labels = ["F 3.1", "B 3.1", "AR 2", "RS 3", "RS 4", "AG 1", "send act 2", "g (forward)"]
+want_legend = "forward, backward, send, all-reduce, reduce-scatter, all-gather, tp f/g (all-reduce)"
+ok = lines.get("labels") == ", ".join(want_labels) and lines.get("legend") == want_legend
+print(f"  {'ok  ' if ok else 'FAIL'}  plot_trace.py: bars labeled {want_labels} where they fit; legend {want_legend}"
+      + ("" if ok else f"\n        got: {out!r}"))
+sys.exit(0 if ok else 1)
+PYEOF
 fi
 
 echo "4. --print-schedule"

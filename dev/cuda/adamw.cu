@@ -15,7 +15,7 @@
  *      LayerNorms), ADAMW_BATCH of them per launch of adamw_batch_kernel; each element as in version 1.
  *      Its reference is adamw_cpu over the same tensors.
  *   4  version 3 with the gradient factor and the skip flag read from the device (the --fused-kernels
- *      step's verdict, llmc/step_report.h), the host's grad_scale deliberately wrong: version 3's result;
+ *      step's verdict, llmc/step_outputs.h), the host's grad_scale deliberately wrong: version 3's result;
  *      then with the skip flag set: master, m and v exactly as they were.
  *
  * CPU reference: adamw_cpu (llmc/adamw.h) at step t = 5 from random m, v. Tolerances (the device

@@ -260,7 +260,7 @@ def floors(X, consts, shape=GPT2_124M):
          f"every gradient once ({2 + 12 * L + 2} tensors, {consts['NORM_BATCH']} per launch)"),
         ("sum_squares_kernel", "classic", 2 + 12 * L + 2, P * X, 0, "the same, a launch per tensor"),
         ("norm_group_sums_kernel", "fused", 1, 4 * norm_partials, 0, "the block partials, summed per tensor and group on the device"),
-        ("step_loss_kernel", "fused", 1, 0, 0, "the step's mean loss (one thread; llmc/step_report.h)"),
+        ("step_loss_kernel", "fused", 1, 0, 0, "the step's mean loss (one thread; llmc/step_outputs.h)"),
         ("step_verdict_kernel", "fused", 1, 0, 0, "norm, clip factor, skip: the scalars AdamW reads (one thread)"),
         ("adamw_batch_kernel", "fused", -(-(2 + 12 * L + 2) // consts["ADAMW_BATCH"]), P * (24 + 2 * X), 0,
          f"master, m, v in and out; grad in, param out ({consts['ADAMW_BATCH']} tensors per launch)"),

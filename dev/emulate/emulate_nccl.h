@@ -141,7 +141,7 @@ inline ncclResult_t start(ncclComm* c, std::function<bool()> step) {
 
 // What a rank calls, at the head of each collective and send file: the ranks of a collective must all
 // call the same, and a receive must match its send.
-enum class Kind : int32_t { init, split, finalize, all_reduce, reduce_scatter, all_gather, broadcast, send };
+enum class Kind : int32_t { init, split, finalize, all_reduce, reduce_scatter, all_gather, send };
 struct OpHeader {
     Kind kind;
     int32_t type, op, root;  // ncclDataType_t, ncclRedOp_t (-1: none), root rank (-1: none)
@@ -150,7 +150,7 @@ struct OpHeader {
 };
 inline std::string describe(const OpHeader& h) {
     static const char* kinds[] = {"creating the communicator", "a split", "finalize", "an all-reduce", "a reduce-scatter",
-                                  "an all-gather", "a broadcast", "a send"};
+                                  "an all-gather", "a send"};
     std::string d = kinds[(int)h.kind];
     if (h.kind < Kind::all_reduce) return d;
     if (h.op >= 0) d += h.op == ncclMax ? " (max)" : h.op == ncclAvg ? " (avg)" : " (sum)";
@@ -410,15 +410,6 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
     return emu_nccl::stream_collective(c, stream, what, send, block, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, block);
         for (size_t r = 0; r < parts.size(); r++) memcpy((char*)recv + r * block, parts[r].data(), block);
-    });
-}
-ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t stream) {
-    if (!emu_nccl::valid(c, root)) return ncclInvalidArgument;
-    size_t bytes = count * emu_nccl::type_bytes(t);
-    emu_nccl::OpHeader what = {emu_nccl::Kind::broadcast, t, -1, root, count};
-    return emu_nccl::stream_collective(c, stream, what, send, bytes, [=](std::vector<std::vector<char>>& parts) {
-        emu_nccl::check_sizes(parts, bytes);
-        memcpy(recv, parts[root].data(), bytes);
     });
 }
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {

@@ -28,7 +28,8 @@ static int env_int(const char* name, int fallback) {
     char* end = NULL;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (end == v || *end != '\0' || errno != 0 || x < INT_MIN || x > INT_MAX) fatal("%s is '%s': not a number", name, v);
+    if (end == v || *end != '\0' || errno != 0 || x < INT_MIN || x > INT_MAX)
+        fatal("%s is '%s': not a number", name, v);
     return (int)x;
 }
 
@@ -59,8 +60,8 @@ static void check_omp_threads(void) {
     long n = strtol(v, &end, 10);
     if (end == v || (*end != '\0' && *end != ',')) return;
     if (errno == ERANGE || n > MAX_OMP_THREADS)
-        fatal("OMP_NUM_THREADS=%ld is more than %d threads per rank (this machine has %ld cores): set it to at most the cores "
-              "per rank, or unset it", n, MAX_OMP_THREADS, sysconf(_SC_NPROCESSORS_ONLN));
+        fatal("OMP_NUM_THREADS=%ld is more than %d threads per rank (this machine has %ld cores): set it to at most "
+              "the cores per rank, or unset it", n, MAX_OMP_THREADS, sysconf(_SC_NPROCESSORS_ONLN));
 }
 #else
 static void set_default_threads(int local_size) { (void)local_size; }  // (the GPU target: one host thread)
@@ -78,9 +79,11 @@ static void check_omp_threads(void) {}
 // in the environment (a shell, a job script) with no telling which world is meant, and the launch is
 // refused, in one line from MPI rank 0 (the others end without one).
 static int launched_by_mpirun(void) {
-    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") && !getenv("PMIX_RANK") && !getenv("MPI_LOCALNRANKS")) return 0;
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") && !getenv("PMIX_RANK") && !getenv("MPI_LOCALNRANKS"))
+        return 0;
     if (!getenv("WORLD_SIZE")) return 1;
-    const char* size_var = getenv("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : getenv("PMI_SIZE") ? "PMI_SIZE" : NULL;
+    const char* size_var = getenv("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE"
+                                                          : getenv("PMI_SIZE") ? "PMI_SIZE" : NULL;
     int processes = size_var ? env_int(size_var, 1) : 1;
     int world = env_int("WORLD_SIZE", 1), local = env_int("LOCAL_WORLD_SIZE", 1);
     if (processes <= 1 || (world == processes * local && getenv("RANK"))) return 0;  // torchrun's world
@@ -89,10 +92,11 @@ static int launched_by_mpirun(void) {
         exit(1);
     }
     if (world != processes * local)
-        fatal("the launchers disagree: %s=%d MPI processes, but WORLD_SIZE=%d is not %d x LOCAL_WORLD_SIZE=%d, as a torchrun in "
-              "each would make: unset the variables of the launcher not in use", size_var, processes, world, processes, local);
-    fatal("the launchers disagree: %s=%d MPI processes, and WORLD_SIZE=%d without torchrun's RANK: unset the variables of the "
-          "launcher not in use", size_var, processes, world);
+        fatal("the launchers disagree: %s=%d MPI processes, but WORLD_SIZE=%d is not %d x LOCAL_WORLD_SIZE=%d, as a "
+              "torchrun in each would make: unset the variables of the launcher not in use",
+              size_var, processes, world, processes, local);
+    fatal("the launchers disagree: %s=%d MPI processes, and WORLD_SIZE=%d without torchrun's RANK: unset the variables "
+          "of the launcher not in use", size_var, processes, world);
 }
 
 // This rank's place in the world and on its node, from the launcher (one rank when there is none).
@@ -129,7 +133,11 @@ static void comm_set_grid(Comm* c, int dp) {
     c->tp_rank = c->world_rank % c->tp;
     c->dp_rank = (c->world_rank / c->tp) % c->dp;
     c->pp_rank = c->world_rank / (c->tp * c->dp);
-    c->world.name = "world", c->dp_group.name = "DP", c->tp_group.name = "TP", c->pp_group.name = "PP", c->emb_group.name = "embedding";
+    c->world.name = "world";
+    c->dp_group.name = "DP";
+    c->tp_group.name = "TP";
+    c->pp_group.name = "PP";
+    c->emb_group.name = "embedding";
     c->world.rank = c->world_rank;
     c->world.size = c->world_size;
     c->dp_group.rank = c->dp_rank;
@@ -160,10 +168,11 @@ static void comm_select_gpu(int local_rank) {
 // before NCCL exists: NCCL it is, and NCCL itself refuses a GPU used twice (an error, within the deadline).
 static Engine comm_choose_engine(Comm* c, const char* engine, int use_mpi) {
     if (!NCCL_BUILT) {
-        if (strcmp(engine, "nccl") == 0) fatal("--comm nccl: this build has no NCCL (the CPU target, or nccl.h was not found)");
+        if (strcmp(engine, "nccl") == 0)
+            fatal("--comm nccl: this build has no NCCL (the CPU target, or nccl.h was not found)");
         if (!use_mpi)  // (named: under mpirun too, torchrun's variables count, see launched_by_mpirun)
-            fatal("several ranks need mpirun in a build without NCCL (%s says %d)", getenv("WORLD_SIZE") ? "torchrun's WORLD_SIZE" : "srun's SLURM_STEP_NUM_TASKS",
-                  c->world_size);
+            fatal("several ranks need mpirun in a build without NCCL (%s says %d)",
+                  getenv("WORLD_SIZE") ? "torchrun's WORLD_SIZE" : "srun's SLURM_STEP_NUM_TASKS", c->world_size);
         return ENGINE_MPI;
     }
     int sharing = 0;
@@ -185,14 +194,16 @@ static Engine comm_choose_engine(Comm* c, const char* engine, int use_mpi) {
 
 // dp: 0 means world_size / (tp * pp). timeout_s, io_timeout_s: the deadlines of waits on other ranks,
 // and of waits around file I/O (seconds, 0: none).
-static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, const char* engine, const char* nccl_id_dir,
-                      double timeout_s, double io_timeout_s) {
+static void comm_init(Comm* c, int* argc, char*** argv, int dp, int tp, int pp, const char* engine,
+                      const char* nccl_id_dir, double timeout_s, double io_timeout_s) {
     memset(c, 0, sizeof(*c));
     c->tp = tp;
     c->pp = pp;
-    c->timeout_s = timeout_s, c->io_timeout_s = io_timeout_s;  // (MPI_Init already waits under --comm-timeout)
+    c->timeout_s = timeout_s;  // (MPI_Init already waits under --comm-timeout)
+    c->io_timeout_s = io_timeout_s;
     int use_mpi = comm_discover_ranks(c, argc, argv);
-    if (c->world_rank < 0 || c->world_rank >= c->world_size) fatal("rank %d is outside the world size %d", c->world_rank, c->world_size);
+    if (c->world_rank < 0 || c->world_rank >= c->world_size)
+        fatal("rank %d is outside the world size %d", c->world_rank, c->world_size);
     set_default_threads(c->local_size > 0 ? c->local_size : 1);
     comm_set_grid(c, dp);
     if (c->world_size == 1) {
@@ -214,7 +225,11 @@ static void comm_finalize(Comm* c) {
     c->queue = NULL;
     staging_free(c->staging);
     c->staging = NULL;
-    for (int i = 0; i < 2; i++) free(c->host_copy[i].ptr), c->host_copy[i].ptr = NULL, c->host_copy[i].cap = 0;
+    for (int i = 0; i < 2; i++) {
+        free(c->host_copy[i].ptr);
+        c->host_copy[i].ptr = NULL;
+        c->host_copy[i].cap = 0;
+    }
     if (c->engine == ENGINE_NCCL) nccl_finish(c);
     mpi_finish(c);
     g_comm = NULL;

@@ -37,7 +37,10 @@ static int liveness_listen(char* err, size_t n) {
     if (fd < 0) return -1;
     struct sockaddr_storage a;
     socklen_t len = sizeof(a);
-    if (getsockname(fd, (struct sockaddr*)&a, &len) != 0) return close(fd), rdzv_fail(err, n, "rank 0: getsockname: %s", strerror(errno));
+    if (getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
+        close(fd);
+        return rdzv_fail(err, n, "rank 0: getsockname: %s", strerror(errno));
+    }
     g_liveness.listener = fd;
     return ntohs(a.ss_family == AF_INET6 ? ((struct sockaddr_in6*)&a)->sin6_port : ((struct sockaddr_in*)&a)->sin_port);
 }
@@ -50,20 +53,21 @@ static int liveness_accept(int world, double timeout_s, char* err, size_t n) {
     g_liveness.n = world;
     for (int joined = 0; joined < world - 1;) {
         if (!rdzv_ready(g_liveness.listener, POLLIN, deadline))
-            return rdzv_fail(err, n, "rank 0: %d of %d ranks did not open their connection to rank 0 within %.0f s (--comm-timeout)",
-                             world - 1 - joined, world - 1, timeout_s);
+            return rdzv_fail(err, n, "rank 0: %d of %d ranks did not open their connection to rank 0 within %.0f s "
+                             "(--comm-timeout)", world - 1 - joined, world - 1, timeout_s);
         int fd = accept(g_liveness.listener, NULL, NULL);
         if (fd < 0 || rdzv_prepare(fd) != 0) {
             if (fd >= 0) close(fd);
             continue;
         }
         uint32_t rank;
-        if (rdzv_transfer(fd, &rank, sizeof(rank), 0, deadline) != 0 || (rank = ntohl(rank)) < 1 || (int)rank >= world ||
-            g_liveness.fds[rank] >= 0) {
+        if (rdzv_transfer(fd, &rank, sizeof(rank), 0, deadline) != 0 || (rank = ntohl(rank)) < 1 ||
+            (int)rank >= world || g_liveness.fds[rank] >= 0) {
             close(fd);  // (no rank of this run: another program knocking on the port)
             continue;
         }
-        g_liveness.fds[rank] = fd, joined++;
+        g_liveness.fds[rank] = fd;
+        joined++;
     }
     close(g_liveness.listener);
     g_liveness.listener = -1;
@@ -79,13 +83,16 @@ static void liveness_addresses(char* out, size_t n) {
     struct ifaddrs* list = NULL;
     if (getifaddrs(&list) == 0) {
         for (struct ifaddrs* a = list; a != NULL; a = a->ifa_next) {
-            if (a->ifa_addr == NULL || (a->ifa_flags & IFF_LOOPBACK) || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6))
+            if (a->ifa_addr == NULL || (a->ifa_flags & IFF_LOOPBACK) ||
+                (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6))
                 continue;
             char text[INET6_ADDRSTRLEN];
-            const void* raw = a->ifa_addr->sa_family == AF_INET ? (const void*)&((struct sockaddr_in*)a->ifa_addr)->sin_addr
-                                                               : (const void*)&((struct sockaddr_in6*)a->ifa_addr)->sin6_addr;
+            const void* raw = a->ifa_addr->sa_family == AF_INET
+                                  ? (const void*)&((struct sockaddr_in*)a->ifa_addr)->sin_addr
+                                  : (const void*)&((struct sockaddr_in6*)a->ifa_addr)->sin6_addr;
             if (inet_ntop(a->ifa_addr->sa_family, raw, text, sizeof(text)) == NULL || strchr(text, '%')) continue;
-            if (strlen(out) + strlen(text) + 2 + 10 < n) strcat(strcat(out, out[0] ? " " : ""), text);  // (room left for loopback)
+            if (strlen(out) + strlen(text) + 2 + 10 < n)  // (room left for loopback)
+                strcat(strcat(out, out[0] ? " " : ""), text);
         }
         freeifaddrs(list);
     }
@@ -102,22 +109,27 @@ static int liveness_connect(const char* hosts, int port, int rank, double timeou
     for (;;) {
         int all_hopeless = 1;
         snprintf(list, sizeof(list), "%s", hosts);
-        for (char *save = NULL, *host = strtok_r(list, " ", &save); host != NULL && fd < 0; host = strtok_r(NULL, " ", &save)) {
+        for (char *save = NULL, *host = strtok_r(list, " ", &save); host != NULL && fd < 0;
+             host = strtok_r(NULL, " ", &save)) {
             int hopeless = 0;
             fd = rdzv_connect_once(host, port_text, deadline, why, sizeof(why), &hopeless);
             all_hopeless &= hopeless;
         }
         if (fd >= 0) break;
         if (all_hopeless || rdzv_expired(deadline))
-            return rdzv_fail(err, n, "rank %d: cannot open a connection to rank 0 at any of %s (port %d) within %.0f s (--comm-timeout): %s", rank,
-                             hosts, port, timeout_s, why);
+            return rdzv_fail(err, n, "rank %d: cannot open a connection to rank 0 at any of %s (port %d) within %.0f s "
+                             "(--comm-timeout): %s", rank, hosts, port, timeout_s, why);
         usleep(100000);
     }
     uint32_t r = htonl((uint32_t)rank);
-    if (rdzv_transfer(fd, &r, sizeof(r), 1, deadline) != 0)
-        return close(fd), rdzv_fail(err, n, "rank %d: the connection to rank 0 (at one of %s, port %d) broke at once", rank, hosts, port);
+    if (rdzv_transfer(fd, &r, sizeof(r), 1, deadline) != 0) {
+        close(fd);
+        return rdzv_fail(err, n, "rank %d: the connection to rank 0 (at one of %s, port %d) broke at once",
+                         rank, hosts, port);
+    }
     g_liveness.fds = (int*)malloc_check(sizeof(int));
-    g_liveness.fds[0] = fd, g_liveness.n = 1;
+    g_liveness.fds[0] = fd;
+    g_liveness.n = 1;
     return 0;
 }
 

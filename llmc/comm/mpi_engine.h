@@ -43,7 +43,8 @@ static MPI_Op mpi_op(ReduceOp op) { return op == REDUCE_MAX ? MPI_MAX : MPI_SUM;
 // the deadline. A peer that is stopped (SIGSTOP), hung or on another path makes no MPI error at all, so
 // without a deadline the job would wait forever; after it, this rank ends the job with one line.
 #define mpiWait(c, reqs, n, what, g) mpi_wait((c), (reqs), (n), (what), (g), __FILE__, __LINE__)
-static void mpi_wait(const Comm* c, MPI_Request* reqs, int n, const char* what, const Group* g, const char* file, int line) {
+static void mpi_wait(const Comm* c, MPI_Request* reqs, int n, const char* what, const Group* g, const char* file,
+                     int line) {
     double start = wall_seconds(), limit = comm_deadline_s(c), last = start;
     for (long spins = 0;; spins++) {
         int done = 0;
@@ -53,8 +54,8 @@ static void mpi_wait(const Comm* c, MPI_Request* reqs, int n, const char* what, 
         if (now - last > 1.0) start += now - last;  // this rank itself was stopped: that time is not the peers'
         last = now;
         if (limit > 0 && now - start > limit)
-            fatal("rank %d: %s in the %s group did not complete within %.0f s (%s): a peer rank is stopped, hung or gone",
-                  c->world_rank, what, g->name, limit, comm_deadline_flag(c));
+            fatal("rank %d: %s in the %s group did not complete within %.0f s (%s): a peer rank is stopped, hung "
+                  "or gone", c->world_rank, what, g->name, limit, comm_deadline_flag(c));
         if (spins > 1000) usleep(50);  // after a moment of spinning, leave the core to the other ranks
     }
 }
@@ -62,7 +63,7 @@ static void mpi_wait(const Comm* c, MPI_Request* reqs, int n, const char* what, 
 // ----------------------------------------------------------------------------------------------------
 // one operation, run now (blocking)
 
-static const char* mpi_op_names[] = {"an all-reduce", "a reduce-scatter", "an all-gather", "a broadcast", "a send", "a receive",
+static const char* mpi_op_names[] = {"an all-reduce", "a reduce-scatter", "an all-gather", "a send", "a receive",
                                      "a send-receive"};
 
 // The MPI call of an operation on host memory, waited for against the deadline. data: the buffer it
@@ -82,9 +83,6 @@ static void mpi_transfer_part(Comm* c, const CommOp* q, void* data, void* receiv
         case OP_ALL_GATHER:
             mpiCheck(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, count, type, g->mpi, r));
             break;
-        case OP_BROADCAST:
-            mpiCheck(MPI_Ibcast(data, count, type, q->peer, g->mpi, r));
-            break;
         case OP_SEND:
             mpiCheck(MPI_Isend(data, count, type, q->peer, 0, g->mpi, r));
             break;
@@ -101,7 +99,7 @@ static void mpi_transfer_part(Comm* c, const CommOp* q, void* data, void* receiv
 }
 
 // MPI counts are int: an operation of more elements (a full model's gradients beyond 2^31 floats) would
-// wrap to a negative or short count. Those whose elements are independent (all-reduce, broadcast, the
+// wrap to a negative or short count. Those whose elements are independent (all-reduce, the
 // point-to-point kinds) run as consecutive chunks below INT_MAX, which every rank cuts alike. The block
 // collectives (reduce-scatter, all-gather: count per rank, blocks side by side) are refused beyond it
 // with one line; their blocks are a ZeRO shard or a TP slice, an eighth of a model or less at dp or tp 8.
@@ -110,12 +108,13 @@ static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, M
     int size;
     MPI_Type_size(type, &size);
     if (count > (size_t)INT_MAX && (q->kind == OP_REDUCE_SCATTER || q->kind == OP_ALL_GATHER))
-        fatal("MPI %s of %zu elements per rank: beyond MPI's int count (%d); use more ranks to split it, or the NCCL engine",
-              mpi_op_names[q->kind], count, INT_MAX);
+        fatal("MPI %s of %zu elements per rank: beyond MPI's int count (%d); use more ranks to split it, "
+              "or the NCCL engine", mpi_op_names[q->kind], count, INT_MAX);
     size_t done = 0;
     do {  // (an operation of 0 elements still runs once: every rank of the group takes part)
         size_t n = count - done < MPI_CHUNK ? count - done : MPI_CHUNK;
-        mpi_transfer_part(c, q, (char*)data + done * size, received ? (char*)received + done * size : NULL, type, (int)n);
+        mpi_transfer_part(c, q, (char*)data + done * size, received ? (char*)received + done * size : NULL,
+                          type, (int)n);
         done += n;
     } while (done < count);
     if (q->kind == OP_ALL_REDUCE && q->op == REDUCE_AVG)
@@ -137,22 +136,24 @@ static StagePlan mpi_stage_plan(const CommOp* q) {
     const Group* g = q->g;
     StagePlan p;
     memset(&p, 0, sizeof(p));
-    p.n = q->n, p.elem = dtype_size(q->t), p.widths = 1;
+    p.n = q->n;
+    p.elem = dtype_size(q->t);
+    p.widths = 1;
     p.convert = mpi_is_sum(q) && p.elem != sizeof(float);  // sums in float; everything else moves as bytes
     p.wire = p.convert ? sizeof(float) : p.elem;
     StageSide send = {.dev = (char*)q->send, .pitch = q->n, .rows = 1, .host_row = 0};
     StageSide recv = {.dev = (char*)q->recv, .pitch = q->n, .rows = 1, .host_row = 0};
     StageSide blocks_in = {.dev = (char*)q->send, .pitch = q->n, .rows = g->size, .host_row = 0};
     StageSide blocks_out = {.dev = (char*)q->recv, .pitch = q->n, .rows = g->size, .host_row = 0};
-    StageSide own_block = {.dev = (char*)q->recv + g->rank * q->n * p.elem, .pitch = q->n, .rows = 1, .host_row = (size_t)g->rank};
+    StageSide own_block = {.dev = (char*)q->recv + g->rank * q->n * p.elem, .pitch = q->n, .rows = 1,
+                           .host_row = (size_t)g->rank};
     switch (q->kind) {
-        case OP_ALL_REDUCE: p.down = recv, p.up = recv; break;
-        case OP_REDUCE_SCATTER: p.down = blocks_in, p.up = recv, p.widths = g->size; break;
-        case OP_ALL_GATHER: p.down = own_block, p.up = blocks_out, p.widths = g->size; break;
-        case OP_BROADCAST: (g->rank == q->peer ? p.down : p.up) = recv; break;
-        case OP_SEND: p.down = send, p.widths = 2; break;  // point-to-point: 2 widths (a send-receive's both
-        case OP_RECV: p.up = recv, p.widths = 2; break;    // halves), so every kind cuts the same chunks
-        case OP_SENDRECV: p.down = send, p.up = recv, p.widths = 2; break;  // (its send whole: mpi_run_staged_sendrecv)
+        case OP_ALL_REDUCE: p.down = recv; p.up = recv; break;
+        case OP_REDUCE_SCATTER: p.down = blocks_in; p.up = recv; p.widths = g->size; break;
+        case OP_ALL_GATHER: p.down = own_block; p.up = blocks_out; p.widths = g->size; break;
+        case OP_SEND: p.down = send; p.widths = 2; break;  // point-to-point: 2 widths (a send-receive's both
+        case OP_RECV: p.up = recv; p.widths = 2; break;    // halves), so every kind cuts the same chunks
+        case OP_SENDRECV: p.down = send; p.up = recv; p.widths = 2; break;  // (its send whole: mpi_run_staged_sendrecv)
     }
     return p;
 }
@@ -240,7 +241,11 @@ static void mpi_run(Comm* c, const CommOp* q) {
 #else
     else mpi_run_host_copy(c, q);
 #endif
-    if (c->stats.on) c->stats.bytes += comm_op_bytes(q), c->stats.seconds += wall_seconds() - start, c->stats.ops++;
+    if (c->stats.on) {
+        c->stats.bytes += comm_op_bytes(q);
+        c->stats.seconds += wall_seconds() - start;
+        c->stats.ops++;
+    }
 }
 
 // run the operation now, or in strict mode queue it for the join
@@ -309,8 +314,9 @@ static void mpi_start(Comm* c, int* argc, char*** argv) {
     int timed = c->timeout_s > 0;
     if (timed) {
         snprintf(mpi_init_expired_line, sizeof(mpi_init_expired_line),
-                 "error: MPI_Init did not complete within %.0f s (--comm-timeout): a process of this launch never started MPI "
-                 "(another program in an MPMD launch, or one stopped or hung before it)\n", ceil(c->timeout_s));
+                 "error: MPI_Init did not complete within %.0f s (--comm-timeout): a process of this launch never "
+                 "started MPI (another program in an MPMD launch, or one stopped or hung before it)\n",
+                 ceil(c->timeout_s));
         mpi_init_expired_len = strlen(mpi_init_expired_line);
         expired.sa_handler = mpi_init_expired;
         sigaction(SIGALRM, &expired, &before);
@@ -347,7 +353,10 @@ static int mpi_agree_engine(Comm* c, const char* gpu_uuid, const char* engine) {
     mpiCheck(MPI_Iallgather(gpu_uuid, 16, MPI_BYTE, uuids, 16, MPI_BYTE, local, &r));
     Group node;
     memset(&node, 0, sizeof(node));
-    node.rank = local_rank, node.size = local_size, node.name = "node-local", node.mpi = local;
+    node.rank = local_rank;
+    node.size = local_size;
+    node.name = "node-local";
+    node.mpi = local;
     mpiWait(c, &r, 1, "an all-gather of the GPU ids", &node);
     int mine = 0;
     for (int i = 0; i < local_size; i++)
@@ -376,7 +385,8 @@ static void mpi_split_groups(Comm* c) {
     mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.mpi));
     mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.mpi));
     mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.mpi));
-    mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, in_emb ? c->tp_rank + c->tp * c->dp_rank : MPI_UNDEFINED, c->pp_rank, &c->emb_group.mpi));
+    mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, in_emb ? c->tp_rank + c->tp * c->dp_rank : MPI_UNDEFINED, c->pp_rank,
+                            &c->emb_group.mpi));
 }
 
 static void mpi_finish(Comm* c) {
@@ -392,16 +402,24 @@ static void mpi_finish(Comm* c) {
 
 #else  // a build without MPI: one rank, or (GPU target) NCCL launched by torchrun or Slurm
 
-static void mpi_post(Comm* c, CommOp q) { (void)c, (void)q; }
+static void mpi_post(Comm* c, CommOp q) { (void)c; (void)q; }
 static void mpi_flush(Comm* c) { c->queued = 0; }
-static void mpi_flush_group(Comm* c, const Group* g) { (void)g, c->queued = 0; }
-static void mpi_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) { (void)c, (void)g, (void)values, (void)n, (void)op; }
+static void mpi_flush_group(Comm* c, const Group* g) {
+    (void)g;
+    c->queued = 0;
+}
+static void mpi_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
+    (void)c; (void)g; (void)values; (void)n; (void)op;
+}
 static void mpi_start(Comm* c, int* argc, char*** argv) {
-    (void)c, (void)argc, (void)argv;
+    (void)c; (void)argc; (void)argv;
     fatal("launched by mpirun, but this build has no MPI (install libopenmpi-dev and rebuild)");
 }
-static int mpi_agree_engine(Comm* c, const char* gpu_uuid, const char* engine) { return (void)c, (void)gpu_uuid, (void)engine, 0; }
-static void mpi_broadcast_bytes(Comm* c, void* buf, size_t bytes) { (void)c, (void)buf, (void)bytes; }
+static int mpi_agree_engine(Comm* c, const char* gpu_uuid, const char* engine) {
+    (void)c; (void)gpu_uuid; (void)engine;
+    return 0;
+}
+static void mpi_broadcast_bytes(Comm* c, void* buf, size_t bytes) { (void)c; (void)buf; (void)bytes; }
 static void mpi_split_groups(Comm* c) { (void)c; }
 static void mpi_finish(Comm* c) { (void)c; }
 

@@ -78,7 +78,8 @@ static int nccl_watch(Comm* c, const char* what, double start) {
         if (r == ncclSuccess && e == ncclInProgress) in_progress = 1;
         else if (r != ncclSuccess || e != ncclSuccess) {
             nccl_abort_all(c);
-            fatal("rank %d: NCCL failed while waiting for %s: %s", c->world_rank, what, ncclGetErrorString(r != ncclSuccess ? r : e));
+            fatal("rank %d: NCCL failed while waiting for %s: %s", c->world_rank, what,
+                  ncclGetErrorString(r != ncclSuccess ? r : e));
         }
     }
     // Around file I/O the deadline is long (--io-timeout): a peer whose process ended is noticed through
@@ -87,13 +88,14 @@ static int nccl_watch(Comm* c, const char* what, double start) {
     int gone = c->waiting_io ? liveness_lost() : -1;
     if (gone >= 0) {
         nccl_abort_all(c);
-        fatal("rank %d: rank %d has ended (its connection closed) while this rank waited for %s around file I/O", c->world_rank, gone, what);
+        fatal("rank %d: rank %d has ended (its connection closed) while this rank waited for %s around file I/O",
+              c->world_rank, gone, what);
     }
     double limit = comm_deadline_s(c);
     if (limit > 0 && wall_seconds() - start > limit) {
         nccl_abort_all(c);
-        fatal("rank %d: %s did not complete within %.0f s (%s): a peer rank is stopped, hung or gone", c->world_rank, what, limit,
-              comm_deadline_flag(c));
+        fatal("rank %d: %s did not complete within %.0f s (%s): a peer rank is stopped, hung or gone", c->world_rank,
+              what, limit, comm_deadline_flag(c));
     }
     return in_progress;
 }
@@ -194,10 +196,9 @@ static void nccl_enqueue(Comm* c, const CommOp* q) {
             ncclCall(c, ncclReduceScatter(q->send, q->recv, q->n, t, ncclSum, g, stream), what);
             break;
         case OP_ALL_GATHER:  // this rank's part is already in place
-            ncclCall(c, ncclAllGather((char*)q->recv + q->g->rank * q->n * dtype_size(q->t), q->recv, q->n, t, g, stream), what);
-            break;
-        case OP_BROADCAST:
-            ncclCall(c, ncclBroadcast(q->recv, q->recv, q->n, t, q->peer, g, stream), what);
+            ncclCall(c,
+                     ncclAllGather((char*)q->recv + q->g->rank * q->n * dtype_size(q->t), q->recv, q->n, t, g, stream),
+                     what);
             break;
         case OP_SEND:
             ncclCall(c, ncclSend(q->send, q->n, t, q->peer, g, stream), what);
@@ -220,7 +221,11 @@ static void nccl_run(Comm* c, const CommOp* q) {
     int timed = c->stats.on;
     if (timed) nccl_time_mark(c, q->g->stream);
     nccl_enqueue(c, q);
-    if (timed) nccl_time_mark(c, q->g->stream), c->stats.bytes += comm_op_bytes(q), c->stats.ops++;
+    if (timed) {
+        nccl_time_mark(c, q->g->stream);
+        c->stats.bytes += comm_op_bytes(q);
+        c->stats.ops++;
+    }
 }
 
 // host scalars through a small device buffer, after everything posted before (every stream is waited for)
@@ -264,7 +269,8 @@ static void nccl_id_file_name(const char* dir) {
     snprintf(nccl_id_path, sizeof(nccl_id_path), "%s/nccl_id%s%s", dir, tag[0] ? "_" : "", tag);
 }
 
-static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port, char* host, size_t host_n, int* port) {
+static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port, char* host, size_t host_n,
+                                         int* port) {
     NcclIdFile rec;
     nccl_id_file_name(dir);
     const char* path = nccl_id_path;
@@ -272,13 +278,17 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port
     if (c->world_rank == 0) {
         char tmp[4400];
         memset(&rec, 0, sizeof(rec));
-        rec.magic = NCCL_ID_MAGIC, rec.world_size = c->world_size, rec.written = entered, rec.live_port = live_port;
+        rec.magic = NCCL_ID_MAGIC;
+        rec.world_size = c->world_size;
+        rec.written = entered;
+        rec.live_port = live_port;
         liveness_addresses(rec.host, sizeof(rec.host));
         ncclCheck(ncclGetUniqueId(&rec.id));
         snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());  // written whole, then renamed: never half-read
         FILE* f = fopen_check(tmp, "wb");
         fwrite_check(&rec, sizeof(rec), 1, f, tmp);
-        if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0) fatal("cannot write '%s': %s", tmp, strerror(errno));
+        if (fflush(f) != 0 || fsync(fileno(f)) != 0 || fclose(f) != 0)
+            fatal("cannot write '%s': %s", tmp, strerror(errno));
         if (rename(tmp, path) != 0) fatal("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
         return rec.id;
     }
@@ -290,19 +300,22 @@ static ncclUniqueId nccl_id_through_file(Comm* c, const char* dir, int live_port
         if (f) fclose(f);
         if (got && rec.magic == NCCL_ID_MAGIC && rec.world_size == c->world_size && rec.written >= entered - skew) {
             rec.host[sizeof(rec.host) - 1] = 0;
-            snprintf(host, host_n, "%s", rec.host), *port = rec.live_port;
+            snprintf(host, host_n, "%s", rec.host);
+            *port = rec.live_port;
             return rec.id;
         }
         if (c->timeout_s > 0 && wall_seconds() - start > c->timeout_s)
-            fatal("rank %d: no NCCL id of this run appeared in '%s' within %.0f s (--comm-timeout; is rank 0 running? is the folder "
-                  "shared?%s)", c->world_rank, path, c->timeout_s, got ? " the file there is from an earlier run or another world size" : "");
+            fatal("rank %d: no NCCL id of this run appeared in '%s' within %.0f s (--comm-timeout; is rank 0 running? "
+                  "is the folder shared?%s)", c->world_rank, path, c->timeout_s,
+                  got ? " the file there is from an earlier run or another world size" : "");
         usleep(100000);
     }
 }
 
 // NCCL's unique id, drawn by rank 0 and shared with every rank. Without mpirun, rank 0's liveness port
 // travels with it: *host, *port say where the other ranks connect (liveness.h; *port 0: under mpirun).
-static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir, char* host, size_t host_n, int* live_port) {
+static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir, char* host, size_t host_n,
+                                   int* live_port) {
     ncclUniqueId id;
     if (use_mpi) {
         if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&id));
@@ -317,9 +330,14 @@ static ncclUniqueId nccl_unique_id(Comm* c, int use_mpi, const char* nccl_id_dir
     if (nccl_id_dir == NULL) {  // torchrun's way: over TCP, to MASTER_ADDR
         struct { ncclUniqueId id; int32_t live_port; } blob;
         memset(&blob, 0, sizeof(blob));
-        if (c->world_rank == 0) ncclCheck(ncclGetUniqueId(&blob.id)), blob.live_port = port;
-        if (rendezvous_from_env(c->world_rank, c->world_size, &blob, sizeof(blob), c->timeout_s, err, sizeof(err)) != 0) fatal("%s", err);
-        id = blob.id, port = blob.live_port;
+        if (c->world_rank == 0) {
+            ncclCheck(ncclGetUniqueId(&blob.id));
+            blob.live_port = port;
+        }
+        if (rendezvous_from_env(c->world_rank, c->world_size, &blob, sizeof(blob), c->timeout_s, err, sizeof(err)) != 0)
+            fatal("%s", err);
+        id = blob.id;
+        port = blob.live_port;
         snprintf(host, host_n, "%s", getenv("MASTER_ADDR"));
     } else {
         id = nccl_id_through_file(c, nccl_id_dir, port, host, host_n, &port);
@@ -347,24 +365,29 @@ static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
     int in_emb = group_valid(&c->emb_group);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclCall(c, ncclCommInitRankConfig(&c->world.nccl, c->world_size, id, c->world_rank, &config), "creating the NCCL communicator");
+    ncclCall(c, ncclCommInitRankConfig(&c->world.nccl, c->world_size, id, c->world_rank, &config),
+             "creating the NCCL communicator");
     nccl_settle(c, "creating the NCCL communicator (every rank must join)");
     if (live_port > 0) {  // (every rank has joined: a rank that never came was named just above)
         int r = c->world_rank == 0 ? liveness_accept(c->world_size, c->timeout_s, err, sizeof(err))
                                    : liveness_connect(host, live_port, c->world_rank, c->timeout_s, err, sizeof(err));
         if (r != 0) fatal("%s", err);
     }
-    ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, &config), "splitting the DP group");
+    ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->pp_rank, c->dp_rank, &c->dp_group.nccl, &config),
+             "splitting the DP group");
     nccl_settle(c, "splitting the DP group");
-    ncclCall(c, ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, &config), "splitting the TP group");
+    ncclCall(c, ncclCommSplit(c->world.nccl, c->dp_rank + c->dp * c->pp_rank, c->tp_rank, &c->tp_group.nccl, &config),
+             "splitting the TP group");
     nccl_settle(c, "splitting the TP group");
-    ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.nccl, &config), "splitting the PP group");
+    ncclCall(c, ncclCommSplit(c->world.nccl, c->tp_rank + c->tp * c->dp_rank, c->pp_rank, &c->pp_group.nccl, &config),
+             "splitting the PP group");
     nccl_settle(c, "splitting the PP group");
     ncclCall(c, ncclCommSplit(c->world.nccl, in_emb ? c->tp_rank + c->tp * c->dp_rank : NCCL_SPLIT_NOCOLOR, c->pp_rank,
                               &c->emb_group.nccl, &config), "splitting the embedding group");
     nccl_settle(c, "splitting the embedding group");
     Group* groups[5];
-    for (int i = 0, n = nccl_groups(c, groups); i < n; i++) cudaCheck(cudaStreamCreateWithFlags(&groups[i]->stream, cudaStreamNonBlocking));
+    for (int i = 0, n = nccl_groups(c, groups); i < n; i++)
+        cudaCheck(cudaStreamCreateWithFlags(&groups[i]->stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
     // a host blocked inside CUDA behind communication never gets back to nccl_watch: the watchdog ends it
     watchdog_start(c->world_rank, c->timeout_s, c->io_timeout_s, nccl_watchdog_abort, c);
@@ -384,7 +407,8 @@ static void nccl_finish(Comm* c) {
     liveness_close();  // (after the last collective: no rank waits on another any more)
     for (int i = 0; i < c->timing_cap; i++) cudaCheck(cudaEventDestroy(c->timing[i]));
     free(c->timing);
-    c->timing = NULL, c->timing_cap = 0;
+    c->timing = NULL;
+    c->timing_cap = 0;
     Group* groups[5];
     for (int i = 0, m = nccl_groups(c, groups); i < m; i++) {
         cudaCheck(cudaStreamDestroy(groups[i]->stream));
@@ -397,7 +421,7 @@ static void nccl_finish(Comm* c) {
 
 #define NCCL_MISSING() check_internal(0, "the NCCL engine in a build without NCCL")
 static void nccl_run(Comm* c, const CommOp* q) {
-    (void)c, (void)q;
+    (void)c; (void)q;
     NCCL_MISSING();
 }
 static void nccl_wait(Comm* c) {
@@ -405,20 +429,20 @@ static void nccl_wait(Comm* c) {
     NCCL_MISSING();
 }
 static void nccl_wait_group(Comm* c, Group* g) {
-    (void)c, (void)g;
+    (void)c; (void)g;
     NCCL_MISSING();
 }
 static void nccl_main_waits(Comm* c, Group* g) {
-    (void)c, (void)g;
+    (void)c; (void)g;
     NCCL_MISSING();
 }
 static void nccl_all_reduce_host(Comm* c, Group* g, double* values, int n, ReduceOp op) {
-    (void)c, (void)g, (void)values, (void)n, (void)op;
+    (void)c; (void)g; (void)values; (void)n; (void)op;
     NCCL_MISSING();
 }
 static void gpu_uuid(char out[16]) { memset(out, 0, 16); }
 static void nccl_start(Comm* c, int use_mpi, const char* nccl_id_dir) {
-    (void)c, (void)use_mpi, (void)nccl_id_dir;
+    (void)c; (void)use_mpi; (void)nccl_id_dir;
     NCCL_MISSING();
 }
 static void nccl_finish(Comm* c) {

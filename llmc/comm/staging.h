@@ -7,8 +7,9 @@
  *     download (device -> slot, copy stream `down`)  ->  MPI on the slot (host)  ->  upload (slot -> device, `up`)
  *
  * While MPI works on chunk k, the downloads of chunks k+1 .. k+SLOTS-1 and the upload of chunk k-1 run on
- * the GPU's copy engines, so that the copies can hide behind the transfer (not yet measured). Slot reuse is ordered by events: the
- * download of chunk k+SLOTS into slot s waits (on the GPU) for the upload of chunk k out of it.
+ * the GPU's copy engines, so that the copies can hide behind the transfer (not yet measured). Slot reuse is
+ * ordered by events: the download of chunk k+SLOTS into slot s waits (on the GPU) for the upload of chunk k
+ * out of it.
  *
  * A chunk covers columns [col0, col0 + w) of `rows` rows of the device buffer (rows > 1: the blocks of a
  * reduce-scatter or all-gather, `pitch` elements apart); in the slot its rows lie w elements apart,
@@ -104,20 +105,20 @@ static void stage_download_whole(Staging* st, char* host, const char* dev, size_
 }
 static void stage_begin(Staging* st) { (void)st; }
 static void stage_end(Staging* st) { (void)st; }
-static void stage_wait_download(Staging* st, int s) { (void)st, (void)s; }
-static void stage_wait_upload(Staging* st, int s) { (void)st, (void)s; }
+static void stage_wait_download(Staging* st, int s) { (void)st; (void)s; }
+static void stage_wait_upload(Staging* st, int s) { (void)st; (void)s; }
 
 static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) {
     size_t w, col0 = stage_chunk(p, S, k, &w);
     const StageSide* d = &p->down;
-    stage_rows(st->host[k % STAGE_SLOTS] + d->host_row * w * p->wire, w * p->wire, d->dev + col0 * p->elem, d->pitch * p->elem,
-               w * p->elem, d->rows);
+    stage_rows(st->host[k % STAGE_SLOTS] + d->host_row * w * p->wire, w * p->wire, d->dev + col0 * p->elem,
+               d->pitch * p->elem, w * p->elem, d->rows);
 }
 static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
     size_t w, col0 = stage_chunk(p, S, k, &w);
     const StageSide* u = &p->up;
-    stage_rows(u->dev + col0 * p->elem, u->pitch * p->elem, st->host[k % STAGE_SLOTS] + u->host_row * w * p->wire, w * p->wire,
-               w * p->elem, u->rows);
+    stage_rows(u->dev + col0 * p->elem, u->pitch * p->elem, st->host[k % STAGE_SLOTS] + u->host_row * w * p->wire,
+               w * p->wire, w * p->elem, u->rows);
 }
 
 #else
@@ -127,13 +128,13 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
 
 // rows x w floatX (rows `pitch` apart) <-> rows x w float (contiguous), one element per thread
 #define STAGE_THREADS 256
-__global__ void __launch_bounds__(STAGE_THREADS) stage_widen_kernel(float* dst, const floatX* src, size_t w, size_t pitch,
-                                                                    size_t total) {
+__global__ void __launch_bounds__(STAGE_THREADS) stage_widen_kernel(float* dst, const floatX* src, size_t w,
+                                                                    size_t pitch, size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) dst[i] = floatX_to_float(src[(i / w) * pitch + i % w]);
 }
-__global__ void __launch_bounds__(STAGE_THREADS) stage_narrow_kernel(floatX* dst, const float* src, size_t w, size_t pitch,
-                                                                     size_t total) {
+__global__ void __launch_bounds__(STAGE_THREADS) stage_narrow_kernel(floatX* dst, const float* src, size_t w,
+                                                                     size_t pitch, size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) dst[(i / w) * pitch + i % w] = float_to_floatX(src[i]);
 }
@@ -182,13 +183,17 @@ static void stage_end(Staging* st) {
     cudaCheckBlocking("a staged copy", cudaStreamSynchronize(st->down));
     cudaCheckBlocking("a staged copy", cudaStreamSynchronize(st->up));
 }
-static void stage_wait_download(Staging* st, int s) { cudaCheckBlocking("a staged copy", cudaEventSynchronize(st->down_done[s])); }
+static void stage_wait_download(Staging* st, int s) {
+    cudaCheckBlocking("a staged copy", cudaEventSynchronize(st->down_done[s]));
+}
 // bytes of a device buffer into host memory, on the download stream (after stage_begin), waited for
 static void stage_download_whole(Staging* st, char* host, const char* dev, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st->down));
     cudaCheckBlocking("a staged copy", cudaStreamSynchronize(st->down));
 }
-static void stage_wait_upload(Staging* st, int s) { cudaCheckBlocking("a staged copy", cudaEventSynchronize(st->up_done[s])); }
+static void stage_wait_upload(Staging* st, int s) {
+    cudaCheckBlocking("a staged copy", cudaEventSynchronize(st->up_done[s]));
+}
 
 static float* stage_wide(Staging* st, int s) {
     if (st->wide[s] == NULL) cudaCheck(cudaMalloc((void**)&st->wide[s], st->cap));
@@ -201,17 +206,19 @@ static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) 
     const StageSide* d = &p->down;
     char* host = st->host[s] + d->host_row * w * p->wire;
     const char* src = d->dev + col0 * p->elem;
-    if (k >= STAGE_SLOTS && p->up.dev) cudaCheck(cudaStreamWaitEvent(st->down, st->up_done[s], 0));  // chunk k-SLOTS left the slot
+    if (k >= STAGE_SLOTS && p->up.dev)  // chunk k-SLOTS left the slot
+        cudaCheck(cudaStreamWaitEvent(st->down, st->up_done[s], 0));
     if (p->convert) {
         size_t total = (size_t)d->rows * w;
-        stage_widen_kernel<<<grid_for(total, STAGE_THREADS), STAGE_THREADS, 0, st->down>>>(stage_wide(st, s), (const floatX*)src, w,
-                                                                                           d->pitch, total);
+        stage_widen_kernel<<<grid_for(total, STAGE_THREADS), STAGE_THREADS, 0, st->down>>>(
+            stage_wide(st, s), (const floatX*)src, w, d->pitch, total);
         launchCheck();
         cudaCheck(cudaMemcpyAsync(host, st->wide[s], total * sizeof(float), cudaMemcpyDeviceToHost, st->down));
     } else if (d->rows == 1) {
         cudaCheck(cudaMemcpyAsync(host, src, w * p->elem, cudaMemcpyDeviceToHost, st->down));
     } else {
-        cudaCheck(cudaMemcpy2DAsync(host, w * p->wire, src, d->pitch * p->elem, w * p->elem, d->rows, cudaMemcpyDeviceToHost, st->down));
+        cudaCheck(cudaMemcpy2DAsync(host, w * p->wire, src, d->pitch * p->elem, w * p->elem, d->rows,
+                                    cudaMemcpyDeviceToHost, st->down));
     }
     cudaCheck(cudaEventRecord(st->down_done[s], st->down));
 }
@@ -225,12 +232,14 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
     if (p->convert) {
         size_t total = (size_t)u->rows * w;
         cudaCheck(cudaMemcpyAsync(stage_wide(st, s), host, total * sizeof(float), cudaMemcpyHostToDevice, st->up));
-        stage_narrow_kernel<<<grid_for(total, STAGE_THREADS), STAGE_THREADS, 0, st->up>>>((floatX*)dst, st->wide[s], w, u->pitch, total);
+        stage_narrow_kernel<<<grid_for(total, STAGE_THREADS), STAGE_THREADS, 0, st->up>>>((floatX*)dst, st->wide[s], w,
+                                                                                          u->pitch, total);
         launchCheck();
     } else if (u->rows == 1) {
         cudaCheck(cudaMemcpyAsync(dst, host, w * p->elem, cudaMemcpyHostToDevice, st->up));
     } else {
-        cudaCheck(cudaMemcpy2DAsync(dst, u->pitch * p->elem, host, w * p->wire, w * p->elem, u->rows, cudaMemcpyHostToDevice, st->up));
+        cudaCheck(cudaMemcpy2DAsync(dst, u->pitch * p->elem, host, w * p->wire, w * p->elem, u->rows,
+                                    cudaMemcpyHostToDevice, st->up));
     }
     cudaCheck(cudaEventRecord(st->up_done[s], st->up));
 }

@@ -51,7 +51,7 @@ typedef struct {
 } Group;
 
 // One operation of the API, as an engine receives it (and as strict mode queues it until the join)
-typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_SEND, OP_RECV, OP_SENDRECV } OpKind;
+typedef enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_SEND, OP_RECV, OP_SENDRECV } OpKind;
 typedef struct {
     OpKind kind;
     Group* g;

@@ -94,8 +94,8 @@ static void watchdog_check(Watchdog* w) {
     long expected = call;
     if (!w->call.compare_exchange_strong(expected, -1)) return;  // the main thread has just left it
     fflush(stdout);
-    fprintf(stderr, "error: rank %d: %s did not complete within %.0f s (%s): a peer rank is stopped, hung or gone\n", w->rank, what,
-            limit, io ? "--io-timeout" : "--comm-timeout");
+    fprintf(stderr, "error: rank %d: %s did not complete within %.0f s (%s): a peer rank is stopped, hung or gone\n",
+            w->rank, what, limit, io ? "--io-timeout" : "--comm-timeout");
     fflush(stderr);
     w->abort(w->abort_arg);
     _exit(1);
@@ -108,7 +108,10 @@ static void* watchdog_main(void* arg) {
         struct timespec t;
         clock_gettime(CLOCK_REALTIME, &t);
         t.tv_nsec += 100000000L;  // every 100 ms
-        if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
         pthread_cond_timedwait(&w->wake, &w->lock, &t);
         if (!w->stop) watchdog_check(w);
     }
@@ -122,8 +125,12 @@ static void* watchdog_main(void* arg) {
 static void watchdog_start(int rank, double timeout_s, double io_timeout_s, void (*abort)(void*), void* abort_arg) {
     Watchdog* w = &g_watchdog;
     check_internal(!w->running, "watchdog_start");
-    w->rank = rank, w->timeout_s = timeout_s, w->io_timeout_s = io_timeout_s, w->stop = 0;
-    w->abort = abort, w->abort_arg = abort_arg;
+    w->rank = rank;
+    w->timeout_s = timeout_s;
+    w->io_timeout_s = io_timeout_s;
+    w->stop = 0;
+    w->abort = abort;
+    w->abort_arg = abort_arg;
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->wake, NULL);
     int err = pthread_create(&w->thread, NULL, watchdog_main, w);

@@ -48,8 +48,12 @@ static void agree_bytes(Agreement* a, const char* name, const void* data, size_t
     if (text) h = agree_fnv(agree_fnv(h, "s", 1), text, strlen(text));
     agree_add(a, name, h);
 }
-static void agree_int(Agreement* a, const char* name, long long v) { agree_add(a, name, agree_fnv(AGREE_FNV_INIT, &v, sizeof(v))); }
-static void agree_double(Agreement* a, const char* name, double v) { agree_add(a, name, agree_fnv(AGREE_FNV_INIT, &v, sizeof(v))); }
+static void agree_int(Agreement* a, const char* name, long long v) {
+    agree_add(a, name, agree_fnv(AGREE_FNV_INIT, &v, sizeof(v)));
+}
+static void agree_double(Agreement* a, const char* name, double v) {
+    agree_add(a, name, agree_fnv(AGREE_FNV_INIT, &v, sizeof(v)));
+}
 static void agree_string(Agreement* a, const char* name, const char* s) {
     agree_add(a, name, s ? agree_fnv(AGREE_FNV_INIT ^ 1, s, strlen(s)) : AGREE_FNV_INIT);
 }
@@ -105,8 +109,8 @@ static void agree_check(Comm* comm, const Agreement* a) {
     for (int i = 0; i < a->n; i++) {
         if (v[2 * i] == -v[2 * i + 1]) continue;  // max == min: every rank has the same
         if (comm->world_rank == 0)
-            fprintf(stderr, "error: the ranks were started differently: %s differs between ranks (every rank must run the same job)\n",
-                    a->names[i]);
+            fprintf(stderr, "error: the ranks were started differently: %s differs between ranks (every rank must "
+                    "run the same job)\n", a->names[i]);
         fflush(stdout);
         fflush(stderr);
         comm_finalize(comm);

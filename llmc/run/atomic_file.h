@@ -31,5 +31,6 @@ static void atomic_write(AtomicFile* a, const void* data, size_t bytes) {
 static void atomic_commit(AtomicFile* a) {
     if (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0) fatal("cannot flush '%s': %s", a->tmp_path, strerror(errno));
     if (fclose(a->f) != 0) fatal("cannot close '%s': %s", a->tmp_path, strerror(errno));
-    if (rename(a->tmp_path, a->path) != 0) fatal("cannot rename '%s' to '%s': %s", a->tmp_path, a->path, strerror(errno));
+    if (rename(a->tmp_path, a->path) != 0)
+        fatal("cannot rename '%s' to '%s': %s", a->tmp_path, a->path, strerror(errno));
 }

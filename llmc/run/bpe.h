@@ -125,7 +125,10 @@ static int json_hex4(JsonCursor* j) {
     int v = 0;
     for (int k = 0; k < 4; k++) {
         char c = j->s[j->i++];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) json_error(j, "a bad \\u escape");
         v = v * 16 + d;
     }
@@ -152,7 +155,8 @@ static int json_string(JsonCursor* j, int* cps, int cap) {
             if (e == 'u') {
                 cp = json_hex4(j);
                 if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair: \uD8xx\uDCxx
-                    if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u') json_error(j, "a lone surrogate");
+                    if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u')
+                        json_error(j, "a lone surrogate");
                     j->i += 2;
                     int low = json_hex4(j);
                     if (low < 0xDC00 || low > 0xDFFF) json_error(j, "a lone surrogate");
@@ -179,7 +183,8 @@ static long json_integer(JsonCursor* j) {
     size_t start = j->i;
     long v = 0;
     while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9' && j->i - start < 9) v = v * 10 + (j->s[j->i++] - '0');
-    if (j->i == start || (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9')) json_error(j, "expected a token id (0..999999999)");
+    if (j->i == start || (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'))
+        json_error(j, "expected a token id (0..999999999)");
     return v;
 }
 
@@ -277,7 +282,8 @@ static void bpe_load_merges(BpeEncoder* e, const char* path, const int byte_of_s
         if (space == NULL) fatal("'%s' line %d: not a merge \"left right\"", path, line_no + 1);
         int left = bpe_symbols_id(e, line, space - line, byte_of_symbol);
         int right = bpe_symbols_id(e, space + 1, line + len - space - 1, byte_of_symbol);
-        if (left < 0 || right < 0) fatal("'%s' line %d: a side of the merge is not a token of encoder.json", path, line_no + 1);
+        if (left < 0 || right < 0)
+            fatal("'%s' line %d: a side of the merge is not a token of encoder.json", path, line_no + 1);
         int merged_len = e->len[left] + e->len[right];
         unsigned char* merged = (unsigned char*)malloc_check(merged_len);
         memcpy(merged, e->bytes[left], e->len[left]);
@@ -299,7 +305,9 @@ static void bpe_load_merges(BpeEncoder* e, const char* path, const int byte_of_s
     e->merge_id = (int*)malloc_check(count * sizeof(int));
     for (int k = 0; k < count; k++) {
         if (k > 0 && merges[k].key == merges[k - 1].key) fatal("'%s': a merge is listed twice", path);
-        e->merge_key[k] = merges[k].key, e->merge_rank[k] = merges[k].rank, e->merge_id[k] = merges[k].id;
+        e->merge_key[k] = merges[k].key;
+        e->merge_rank[k] = merges[k].rank;
+        e->merge_id[k] = merges[k].id;
     }
     free(merges);
 }
@@ -319,7 +327,12 @@ static void bpe_init(BpeEncoder* e, const char* dir) {
 
 static void bpe_free(BpeEncoder* e) {
     for (int id = 0; id < e->V; id++) free(e->bytes[id]);
-    free(e->bytes), free(e->len), free(e->by_bytes), free(e->merge_key), free(e->merge_rank), free(e->merge_id);
+    free(e->bytes);
+    free(e->len);
+    free(e->by_bytes);
+    free(e->merge_key);
+    free(e->merge_rank);
+    free(e->merge_id);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -350,8 +363,10 @@ static void bpe_encode_word(const BpeEncoder* e, const unsigned char* w, int n, 
         if (best < 0) break;
         int left = (int)(e->merge_key[best] >> 32), right = (int)(e->merge_key[best] & 0xFFFFFFFFu), k = 0;
         for (int i = 0; i < n; i++) {  // every occurrence, left to right, not overlapping
-            if (i + 1 < n && parts[i] == left && parts[i + 1] == right) parts[k++] = e->merge_id[best], i++;
-            else parts[k++] = parts[i];
+            if (i + 1 < n && parts[i] == left && parts[i + 1] == right) {
+                parts[k++] = e->merge_id[best];
+                i++;
+            } else parts[k++] = parts[i];
         }
         n = k;
     }
@@ -381,6 +396,9 @@ static int* bpe_encode(const BpeEncoder* e, const char* text, size_t n, size_t* 
         bpe_encode_word(e, s + at[i], (int)(at[i + len] - at[i]), parts, ids, count);
         i += len;
     }
-    free(cp), free(cls), free(at), free(parts);
+    free(cp);
+    free(cls);
+    free(at);
+    free(parts);
     return ids;
 }

@@ -150,7 +150,8 @@ static void delete_checkpoint_files(const char* dir, long long step) {
         if (checkpoint_file_step(e->d_name, &shard, &tmp) != step) continue;
         char path[4400];
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (unlink(path) != 0 && errno != ENOENT) fprintf(stderr, "warning: cannot delete '%s': %s\n", path, strerror(errno));
+        if (unlink(path) != 0 && errno != ENOENT)
+            fprintf(stderr, "warning: cannot delete '%s': %s\n", path, strerror(errno));
     }
     closedir(d);
 }
@@ -172,15 +173,18 @@ static int step_listed(const long long* steps, int n, long long step) {
 // a model lost is worse than the space kept; a ".tmp" of our exact name is an unfinished write of ours.
 static void prune_checkpoints(const char* dir, long long saved, int keep) {
     if (!checkpoint_resumable(dir, saved)) {  // (a save checks its state first: this is the read-back)
-        fprintf(stderr, "warning: --keep-last: the checkpoint of step %lld in '%s' does not read back as resumable; nothing deleted\n",
-                saved, dir);
+        fprintf(stderr, "warning: --keep-last: the checkpoint of step %lld in '%s' does not read back as "
+                "resumable; nothing deleted\n", saved, dir);
         return;
     }
     long long* steps;
     int n = checkpoint_steps(dir, &steps), kept = 1;  // the one just saved
     long long oldest_kept = saved;
     for (int i = 0; i < n && kept < keep; i++)  // newest first
-        if (steps[i] < saved && checkpoint_resumable(dir, steps[i])) oldest_kept = steps[i], kept++;
+        if (steps[i] < saved && checkpoint_resumable(dir, steps[i])) {
+            oldest_kept = steps[i];
+            kept++;
+        }
     free(steps);
     // the older steps with a state shard of any number (written, or being written: a rank's shard may
     // land before the first one), listed before anything is deleted
@@ -207,14 +211,16 @@ static void prune_checkpoints(const char* dir, long long saved, int keep) {
     }
     closedir(d);
     free(state_steps);
-    if (deleted_newest >= 0) printf("--keep-last %d: deleted the checkpoints before step %lld in '%s'\n", keep, oldest_kept, dir);
+    if (deleted_newest >= 0)
+        printf("--keep-last %d: deleted the checkpoints before step %lld in '%s'\n", keep, oldest_kept, dir);
 }
 // Reads the newest complete checkpoint in dir: its model file into *params (file order) and the
 // optimizer state of all its shards into *m, *v (file order). A checkpoint whose files are not all
 // there (a crash during a save) is skipped for the one before it. Every shard must be the one its name
 // says, of the same checkpoint and run, and together the shards must cover the model (version 2:
 // exactly once; see llmc/run/state_file.h).
-static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m, float** v) {
+static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config, float** params, float** m,
+                            float** v) {
     char path[4200], first_path[4200], why[256];
     long long* steps;
     int n_steps = checkpoint_steps(dir, &steps);
@@ -242,7 +248,9 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
         }
         if (!complete) {
             printf("checkpoint at step %lld in '%s' is incomplete; trying an older one\n", step, dir);
-            free(*m), free(*v), free(covered.pairs);
+            free(*m);
+            free(*v);
+            free(covered.pairs);
             continue;
         }
         for (int s = 0; s < first.num_shards; s++) {
@@ -250,9 +258,10 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
             if (s > 0) state_file_read(path, &model_config, state, m, v, &covered);
             else *state = first;
             if (state->shard != s || state->step != step)
-                fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path, state->shard, state->step);
-            if (state->model_hash != first.model_hash || state->num_shards != first.num_shards || state->run_id != first.run_id ||
-                state->version != first.version || state->data_hash != first.data_hash)
+                fatal("'%s' holds shard %d of step %lld, not what its name says (a copied or renamed file?)", path,
+                      state->shard, state->step);
+            if (state->model_hash != first.model_hash || state->num_shards != first.num_shards ||
+                state->run_id != first.run_id || state->version != first.version || state->data_hash != first.data_hash)
                 fatal("'%s' does not belong to the same checkpoint as '%s'", path, first_path);
         }
         if (!ranges_cover(&covered, gpt2_num_parameters(&first.config), first.version >= 2, why, sizeof(why)))
@@ -261,8 +270,10 @@ static void load_checkpoint(const char* dir, RunState* state, GPT2Config* config
         *state = first;
         snprintf(path, sizeof(path), "%s/model_%08lld.bin", dir, step);
         uint64_t hash = model_file_read(path, config, params);
-        if (hash != state->model_hash) fatal("'%s' is not the model saved with its state file (checksum mismatch)", path);
-        if (memcmp(config, &state->config, sizeof(*config)) != 0) fatal("'%s' does not match the sizes in its state file", path);
+        if (hash != state->model_hash)
+            fatal("'%s' is not the model saved with its state file (checksum mismatch)", path);
+        if (memcmp(config, &state->config, sizeof(*config)) != 0)
+            fatal("'%s' does not match the sizes in its state file", path);
         free(steps);
         return;
     }
@@ -279,7 +290,8 @@ static uint64_t new_run_id(Comm* comm) {
     uint64_t id = 0;
     if (comm->world_rank == 0) {
         FILE* f = fopen("/dev/urandom", "rb");
-        if (f == NULL || fread(&id, sizeof(id), 1, f) != 1) id = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+        if (f == NULL || fread(&id, sizeof(id), 1, f) != 1)
+            id = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
         if (f != NULL) fclose(f);
         if (id == 0) id = 1;
     }
@@ -309,7 +321,8 @@ static uint64_t new_run_id(Comm* comm) {
 // has nothing here to continue from. (A second job saving into the same folder at the same time is
 // not something a start-up check can prevent, nor was it before.) With `clean` 0 nothing is deleted and
 // the first conflict is returned in msg (NULL: none), for a warning.
-static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, long long start_step, int clean, char* msg, size_t cap) {
+static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, long long start_step, int clean, char* msg,
+                                           size_t cap) {
     long long* steps;
     int n = checkpoint_steps(dir, &steps), n_debris = 0;
     long long* debris = (long long*)malloc_check((n > 0 ? n : 1) * sizeof(long long));
@@ -324,22 +337,27 @@ static const char* checkpoint_dir_conflict(const char* dir, uint64_t run_id, lon
         uint64_t id = header[1] >= 2 ? get_u64(header + 33) : 0;
         int complete = checkpoint_complete(dir, steps[i]);
         if (!complete && id != run_id) debris[n_debris++] = steps[i];
-        else if (complete && id != run_id)
-            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that run with --resume, "
-                     "or save into another folder", dir, steps[i]), conflict = msg;
-        else if (complete && steps[i] > start_step)
-            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it resumes (the newest: "
-                     "step %lld): its saves would mix a second branch into them, and the next --resume there would continue the old "
-                     "branch's newest step; save into another --checkpoint-dir, or move or delete the checkpoints after step %lld",
-                     dir, start_step, steps[i], start_step), conflict = msg;
+        else if (complete && id != run_id) {
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of another run (step %lld): continue that "
+                     "run with --resume, or save into another folder", dir, steps[i]);
+            conflict = msg;
+        } else if (complete && steps[i] > start_step) {
+            snprintf(msg, cap, "--checkpoint-dir '%s' holds checkpoints of this run after step %lld, where it "
+                     "resumes (the newest: step %lld): its saves would mix a second branch into them, and the next "
+                     "--resume there would continue the old branch's newest step; save into another "
+                     "--checkpoint-dir, or move or delete the checkpoints after step %lld",
+                     dir, start_step, steps[i], start_step);
+            conflict = msg;
+        }
     }
     if (conflict == NULL && clean)
         for (int i = 0; i < n_debris; i++) {
-            printf("--checkpoint-dir '%s': deleting the incomplete checkpoint of step %lld that another run's interrupted save left\n",
-                   dir, debris[i]);
+            printf("--checkpoint-dir '%s': deleting the incomplete checkpoint of step %lld that another run's "
+                   "interrupted save left\n", dir, debris[i]);
             delete_checkpoint_files(dir, debris[i]);
         }
-    free(steps), free(debris);
+    free(steps);
+    free(debris);
     return conflict;
 }
 
@@ -355,10 +373,13 @@ static void check_checkpoint_dir_owner(const char* dir, uint64_t run_id, long lo
 // nothing saved. So the folder is checked for every run that trains; it is created only for a run that
 // means to save (the default "checkpoints" of a run that is never stopped is never made).
 static void check_output_paths(const TrainConfig* tc, int main_rank) {
-    if (tc->save_every > 0 || tc->stop_after > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
-    else if (tc->steps > 0) check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir (where a stop signal saves)", 2, CHECKPOINT_NAME_MAX);
+    if (tc->save_every > 0 || tc->stop_after > 0)
+        check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir", 1, CHECKPOINT_NAME_MAX);
+    else if (tc->steps > 0)
+        check_writable_dir(tc->checkpoint_dir, "--checkpoint-dir (where a stop signal saves)", 2, CHECKPOINT_NAME_MAX);
     if (tc->save_model && main_rank) check_writable_file(tc->save_model, "--save-model", strlen(".tmp"));
-    if (tc->trace) check_writable_file(tc->trace, "--trace", strlen(".rank") + 7);  // every rank writes its part next to it
+    if (tc->trace)  // every rank writes its part next to it
+        check_writable_file(tc->trace, "--trace", strlen(".rank") + 7);
 }
 
 // Before the loop, for the checkpoint folder: a run that means to save (--save-every, --stop-after) must own
@@ -389,7 +410,8 @@ static void check_finite_before_save(Comm* comm, const GPT2Config* c, const floa
 // --save-model: the final model (file order, the same on every rank), after checking it as a checkpoint's
 // is checked, written by rank 0 in --save-model-dtype's version
 static void save_final_model(Comm* comm, const TrainConfig* tc, const GPT2Config* c, const float* params) {
-    check_finite_before_save(comm, c, params, tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
+    check_finite_before_save(comm, c, params,
+                             tc->stop_after > 0 && tc->stop_after < tc->steps ? tc->stop_after : tc->steps);
     char where[160], msg[4400];
     if (tc->save_model_version == 5 && find_bf16_overflow_param(c, params, where, sizeof(where))) {
         // a finite model that bf16 cannot hold: refused as a non-finite one is (the same on every rank),
@@ -415,9 +437,11 @@ static void save_final_model(Comm* comm, const TrainConfig* tc, const GPT2Config
 static void prepare_checkpoint_save(Comm* comm, const char* dir, const RunState* state) {
     char why[256], msg[400];
     if (run_state_error(state, why, sizeof(why))) {
-        snprintf(msg, sizeof(msg), "the checkpoint of step %lld was not written: a resume would refuse its state (%s)", state->step, why);
+        snprintf(msg, sizeof(msg), "the checkpoint of step %lld was not written: a resume would refuse its state (%s)",
+                 state->step, why);
         end_every_rank(comm, msg);
     }
-    if (comm->world_rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
+    if (comm->world_rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fatal("cannot create checkpoint folder '%s': %s", dir, strerror(errno));
     comm_barrier_io(comm, &comm->world);  // the folder exists for everyone
 }

@@ -58,13 +58,15 @@ static void check_token_ids(const char* path, long long n, int V) {
         long long m = n - pos < chunk ? n - pos : chunk;
         fread_check(buf, sizeof(uint16_t), (size_t)m, f, path);
         for (long long j = 0; j < m; j++)
-            if (buf[j] >= V) fatal("'%s': token id %d at token %lld is >= the vocabulary size %d", path, buf[j], pos + j, V);
+            if (buf[j] >= V)
+                fatal("'%s': token id %d at token %lld is >= the vocabulary size %d", path, buf[j], pos + j, V);
     }
     free(buf);
     fclose(f);
 }
 
-static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int D, int V, int shuffle, uint64_t seed) {
+static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int D, int V, int shuffle,
+                            uint64_t seed) {
     memset(dl, 0, sizeof(*dl));
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
@@ -141,8 +143,8 @@ static void dataloader_read(DataLoader* dl, long long pos, long long n, uint16_t
         if (max_id >= dl->V)  // the file changed since start-up checked it: name the first bad id
             for (long long j = 0; j < take; j++)
                 if (out[j] >= dl->V)
-                    fatal("'%s': token id %d at token %lld is >= the vocabulary size %d (the file changed after start-up checked it)",
-                          dl->paths[i], out[j], offset + j, dl->V);
+                    fatal("'%s': token id %d at token %lld is >= the vocabulary size %d (the file changed after "
+                          "start-up checked it)", dl->paths[i], out[j], offset + j, dl->V);
         out += take;
         pos += take;
         n -= take;

@@ -41,24 +41,33 @@ static int eval_next(const uint16_t* s, size_t n, size_t* i, const char* path, i
     return s[(*i)++];
 }
 
-static void eval_read_example(EvalSet* e, const uint16_t* s, size_t n, size_t* i, int ex, int V, int longest, int* n_tokens,
-                              const char* path) {
+static void eval_read_example(EvalSet* e, const uint16_t* s, size_t n, size_t* i, int ex, int V, int longest,
+                              int* n_tokens, const char* path) {
     size_t begin = *i;
     if (eval_next(s, n, i, path, ex) != 65535) fatal("'%s': example %d does not start with the marker 65535", path, ex);
     int bytes = eval_next(s, n, i, path, ex);
-    if (bytes > longest) fatal("'%s': example %d is %d bytes, more than the header's longest %d", path, ex, bytes, longest);
+    if (bytes > longest)
+        fatal("'%s': example %d is %d bytes, more than the header's longest %d", path, ex, bytes, longest);
     if (begin + bytes / 2 > n) fatal("'%s': example %d (%d bytes) runs past the end of the file", path, ex, bytes);
     eval_next(s, n, i, path, ex);  // the example's index in its dataset: not needed
     e->label[ex] = eval_next(s, n, i, path, ex);
     int k = eval_next(s, n, i, path, ex);
-    if (k != EVAL_COMPLETIONS) fatal("'%s': example %d has %d completions (%d expected)", path, ex, k, EVAL_COMPLETIONS);
-    if (e->label[ex] >= k) fatal("'%s': example %d: label %d is not one of its %d completions", path, ex, e->label[ex], k);
+    if (k != EVAL_COMPLETIONS)
+        fatal("'%s': example %d has %d completions (%d expected)", path, ex, k, EVAL_COMPLETIONS);
+    if (e->label[ex] >= k)
+        fatal("'%s': example %d: label %d is not one of its %d completions", path, ex, e->label[ex], k);
     for (int part = 0; part <= k; part++) {  // the context, then each completion
         int len = eval_next(s, n, i, path, ex);
         if (len == 0) fatal("'%s': example %d: an empty %s", path, ex, part == 0 ? "context" : "completion");
-        if (*i + len > begin + bytes / 2) fatal("'%s': example %d: a length (%d tokens) runs past its %d bytes", path, ex, len, bytes);
-        if (part == 0) e->ctx_start[ex] = *n_tokens, e->ctx_len[ex] = len;
-        else e->comp_start[ex * k + part - 1] = *n_tokens, e->comp_len[ex * k + part - 1] = len;
+        if (*i + len > begin + bytes / 2)
+            fatal("'%s': example %d: a length (%d tokens) runs past its %d bytes", path, ex, len, bytes);
+        if (part == 0) {
+            e->ctx_start[ex] = *n_tokens;
+            e->ctx_len[ex] = len;
+        } else {
+            e->comp_start[ex * k + part - 1] = *n_tokens;
+            e->comp_len[ex * k + part - 1] = len;
+        }
         for (int t = 0; t < len; t++) {
             int id = s[(*i)++];
             if (id >= V) fatal("'%s': example %d: token id %d is outside the vocabulary of %d", path, ex, id, V);
@@ -66,7 +75,8 @@ static void eval_read_example(EvalSet* e, const uint16_t* s, size_t n, size_t* i
         }
     }
     if (*i != begin + bytes / 2 || bytes % 2 != 0)
-        fatal("'%s': example %d: its byte count %d does not match its contents (%zu bytes)", path, ex, bytes, 2 * (*i - begin));
+        fatal("'%s': example %d: its byte count %d does not match its contents (%zu bytes)", path, ex, bytes,
+              2 * (*i - begin));
 }
 
 static void eval_load(EvalSet* e, const char* path, int V) {
@@ -96,7 +106,12 @@ static void eval_load(EvalSet* e, const char* path, int V) {
 }
 
 static void eval_free(EvalSet* e) {
-    free(e->label), free(e->ctx_start), free(e->ctx_len), free(e->comp_start), free(e->comp_len), free(e->tokens);
+    free(e->label);
+    free(e->ctx_start);
+    free(e->ctx_len);
+    free(e->comp_start);
+    free(e->comp_len);
+    free(e->tokens);
 }
 
 // Row of completion k of example ex, at most T + 1 tokens (context cut from the left): writes the T-long
@@ -104,7 +119,8 @@ static void eval_free(EvalSet* e) {
 // last comp_len of them. Fails if the completion alone does not fit.
 static int eval_row(const EvalSet* e, int ex, int k, int T, int* inputs, int* targets, const char* path) {
     int c = e->comp_len[ex * EVAL_COMPLETIONS + k];
-    if (c > T) fatal("'%s': example %d: completion %d is %d tokens, longer than the sequence length %d", path, ex, k, c, T);
+    if (c > T)
+        fatal("'%s': example %d: completion %d is %d tokens, longer than the sequence length %d", path, ex, k, c, T);
     int ctx = e->ctx_len[ex] < T + 1 - c ? e->ctx_len[ex] : T + 1 - c;  // context tokens kept (its last ones)
     int n = ctx + c;
     for (int t = 0; t < T + 1; t++) {
@@ -140,7 +156,8 @@ typedef struct {
 static EvalRows eval_rows(const EvalSet* e, int d, int D, int T, const char* path) {
     const int K = EVAL_COMPLETIONS;
     EvalRows r;
-    r.d = d, r.D = D;
+    r.d = d;
+    r.D = D;
     r.n_mine = e->n_examples > d ? (e->n_examples - d + D - 1) / D : 0;
     r.n_rows = r.n_mine * K;
     r.T = T;
@@ -192,4 +209,10 @@ static void eval_count(const EvalRows* r, const EvalSet* e, double* counts, FILE
     }
 }
 
-static void eval_rows_free(EvalRows* r) { free(r->in), free(r->tg), free(r->ntg), free(r->nc), free(r->mean); }
+static void eval_rows_free(EvalRows* r) {
+    free(r->in);
+    free(r->tg);
+    free(r->ntg);
+    free(r->nc);
+    free(r->mean);
+}

@@ -4,8 +4,8 @@
  *
  *   --fault-rank R --fault-step S   rank R dies at step S (SIGKILL), as a crashed node would   (fault_kill_if_due)
  *   --fault-stop 1                  ... or stops there (SIGSTOP): alive, connections open, as a hung node
- *   --fault-slow-save S             rank 0 takes S seconds longer to save (checkpoints, the final model)   (fault_delay)
- *   --fault-slow-sample S           every sample takes S seconds longer                                      (fault_delay)
+ *   --fault-slow-save S             rank 0 takes S seconds longer to save (checkpoints, the final model)  (fault_delay)
+ *   --fault-slow-sample S           every sample takes S seconds longer                                   (fault_delay)
  *   --fault-wait-signal S           after step S every rank waits (up to 60 s) for a stop signal
  *   --fault-clock-skew S            rank r's --trace clock reads r x S seconds ahead (trace_align_clocks)
  *   --fault-inf-rank R --fault-inf-step S   rank R makes one gradient inf at step S, as an FP16 overflow would
@@ -61,7 +61,8 @@ static void fault_print_usage(void) {
 // stops there instead (SIGSTOP), as a hung node would: alive, its connections open.
 static void fault_kill_if_due(const FaultPlan* f, int world_rank, long long step) {
     if (world_rank != f->rank || step != f->step) return;
-    fprintf(stderr, "rank %d: --fault-rank: %s myself at step %lld\n", world_rank, f->stop ? "stopping" : "killing", step);
+    fprintf(stderr, "rank %d: --fault-rank: %s myself at step %lld\n", world_rank,
+            f->stop ? "stopping" : "killing", step);
     raise(f->stop ? SIGSTOP : SIGKILL);
 }
 

@@ -36,26 +36,31 @@ typedef struct {
 // What the run starts from: the newest checkpoint in --resume (the model, the AdamW moments into *m, *v
 // and the run state), a --model file, or nothing (*params stays NULL: random initialization). The model
 // sizes go to *config.
-static void read_start_point(const TrainConfig* tc, int D, int main_rank, RunState* state, GPT2Config* config, float** params, float** m,
-                             float** v) {
+static void read_start_point(const TrainConfig* tc, int D, int main_rank, RunState* state, GPT2Config* config,
+                             float** params, float** m, float** v) {
     if (tc->resume) {
         load_checkpoint(tc->resume, state, config, params, m, v);
-        if (state->B != D * tc->B || state->T != tc->T || state->grad_accum != tc->grad_accum || state->shuffle != tc->shuffle)
-            fatal("the checkpoint in '%s' was saved with %d sequences per micro-step (dp x B), T=%d, grad_accum=%d, shuffle=%d; "
-                  "resume needs the same (got dp=%d x B=%d, T=%d, grad_accum=%d, shuffle=%d)",
-                  tc->resume, state->B, state->T, state->grad_accum, state->shuffle, D, tc->B, tc->T, tc->grad_accum, tc->shuffle);
+        if (state->B != D * tc->B || state->T != tc->T || state->grad_accum != tc->grad_accum ||
+            state->shuffle != tc->shuffle)
+            fatal("the checkpoint in '%s' was saved with %d sequences per micro-step (dp x B), T=%d, grad_accum=%d, "
+                  "shuffle=%d; resume needs the same (got dp=%d x B=%d, T=%d, grad_accum=%d, shuffle=%d)",
+                  tc->resume, state->B, state->T, state->grad_accum, state->shuffle, D, tc->B, tc->T, tc->grad_accum,
+                  tc->shuffle);
         if (tc->shuffle && state->data_seed != tc->seed)
-            fatal("the checkpoint in '%s' shuffled the data with --seed %llu; resume needs the same (got %llu)", tc->resume,
-                  (unsigned long long)state->data_seed, (unsigned long long)tc->seed);
+            fatal("the checkpoint in '%s' shuffled the data with --seed %llu; resume needs the same (got %llu)",
+                  tc->resume, (unsigned long long)state->data_seed, (unsigned long long)tc->seed);
         if (main_rank)
-            printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state->step, tc->resume, state->dp, state->zero_stage);
+            printf("resuming from step %lld of '%s' (saved with dp=%d, ZeRO-%d)\n", state->step, tc->resume, state->dp,
+                   state->zero_stage);
     } else if (tc->model_file) {
         model_file_read(tc->model_file, config, params);
     }
     if (tc->resume && tc->steps < state->step)
-        fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps, state->step, tc->resume);
+        fatal("--steps %lld is below the step %lld the checkpoint in '%s' has reached: nothing to train", tc->steps,
+              state->step, tc->resume);
     if (tc->resume && tc->stop_after > 0 && tc->stop_after <= state->step)
-        fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after, state->step, tc->resume);
+        fatal("--stop-after %lld is not after the step %lld the checkpoint in '%s' has reached", tc->stop_after,
+              state->step, tc->resume);
 }
 
 // Model sizes given on the command line must be those of the model file or checkpoint.
@@ -92,15 +97,18 @@ static void check_resumed_data(const TrainConfig* tc, const RunState* s, const R
     }
     if (s->data_hash == in->data.hash && s->data_files == in->data.files && s->data_tokens == in->data.tokens) return;
     char what[256];
-    snprintf(what, sizeof(what), "%d file%s, %lld tokens; now %d file%s, %lld tokens%s", s->data_files, s->data_files == 1 ? "" : "s",
-             s->data_tokens, in->data.files, in->data.files == 1 ? "" : "s", in->data.tokens,
-             s->data_files == in->data.files && s->data_tokens == in->data.tokens ? ", with other names, sizes or contents" : "");
+    snprintf(what, sizeof(what), "%d file%s, %lld tokens; now %d file%s, %lld tokens%s", s->data_files,
+             s->data_files == 1 ? "" : "s", s->data_tokens, in->data.files, in->data.files == 1 ? "" : "s",
+             in->data.tokens,
+             s->data_files == in->data.files && s->data_tokens == in->data.tokens
+                 ? ", with other names, sizes or contents"
+                 : "");
     if (!tc->allow_data_change)
-        fatal("the checkpoint in '%s' was trained on other data (%s) than --train-data '%s': resume with its data, or give "
-              "--allow-data-change if the change is meant", tc->resume, what, tc->train_data);
+        fatal("the checkpoint in '%s' was trained on other data (%s) than --train-data '%s': resume with its data, or "
+              "give --allow-data-change if the change is meant", tc->resume, what, tc->train_data);
     if (main_rank)
-        printf("--allow-data-change: the checkpoint in '%s' was trained on other data (%s); step %lld goes on with --train-data '%s'\n",
-               tc->resume, what, s->step + 1, tc->train_data);
+        printf("--allow-data-change: the checkpoint in '%s' was trained on other data (%s); step %lld goes on with "
+               "--train-data '%s'\n", tc->resume, what, s->step + 1, tc->train_data);
 }
 
 // Opens the inputs: train and validation loaders, the multiple-choice set, and the tokenizer and prompt of
@@ -128,17 +136,20 @@ static void run_inputs_open(RunInputs* in, const TrainConfig* tc, const GPT2Conf
         if (tok->V != c->V)
             fatal("the tokenizer '%s' has %d tokens, the model's vocabulary %d: it cannot decode this model's samples "
                   "(give the model's tokenizer, or --tokenizer \"\" for no samples)", tc->tokenizer, tok->V, c->V);
-        if (tok->eot < 0 || tok->eot >= c->V) fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d", tc->tokenizer, tok->eot, c->V);
+        if (tok->eot < 0 || tok->eot >= c->V)
+            fatal("the tokenizer '%s': end-of-text id %d is not in the vocabulary of %d",
+                  tc->tokenizer, tok->eot, c->V);
     }
-    in->sample = (SampleConfig){.prompt = NULL, .n_prompt = 0, .len = tc->sample_len, .temperature = tc->temperature, .top_k = tc->top_k};
+    in->sample = (SampleConfig){.prompt = NULL, .n_prompt = 0, .len = tc->sample_len, .temperature = tc->temperature,
+                                .top_k = tc->top_k};
     in->prompt = in->have_tok && tc->prompt ? encode_prompt(tc, c, &in->sample.n_prompt) : NULL;
     in->sample.prompt = in->prompt;
     // a sample is one forward window: the end-of-text token, the prompt and what is generated fit in
     // --seq-len, so a longer --sample-len is cut; said once, not left for the reader to count
     int room = tc->T - 1 - in->sample.n_prompt;
     if (in->have_tok && main_rank && tc->sample_len > room)
-        printf("--sample-len %d: samples have %d tokens after the end-of-text token%s (they fit in --seq-len %d)\n", tc->sample_len,
-               room, in->prompt ? " and the prompt" : "", tc->T);
+        printf("--sample-len %d: samples have %d tokens after the end-of-text token%s (they fit in --seq-len %d)\n",
+               tc->sample_len, room, in->prompt ? " and the prompt" : "", tc->T);
 }
 
 // Closes what run_inputs_open opened.

@@ -55,7 +55,8 @@ static void logger_open_resumed(Logger* lg, const char* path, long long step) {
         // (getline also stops before the end when it cannot grow its buffer: never a silently shorter log)
         if (ferror(in) || !feof(in)) fatal("read error in '%s': %s", path, strerror(errno));
         fclose(in);
-        if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0) fatal("cannot write '%s': %s", tmp, strerror(errno));
+        if (fflush(out) != 0 || fsync(fileno(out)) != 0 || fclose(out) != 0)
+            fatal("cannot write '%s': %s", tmp, strerror(errno));
         if (rename(tmp, path) != 0) fatal("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     }
     logger_open(lg, path, 1);
@@ -63,7 +64,8 @@ static void logger_open_resumed(Logger* lg, const char* path, long long step) {
 
 // Ends a line: flushed now, and any error of the writes since the last line reported
 static void logger_end_line(Logger* lg) {
-    if (fprintf(lg->f, "}\n") < 0 || fflush(lg->f) != 0 || ferror(lg->f)) fatal("cannot write the log '%s': %s", lg->path, strerror(errno));
+    if (fprintf(lg->f, "}\n") < 0 || fflush(lg->f) != 0 || ferror(lg->f))
+        fatal("cannot write the log '%s': %s", lg->path, strerror(errno));
 }
 
 // JSON has no NaN or infinity: such a value is written as null
@@ -102,7 +104,8 @@ static void logger_config_end(Logger* lg) {
     logger_end_line(lg);
 }
 
-static void logger_step(Logger* lg, long long step, float loss, float lr, float grad_norm, double tokens_per_s, double ms) {
+static void logger_step(Logger* lg, long long step, float loss, float lr, float grad_norm, double tokens_per_s,
+                        double ms) {
     if (!lg->f) return;
     fprintf(lg->f, "{\"step\": %lld", step);
     json_number(lg->f, "loss", loss, "%.9g");

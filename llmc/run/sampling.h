@@ -39,7 +39,8 @@ static int draw_token(const SampleConfig* sc, const float* logits, int V, float 
         cut = sorted[sc->top_k - 1];
     }
     double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += probs[i] = logits[i] >= cut ? expf((logits[i] - logits[best]) / sc->temperature) : 0.0f;
+    for (int i = 0; i < V; i++)
+        sum += probs[i] = logits[i] >= cut ? expf((logits[i] - logits[best]) / sc->temperature) : 0.0f;
     double target = r * sum, acc = 0.0;
     for (int i = 0; i < V; i++) {
         acc += probs[i];
@@ -83,6 +84,7 @@ static void encode_file(const TrainConfig* tc) {
     for (size_t i = 0; i < count; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     if (fflush(stdout) != 0 || ferror(stdout)) fatal("cannot write the token ids: %s", strerror(errno));
-    free(ids), free(text);
+    free(ids);
+    free(text);
     bpe_free(&bpe);
 }

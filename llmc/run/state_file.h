@@ -80,13 +80,15 @@ static int compare_range_offsets(const void* a, const void* b) {
 // Checks that the ranges cover parameters [0, n) exactly once (exact) or at least once; on failure
 // writes what is wrong into msg and returns 0.
 static int ranges_cover(RangeList* l, uint64_t n, int exact, char* msg, size_t msg_len) {
-    if (l->n > 0) qsort(l->pairs, l->n, 2 * sizeof(int64_t), compare_range_offsets);  // pairs is NULL when there are none
+    if (l->n > 0)  // pairs is NULL when there are none
+        qsort(l->pairs, l->n, 2 * sizeof(int64_t), compare_range_offsets);
     uint64_t pos = 0;  // everything below pos is covered
     for (size_t i = 0; i < l->n; i++) {
         uint64_t off = (uint64_t)l->pairs[2 * i], end = off + (uint64_t)l->pairs[2 * i + 1];
         if (off == end) continue;
         if (off > pos) {
-            snprintf(msg, msg_len, "parameters %llu to %llu are in no shard", (unsigned long long)pos, (unsigned long long)off - 1);
+            snprintf(msg, msg_len, "parameters %llu to %llu are in no shard", (unsigned long long)pos,
+                     (unsigned long long)off - 1);
             return 0;
         }
         if (off < pos && exact) {
@@ -97,7 +99,8 @@ static int ranges_cover(RangeList* l, uint64_t n, int exact, char* msg, size_t m
         pos = end > pos ? end : pos;
     }
     if (pos < n) {
-        snprintf(msg, msg_len, "parameters %llu to %llu are in no shard", (unsigned long long)pos, (unsigned long long)n - 1);
+        snprintf(msg, msg_len, "parameters %llu to %llu are in no shard", (unsigned long long)pos,
+                 (unsigned long long)n - 1);
         return 0;
     }
     return 1;
@@ -165,7 +168,8 @@ static void state_header_decode(const int* header, RunState* s, uint64_t* n, uin
     s->data_hash = s->version >= 3 ? get_u64(header + 35) : 0;
     s->data_tokens = s->version >= 3 ? (long long)get_u64(header + 37) : 0;
     s->data_files = s->version >= 3 ? header[39] : 0;
-    s->config = (GPT2Config){.maxT = header[2], .V = header[3], .Vp = header[7], .L = header[4], .NH = header[5], .C = header[6]};
+    s->config = (GPT2Config){.maxT = header[2], .V = header[3], .Vp = header[7], .L = header[4], .NH = header[5],
+                             .C = header[6]};
     s->B = header[8];
     s->T = header[9];
     s->grad_accum = header[10];
@@ -193,18 +197,23 @@ static const char* run_state_error(const RunState* s, char* msg, size_t len) {
     // what --steps accepts: AdamW's step number (updates + 1, at most the step) is an int, and a step
     // count beyond it would wrap to a negative one in the bias correction
     const long long MAX_STEP = INT_MAX;
-    if (s->step < 0 || s->step > MAX_STEP) snprintf(msg, len, "step %lld is out of range (0 to %lld)", s->step, MAX_STEP);
-    else if (s->updates < 0 || s->updates > s->step) snprintf(msg, len, "%lld optimizer updates in %lld steps is impossible", s->updates, s->step);
-    else if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 || s->grad_accum > (1 << 20))
+    if (s->step < 0 || s->step > MAX_STEP)
+        snprintf(msg, len, "step %lld is out of range (0 to %lld)", s->step, MAX_STEP);
+    else if (s->updates < 0 || s->updates > s->step)
+        snprintf(msg, len, "%lld optimizer updates in %lld steps is impossible", s->updates, s->step);
+    else if (s->B < 1 || s->B > (1 << 30) || s->T < 1 || s->T > s->config.maxT || s->grad_accum < 1 ||
+             s->grad_accum > (1 << 20))
         snprintf(msg, len, "batch shape B=%d T=%d grad_accum=%d is out of range", s->B, s->T, s->grad_accum);
     else if (s->shuffle != 0 && s->shuffle != 1) snprintf(msg, len, "shuffle flag %d is neither 0 nor 1", s->shuffle);
     else if (s->zero_stage < 0 || s->zero_stage > 3 || s->dp < 1 || s->dp > (1 << 20))
         snprintf(msg, len, "ZeRO stage %d or dp %d is out of range", s->zero_stage, s->dp);
-    else if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 || s->scale_hysteresis_left < 0)
-        snprintf(msg, len, "loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range", s->loss_scale,
-                 s->scale_good_steps, s->scale_hysteresis_left);
+    else if (!(s->loss_scale > 0.0f) || !isfinite(s->loss_scale) || s->scale_good_steps < 0 ||
+             s->scale_hysteresis_left < 0)
+        snprintf(msg, len, "loss scaler state (scale %g, %d clean steps, %d overflows left) is out of range",
+                 s->loss_scale, s->scale_good_steps, s->scale_hysteresis_left);
     else if (s->data_files < 0 || s->data_tokens < 0 || (s->data_files == 0) != (s->data_tokens == 0))
-        snprintf(msg, len, "training data fingerprint (%d files, %lld tokens) is impossible", s->data_files, s->data_tokens);
+        snprintf(msg, len, "training data fingerprint (%d files, %lld tokens) is impossible", s->data_files,
+                 s->data_tokens);
     else return NULL;
     return msg;
 }
@@ -212,19 +221,22 @@ static const char* run_state_error(const RunState* s, char* msg, size_t len) {
 // Refuses a decoded header whose sizes differ from the model's or whose fields are out of range, so that
 // a forged or damaged header cannot steer the run (a negative step would mean a negative learning rate,
 // an absurd batch an absurd allocation). size: the file's length in bytes.
-static void state_header_check(const char* path, const GPT2Config* model, const RunState* s, uint64_t n, uint64_t n_ranges,
-                               long long size) {
+static void state_header_check(const char* path, const GPT2Config* model, const RunState* s, uint64_t n,
+                               uint64_t n_ranges, long long size) {
     validate_config(&s->config, path);
     if (memcmp(&s->config, model, sizeof(*model)) != 0)
-        fatal("'%s' holds the optimizer state of a model of other sizes (L=%d C=%d NH=%d V=%d maxT=%d) than its model file "
-              "(L=%d C=%d NH=%d V=%d maxT=%d)", path, s->config.L, s->config.C, s->config.NH, s->config.V, s->config.maxT,
-              model->L, model->C, model->NH, model->V, model->maxT);
-    if (n != gpt2_num_parameters(&s->config)) fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
+        fatal("'%s' holds the optimizer state of a model of other sizes (L=%d C=%d NH=%d V=%d maxT=%d) than its model "
+              "file (L=%d C=%d NH=%d V=%d maxT=%d)",
+              path, s->config.L, s->config.C, s->config.NH, s->config.V, s->config.maxT, model->L, model->C, model->NH,
+              model->V, model->maxT);
+    if (n != gpt2_num_parameters(&s->config))
+        fatal("'%s': parameter count %llu does not match its model sizes", path, (unsigned long long)n);
     if (s->num_shards < 1 || s->num_shards > (1 << 24) || s->shard < 0 || s->shard >= s->num_shards)
         fatal("'%s': bad shard %d of %d", path, s->shard, s->num_shards);
     char why[256];
     if (run_state_error(s, why, sizeof(why))) fatal("'%s': %s", path, why);
-    if (n_ranges > n + 1024 || (long long)(1024 + 16 * n_ranges) > size) fatal("'%s' is truncated or corrupt (%llu ranges)", path, (unsigned long long)n_ranges);
+    if (n_ranges > n + 1024 || (long long)(1024 + 16 * n_ranges) > size)
+        fatal("'%s' is truncated or corrupt (%llu ranges)", path, (unsigned long long)n_ranges);
 }
 
 // Reads the n_ranges (offset, count) pairs that follow the header, each checked to lie inside the n
@@ -235,7 +247,8 @@ static int64_t* state_ranges_read(FILE* f, const char* path, uint64_t n, uint64_
     *count = 0;
     for (uint64_t r = 0; r < n_ranges; r++) {
         // offset + count > n, written so that forged values cannot overflow the sum
-        if (ranges[2 * r] < 0 || ranges[2 * r + 1] < 0 || (uint64_t)ranges[2 * r] > n || (uint64_t)ranges[2 * r + 1] > n - (uint64_t)ranges[2 * r])
+        if (ranges[2 * r] < 0 || ranges[2 * r + 1] < 0 || (uint64_t)ranges[2 * r] > n ||
+            (uint64_t)ranges[2 * r + 1] > n - (uint64_t)ranges[2 * r])
             fatal("'%s' is corrupt: range %llu is outside the model", path, (unsigned long long)r);
         *count += ranges[2 * r + 1];
     }
@@ -262,14 +275,16 @@ static void state_file_read(const char* path, const GPT2Config* model, RunState*
     int header[HEADER_INTS];
     long long size;
     FILE* f = open_with_header(path, STATE_MAGIC, "training state file", header, &size);
-    if (header[1] < 1 || header[1] > STATE_VERSION) fatal("'%s': unsupported state file version %d (1 to %d are known)", path, header[1], STATE_VERSION);
+    if (header[1] < 1 || header[1] > STATE_VERSION)
+        fatal("'%s': unsupported state file version %d (1 to %d are known)", path, header[1], STATE_VERSION);
     uint64_t n, n_ranges, count;
     state_header_decode(header, s, &n, &n_ranges);
     state_header_check(path, model, s, n, n_ranges, size);
     int64_t* ranges = state_ranges_read(f, path, n, n_ranges, &count);
     long long expected = 1024LL + 16LL * (long long)n_ranges + 8LL * (long long)count + 8;
     if (size != expected)
-        fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected, size < expected ? "truncated" : "trailing bytes");
+        fatal("'%s' has %lld bytes but its header implies %lld (%s)", path, size, expected,
+              size < expected ? "truncated" : "trailing bytes");
     float* m = (float*)malloc_check(count * sizeof(float));
     float* v = (float*)malloc_check(count * sizeof(float));
     fread_check(m, sizeof(float), count, f, path);
@@ -295,8 +310,8 @@ static void state_file_read(const char* path, const GPT2Config* model, RunState*
         for (int64_t j = 0; j < ranges[2 * r + 1]; j++) {
             float mj = m[pos + j], vj = v[pos + j];
             if (!isfinite(mj) || !isfinite(vj) || vj < 0.0f)
-                fatal("'%s': AdamW moments m = %g, v = %g of parameter %lld: m must be finite, v finite and >= 0", path, mj, vj,
-                      (long long)(ranges[2 * r] + j));
+                fatal("'%s': AdamW moments m = %g, v = %g of parameter %lld: m must be finite, v finite and >= 0", path,
+                      mj, vj, (long long)(ranges[2 * r] + j));
         }
         if (covered) range_list_append(covered, ranges[2 * r], ranges[2 * r + 1]);
         memcpy(*m_full + ranges[2 * r], m + pos, ranges[2 * r + 1] * sizeof(float));

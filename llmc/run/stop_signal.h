@@ -39,7 +39,8 @@ static void stop_signal_install(void) {
     sa.sa_flags = SA_RESTART;
     const int signals[3] = {SIGINT, SIGTERM, SIGUSR1};
     for (int i = 0; i < 3; i++)
-        if (sigaction(signals[i], &sa, NULL) != 0) fatal("cannot install the handler of signal %d: %s", signals[i], strerror(errno));
+        if (sigaction(signals[i], &sa, NULL) != 0)
+            fatal("cannot install the handler of signal %d: %s", signals[i], strerror(errno));
 }
 
 // Collective over all ranks, once per step: the number of a stop signal that reached any rank (the

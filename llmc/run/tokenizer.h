@@ -20,7 +20,8 @@ static void tokenizer_init(Tokenizer* tok, const char* path) {
     int header[256];
     long long size;
     FILE* f = open_with_header(path, TOKENIZER_MAGIC, "tokenizer file", header, &size);
-    if (header[1] != 1 && header[1] != 2) fatal("'%s': unsupported tokenizer version %d (1 or 2 are known)", path, header[1]);
+    if (header[1] != 1 && header[1] != 2)
+        fatal("'%s': unsupported tokenizer version %d (1 or 2 are known)", path, header[1]);
     tok->V = header[2];
     if (tok->V < 1 || tok->V > 65536) fatal("'%s': implausible vocabulary size %d", path, tok->V);
     tok->eot = header[1] == 2 ? header[3] : 50256;
@@ -53,8 +54,10 @@ static void tokenizer_print(const Tokenizer* tok, int id) {
     const unsigned char* s = (const unsigned char*)tok->tokens[id];
     if (s[0] >= 0x80 && s[1] == '\0') return;
     for (; *s; s++) {
-        if (s[0] == 0xc2 && s[1] >= 0x80 && s[1] <= 0x9f) printf("\\x%02x\\x%02x", s[0], s[1]), s++;
-        else if ((*s < 0x20 && *s != '\n' && *s != '\t') || *s == 0x7f) printf("\\x%02x", *s);
+        if (s[0] == 0xc2 && s[1] >= 0x80 && s[1] <= 0x9f) {
+            printf("\\x%02x\\x%02x", s[0], s[1]);
+            s++;
+        } else if ((*s < 0x20 && *s != '\n' && *s != '\t') || *s == 0x7f) printf("\\x%02x", *s);
         else putchar(*s);
     }
 }
