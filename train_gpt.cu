@@ -87,7 +87,7 @@ typedef struct {
 
 // Pointer table into buffers laid out like the parameters: tensor = bucket_base[its bucket] + its
 // offset inside the bucket. Usually bucket_base[b] = base + bucket offset; ZeRO-2 points the gradient
-// buckets into a workspace instead, ZeRO-3 the parameter buckets into the slots they are gathered into.
+// buckets into a workspace instead, ZeRO-3 the parameter buckets into the layer buffers they are gathered into.
 static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX* const* bucket_base) {
     Weights w;
     memset(&w, 0, sizeof(w));
@@ -104,10 +104,14 @@ static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX
     return w;
 }
 
-// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's slots (llmc/zero.h)
-static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_slots, floatX* flat, const LayerSlots* slots, floatX** bases) {
-    if (in_slots) layer_slots_bases(slots, z, bases);
-    else for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
+// bases[b] for point_weights: bucket b of a flat buffer, or its place in ZeRO-2/3's layer buffers (llmc/zero.h)
+static floatX** bucket_bases(const ParamLayout* lay, const ZeroPlan* z, int in_layer_buffers, floatX* flat,
+                             const LayerBuffers* buffers, floatX** bases) {
+    if (in_layer_buffers) {
+        layer_buffers_bases(buffers, z, bases);
+        return bases;
+    }
+    for (int b = 0; b < lay->num_buckets; b++) bases[b] = flat + lay->buckets[b].offset;
     return bases;
 }
 
@@ -278,7 +282,7 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     zero_plan_init(&model->zero, &model->place, lay->buckets, lay->num_buckets);
     size_t n = lay->total, shard = model->zero.shard_total, fx = mode->elem_bytes;
 
-    // whole buffers, or shards (gradients at ZeRO-2 and 3, parameters at 3) and slots the tensors point into
+    // whole buffers, or shards (gradients at ZeRO-2 and 3, parameters at 3) and the layer buffers the tensors point into
     check_internal(place->pp == 1 || zero_stage < 2, "ZeRO-2 or 3 with pipeline parallelism");
     if (zero_stage < 3) model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
     if (zero_stage < 2) model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
@@ -342,7 +346,7 @@ static floatX* owned_grads(GPT2* model, int b) {
     return model->grads_memory + owned_start(&model->zero, b);
 }
 
-// parameters from a host float array in file order: the floatX copy (whole; ZeRO-3: our chunks), our master shard
+// parameters from a host float array in file order: the floatX copy (whole; ZeRO-3: our parts), our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
     float* shard = model->zero.stage == 3 || !master_is_params(model) ? (float*)malloc_check(model->zero.shard_total * sizeof(float)) : NULL;
@@ -371,7 +375,7 @@ static void gpt2_set_optimizer_state(GPT2* model, const float* m_file, const flo
 }
 
 // The fp32 master weights, whole, in file order (collective: every rank must call it). The owned
-// chunks of the master shards are all-gathered across the DP group (stages 1 to 3), then the TP slices
+// parts of the master shards are all-gathered across the DP group (stages 1 to 3), then the TP slices
 // across the TP group, then the pipeline stages' tensors are summed across the PP group.
 static void gpt2_export_master(GPT2* model, float* file_order) {
     const ZeroPlan* z = &model->zero;
@@ -732,7 +736,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         zero3_need_layer(model->comm, &model->zero3, &model->zero, l, li > 0 ? l - 1 : -1);  // ZeRO-3: gathered (again)
         LayerActs la = layer_acts(model, a, li, B, T);
         recompute_layer(model, &la, w, B, T);
-        zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace slot is free and clear
+        zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace buffer is free and clear
 
         // where the output gradients go: the shared work buffers, or (ZB-H1) the set its W will read
         LayerDouts d = defer ? layer_douts(model->chunk->douts, model->douts_set, li, Ls, BT, C, Cl) : (LayerDouts){NULL, NULL, a->dwide, a->dwide};
@@ -768,7 +772,7 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     if (model->place.pp == 1) gradients_ready(model, 0, communicate);  // (pipelining: after the tied-wte sum, pipeline_step)
     if (model->comm->kernels_wait && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);  // fused: host goes on
     else comm_join(model->comm);
-    zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced chunks join the accumulated ones
+    zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced parts join the accumulated ones
 }
 
 // ZB-H1's W of micro-batch m: the weight gradients gpt2_backward deferred, of every layer of the chunk,
@@ -1037,7 +1041,7 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
     free(master);
 
     // shards: stage 0 keeps the whole state on every rank of a DP group (DP rank 0 writes it); otherwise
-    // each DP rank writes its chunks. TP ranks and pipeline stages hold different tensors: each writes
+    // each DP rank writes its parts. TP ranks and pipeline stages hold different tensors: each writes
     // its own shards. What several of them hold alike is written once, so that the shards cover every
     // parameter exactly once: a replicated tensor by TP rank 0, the tied wte by the first stage.
     const Placement* pl = &model->place;

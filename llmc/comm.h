@@ -20,7 +20,7 @@
  *         all-reduce is joined without waiting for the data-parallel buckets queued before it.
  *   MPI   (comm/mpi_engine.h) the CPU target, and the GPU target when ranks share a GPU (NCCL refuses that):
  *         on the GPU, each buffer is copied whole to host memory as float and back (mpi_run_host_copy),
- *         or with LLMC_MPI_STAGE_BYTES through pinned host slots in chunks (comm/staging.h), sums in
+ *         or with LLMC_MPI_STAGE_BYTES through pinned host buffers in pieces (comm/staging.h), sums in
  *         float, everything else as bytes. Calls complete before they return.
  * Launch (comm/launch.h): mpirun (Open MPI); or, for the GPU target, without MPI through RANK /
  * WORLD_SIZE / LOCAL_RANK (torchrun) or, in a task of srun, SLURM_PROCID / SLURM_STEP_NUM_TASKS /

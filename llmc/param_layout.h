@@ -21,7 +21,7 @@
 #include "model_file.h"       // GPT2Config, FileTensor (WTE ...), file_tensor_numel
 #include "placement.h"        // Placement: this rank's place in the grid
 #include "tensor_parallel.h"  // TensorShape, local_shape, Run, tensor_runs
-#include "zero.h"             // Bucket, LayerSlots, layer_slots_bases
+#include "zero.h"             // Bucket, ZeroPlan, owned_start
 
 // One tensor's place in the flat buffer. Offsets are rounded up to 64 elements so every tensor starts
 // 128-byte aligned (cuBLASLt's fast paths); the gaps are zero and stay zero. With tensor parallelism a
@@ -38,7 +38,7 @@ typedef struct {
 
 // Buckets group the tensors that become final together in backward, and are what data parallelism
 // communicates: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. Each bucket is
-// padded to a multiple of 64 * D elements so that it splits into D aligned chunks (llmc/zero.h).
+// padded to a multiple of 64 * D elements so that it splits into D aligned parts (llmc/zero.h).
 typedef struct {
     int num_slots;  // 12 L + 4, in memory order
     TensorSlot* slots;
@@ -155,7 +155,7 @@ static void file_order_to_layout(const ParamLayout* lay, const Placement* p, int
 }
 
 // The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
-// chunk of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
+// part of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
 static int owned_part(const ZeroPlan* z, const TensorSlot* s, size_t* lo, size_t* hi, size_t* shard_k) {
     size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
     *lo = s->offset > start ? s->offset : start;
@@ -171,7 +171,7 @@ static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard)
 }
 
 // The optimizer state this rank writes into its state shard (llmc/run/state_file.h): each tensor's overlap with
-// the owned chunks, in runs of the file order, once across the ranks that hold a tensor alike (a replicated
+// the owned parts, in runs of the file order, once across the ranks that hold a tensor alike (a replicated
 // tensor by TP rank 0, the tied wte by the first stage). The AdamW moments m_dev and v_dev (on the device,
 // z->shard_total each, in shard order) are copied to the host and gathered into *m_out and *v_out
 // (malloc'ed) run after run; *ranges_out (malloc'ed) gets each run's (file offset, count). Returns the

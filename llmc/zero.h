@@ -10,10 +10,10 @@
  *
  * Buckets. The flat parameter buffer is cut into buckets, the units of communication: the embeddings
  * (wte, wpe) are bucket 0, transformer layer l is bucket 1 + l, the final LayerNorm the last. Each
- * bucket is padded to a multiple of D elements, so it splits into D equal chunks; DP rank d owns chunk
+ * bucket is padded to a multiple of D elements, so it splits into D equal parts; DP rank d owns part
  * d of every bucket:
  *
- *      bucket b:  | chunk 0 (rank 0) | chunk 1 (rank 1) | ... | chunk D-1 |
+ *      bucket b:  | part 0 (rank 0) | part 1 (rank 1) | ... | part D-1 |
  *
  * Backward finishes the buckets from the last to the first (final LayerNorm, layer L-1, ..., layer 0,
  * embeddings), and each bucket's communication starts as soon as its gradients are final, so it
@@ -22,29 +22,29 @@
  * Per rank (Psi = parameters, gaps and padding included; the optimizer state is AdamW's m and v, plus
  * fp32 master weights in BF16 builds):
  *   stage 0  params Psi, grads Psi, optimizer state Psi. Each bucket is all-reduced: every rank gets the
- *            sum of every chunk and runs the same update on the whole model.
+ *            sum of every part and runs the same update on the whole model.
  *   ZeRO-1   params Psi, grads Psi, optimizer state Psi/D. Each bucket is reduce-scattered: rank d
- *            receives only the sum of its chunk, in place in its chunk of the full gradient buffer, and
- *            updates only that chunk (the optimizer state of the other chunks lives on the other ranks).
+ *            receives only the sum of its part, in place in its part of the full gradient buffer, and
+ *            updates only that part (the optimizer state of the other parts lives on the other ranks).
  *            The reduce-scatter runs once per optimizer step, in the backward of the last micro-step;
  *            the micro-steps before it only accumulate (+=) into the full local buffer.
  *   ZeRO-2   params Psi, grads Psi/D (+ a bounded workspace), optimizer state Psi/D. The full gradient
- *            of a layer exists only briefly: backward writes it into a workspace slot, the slot is
- *            reduce-scattered into `incoming` (this rank's chunks), and the slot is reused. Since the
+ *            of a layer exists only briefly: backward writes it into a workspace buffer, the buffer is
+ *            reduce-scattered into `incoming` (this rank's parts), and the buffer is reused. Since the
  *            workspace holds one micro-step, the reduce-scatter runs in every micro-step, and after
- *            each the chunks are added into `shard`, which accumulates over the optimizer step:
+ *            each the parts are added into `shard`, which accumulates over the optimizer step:
  *              shard (Psi/D) += incoming (Psi/D)     (zero2_end_micro_step)
  *   ZeRO-3   params Psi/D (+ gather buffers), grads and optimizer state as ZeRO-2: the parameters are
  *            sharded too, and each layer's are all-gathered just before they are used (llmc/zero3.h).
- * At ZeRO-1 and ZeRO-2, after the update every rank holds new values for its chunks only, and an
+ * At ZeRO-1 and ZeRO-2, after the update every rank holds new values for its parts only, and an
  * all-gather per bucket gives everyone the full parameters again (zero_gather_params).
  *
- * ZeRO-2's workspace (LayerSlots): [embeddings bucket | final LayerNorm bucket | layer slot 0 | layer slot 1].
+ * ZeRO-2's workspace (LayerBuffers): [embeddings bucket | final LayerNorm bucket | layer buffer 0 | layer buffer 1].
  * The embeddings and final LayerNorm get their own space (the first and the last bucket backward
- * finishes); the L layers share two slots, layer l writing slot l % 2. Why two: the reduce-scatter of
- * layer l still reads its slot while backward computes layer l-1, which therefore writes the other slot;
- * layer l-2 comes back to l's slot, and first waits for l's reduce-scatter (zero2_layer_begins). With
- * one slot, every layer would wait for its predecessor's communication (no overlap); with L slots, the
+ * finishes); the L layers share two buffers, layer l writing buffer l % 2. Why two: the reduce-scatter of
+ * layer l still reads its buffer while backward computes layer l-1, which therefore writes the other buffer;
+ * layer l-2 comes back to l's buffer, and first waits for l's reduce-scatter (zero2_layer_begins). With
+ * one buffer, every layer would wait for its predecessor's communication (no overlap); with L buffers, the
  * workspace would be as large as the full gradients ZeRO-2 set out not to keep.
  *
  * What the trainer calls, in order (the zero2_ calls do nothing below stage 2; stage 3's gradients are
@@ -53,9 +53,9 @@
  *   zero2_begin_step                clear the accumulated shard (start of an optimizer step)
  *   zero_reduces_now                whether this micro-step's backward reduces: the last one; all at ZeRO-2
  *   zero2_begin_micro_step          clear the embeddings and final-LayerNorm workspace (start of backward)
- *   zero2_layer_begins (layer l)    wait until slot l % 2 is free, clear it
+ *   zero2_layer_begins (layer l)    wait until buffer l % 2 is free, clear it
  *   zero_reduce_bucket (bucket b)   all-reduce or reduce-scatter the bucket's gradients, as they are final
- *   zero2_layer_done (layer l)      slot l % 2 is read by the reduce-scatter just posted
+ *   zero2_layer_done (layer l)      buffer l % 2 is read by the reduce-scatter just posted
  *   zero2_end_micro_step            after the join: shard += incoming
  *   zero_gather_params              after the update
  */
@@ -79,7 +79,7 @@ typedef struct {
     size_t shard_total;    // elements of each shard buffer
 } ZeroPlan;
 
-// The range of bucket b whose optimizer state this rank keeps: all of it at stage 0, its chunk otherwise.
+// The range of bucket b whose optimizer state this rank keeps: all of it at stage 0, its part otherwise.
 static size_t owned_start(const ZeroPlan* z, int b) {
     const Bucket* k = &z->buckets[b];
     return z->stage == 0 ? k->offset : k->offset + (size_t)z->place->dp_rank * (k->size / z->place->dp);
@@ -119,40 +119,40 @@ static int zero_reduces_now(const ZeroPlan* z, int last_micro_step) {
 // ----------------------------------------------------------------------------------------------------
 // ZeRO-2's gradient buffers (ZeRO-3's too)
 
-// [embeddings bucket | final LayerNorm bucket | layer slot 0 | layer slot 1]: where ZeRO-2 writes a
-// micro-step's gradients and ZeRO-3 gathers the parameters (llmc/zero3.h). Layer l uses slot l % 2.
+// [embeddings bucket | final LayerNorm bucket | layer buffer 0 | layer buffer 1]: where ZeRO-2 writes a
+// micro-step's gradients and ZeRO-3 gathers the parameters (llmc/zero3.h). Layer l uses buffer l % 2.
 typedef struct {
-    floatX* base;           // (ends + 2 * slot_size)
-    floatX* layer_slot[2];  // (slot_size) each, inside base
-    size_t ends, slot_size;  // elements; ends: the embeddings and final-LayerNorm buckets
-} LayerSlots;
+    floatX* base;           // (ends + 2 * buf_size)
+    floatX* layer_buf[2];  // (buf_size) each, inside base
+    size_t ends, buf_size;  // elements; ends: the embeddings and final-LayerNorm buckets
+} LayerBuffers;
 
 // mode: real or dry, with the element size (the planner builds for other precisions); the bytes go to *account
-static void layer_slots_init(LayerSlots* w, const ZeroPlan* z, const BuildMode* mode, size_t* account) {
+static void layer_buffers_init(LayerBuffers* w, const ZeroPlan* z, const BuildMode* mode, size_t* account) {
     int last = z->num_buckets - 1;
-    w->slot_size = 0;
-    for (int b = 1; b < last; b++) w->slot_size = z->buckets[b].size > w->slot_size ? z->buckets[b].size : w->slot_size;
+    w->buf_size = 0;
+    for (int b = 1; b < last; b++) w->buf_size = z->buckets[b].size > w->buf_size ? z->buckets[b].size : w->buf_size;
     w->ends = z->buckets[0].size + z->buckets[last].size;
-    w->base = (floatX*)zeroed_device_buffer(mode, (w->ends + 2 * w->slot_size) * mode->elem_bytes, account);
-    w->layer_slot[0] = w->base + w->ends;
-    w->layer_slot[1] = w->layer_slot[0] + w->slot_size;
+    w->base = (floatX*)zeroed_device_buffer(mode, (w->ends + 2 * w->buf_size) * mode->elem_bytes, account);
+    w->layer_buf[0] = w->base + w->ends;
+    w->layer_buf[1] = w->layer_buf[0] + w->buf_size;
 }
 
-// Where bucket b sits in the slots: bases[b] for every bucket (gpt2_build points the tensors there).
-static void layer_slots_bases(const LayerSlots* w, const ZeroPlan* z, floatX** bases) {
+// Where bucket b sits in the buffers: bases[b] for every bucket (gpt2_build points the tensors there).
+static void layer_buffers_bases(const LayerBuffers* w, const ZeroPlan* z, floatX** bases) {
     int last = z->num_buckets - 1;
     bases[0] = w->base;
     bases[last] = w->base + z->buckets[0].size;
-    for (int b = 1; b < last; b++) bases[b] = w->layer_slot[(b - 1) % 2];
+    for (int b = 1; b < last; b++) bases[b] = w->layer_buf[(b - 1) % 2];
 }
 
 typedef struct {
-    floatX* shard;          // (shard_total) this rank's reduced gradient chunks, accumulated over micro-steps;
+    floatX* shard;          // (shard_total) this rank's reduced gradient parts, accumulated over micro-steps;
                             // NULL below stage 2, where the zero2_ calls do nothing
-    floatX* incoming;       // (shard_total) the chunks reduce-scattered in this micro-step
-    LayerSlots workspace;   // what backward writes
+    floatX* incoming;       // (shard_total) the parts reduce-scattered in this micro-step
+    LayerBuffers workspace;   // what backward writes
     size_t shard_total;
-    CommFence slot_free[2]; // marked after the reduce-scatter that reads the buffer was posted
+    CommFence buf_free[2]; // marked after the reduce-scatter that reads the buffer was posted
 } Zero2Grads;
 
 // Allocates the buffers at stages 2 and 3 (below, nothing: the full gradient buffer serves); the bytes
@@ -165,7 +165,7 @@ static void zero2_init(Zero2Grads* w, const ZeroPlan* z, const BuildMode* mode, 
     w->shard_total = z->shard_total;
     w->shard = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_grads);
     w->incoming = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_comm);
-    layer_slots_init(&w->workspace, z, mode, bytes_workspace);
+    layer_buffers_init(&w->workspace, z, mode, bytes_workspace);
 }
 
 static void zero2_free(Zero2Grads* w) {
@@ -173,7 +173,7 @@ static void zero2_free(Zero2Grads* w) {
     device_free(w->shard);
     device_free(w->incoming);
     device_free(w->workspace.base);
-    for (int s = 0; s < 2; s++) comm_fence_free(&w->slot_free[s]);
+    for (int s = 0; s < 2; s++) comm_fence_free(&w->buf_free[s]);
     memset(w, 0, sizeof(*w));
 }
 
@@ -183,29 +183,29 @@ static void zero2_begin_step(Zero2Grads* w) {
 }
 
 // start of a micro-step's backward: the embeddings' and final LayerNorm's gradients start from zero
-// (backward adds into them; the layer slots are cleared as each layer begins)
+// (backward adds into them; the layer buffers are cleared as each layer begins)
 static void zero2_begin_micro_step(Zero2Grads* w) {
     if (w->shard) device_memset_zero(w->workspace.base, w->workspace.ends * sizeof(floatX));
 }
 
-// Before backward writes layer l's gradients: its slot must no longer be read by the reduce-scatter of
+// Before backward writes layer l's gradients: its buffer must no longer be read by the reduce-scatter of
 // layer l + 2, and starts from zero.
 static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
     if (w->shard == NULL) return;
-    int slot = l % 2;
-    // the main stream waits for the communication that reads this slot (on a GPU only the stream: the host
+    int buffer = l % 2;
+    // the main stream waits for the communication that reads this buffer (on a GPU only the stream: the host
     // blocks in the next copy or synchronization instead; the emulation blocks here)
-    comm_fence_wait(c, &c->dp_group, &w->slot_free[slot], "the main stream's wait for a ZeRO-2 reduce-scatter");
-    device_memset_zero(w->workspace.layer_slot[slot], w->workspace.slot_size * sizeof(floatX));
+    comm_fence_wait(c, &c->dp_group, &w->buf_free[buffer], "the main stream's wait for a ZeRO-2 reduce-scatter");
+    device_memset_zero(w->workspace.layer_buf[buffer], w->workspace.buf_size * sizeof(floatX));
 }
 
-// After the reduce-scatter of layer l was posted (zero_reduce_bucket): its slot belongs to it until done.
+// After the reduce-scatter of layer l was posted (zero_reduce_bucket): its buffer belongs to it until done.
 static void zero2_layer_done(Comm* c, Zero2Grads* w, int l) {
     if (w->shard == NULL) return;
-    comm_fence_mark(c, &c->dp_group, &w->slot_free[l % 2]);
+    comm_fence_mark(c, &c->dp_group, &w->buf_free[l % 2]);
 }
 
-// end of a micro-step's backward, after the communication was joined: its reduced chunks join the ones
+// end of a micro-step's backward, after the communication was joined: its reduced parts join the ones
 // accumulated so far
 static void zero2_end_micro_step(Zero2Grads* w) {
     if (w->shard) device_accumulate(w->shard, w->incoming, w->shard_total);  // shard += incoming
@@ -215,25 +215,25 @@ static void zero2_end_micro_step(Zero2Grads* w) {
 // the communication of one bucket, called as soon as backward has finished its gradients
 
 // grads: the bucket's full gradient (in the gradient buffer at stages 0 and 1, in the workspace at
-// stages 2 and 3, whose reduced chunks land in w->incoming).
+// stages 2 and 3, whose reduced parts land in w->incoming).
 static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, int b, floatX* grads) {
-    size_t chunk = z->buckets[b].size / z->place->dp;
+    size_t part = z->buckets[b].size / z->place->dp;
     switch (z->stage) {
         case 0:  // DP: everyone gets the sum of everyone's gradients
             comm_all_reduce(c, &c->dp_group, grads, z->buckets[b].size, DT_FLOATX, REDUCE_SUM);
             break;
-        case 1:  // ZeRO-1: the sum of my chunk lands in place, in my chunk of the full gradient buffer
-            comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->place->dp_rank * chunk, chunk, DT_FLOATX);
+        case 1:  // ZeRO-1: the sum of my part lands in place, in my part of the full gradient buffer
+            comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->place->dp_rank * part, part, DT_FLOATX);
             break;
-        case 2:  // ZeRO-2 (and 3): the sum of my chunk lands in the micro-step's incoming shard
+        case 2:  // ZeRO-2 (and 3): the sum of my part lands in the micro-step's incoming shard
         case 3:
-            comm_reduce_scatter(c, &c->dp_group, grads, w->incoming + z->owned_offset[b], chunk, DT_FLOATX);
+            comm_reduce_scatter(c, &c->dp_group, grads, w->incoming + z->owned_offset[b], part, DT_FLOATX);
             break;
     }
 }
 
-// stage 1 and 2, after the update of the owned chunks: everyone gets every chunk of the parameters
-// (stage 3 keeps its chunks only: llmc/zero3.h gathers each layer when it runs)
+// stage 1 and 2, after the update of the owned parts: everyone gets every part of the parameters
+// (stage 3 keeps its parts only: llmc/zero3.h gathers each layer when it runs)
 static void zero_gather_params(Comm* c, const ZeroPlan* z, floatX* params) {
     if (z->stage == 0 || z->stage == 3) return;
     for (int b = 0; b < z->num_buckets; b++)

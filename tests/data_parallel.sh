@@ -8,7 +8,7 @@
 #      (every run in the MPI engine's strict mode, see lib.sh)
 #   2. bad input: a world size that is not dp x tp x pp
 # Also about data-parallel runs: zero.sh (ZeRO, sharded checkpoints), faults.sh (a rank that dies, stops
-# or is slow), signals.sh, rank_agreement.sh, launch.sh, staging.sh (the MPI engine in chunks).
+# or is slow), signals.sh, rank_agreement.sh, launch.sh, staging.sh (the MPI engine in pieces).
 # usage: tests/data_parallel.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
 BIN=${1:-build/cpu/train_gpt}

@@ -21,9 +21,9 @@
 #      rank 0 killed during a checkpoint save ends rank 1 within seconds, not after --io-timeout (its
 #      connection to rank 0 closes: llmc/comm/liveness.h), with the id through a folder and over TCP
 #   4. (given the emulated BF16 train_gpt) BF16 data-parallel with ZeRO-2 gives the MPI engine's bits, and
-#      so does ZeRO-3 (the same reduced chunks and updates; the parameters gathered per layer, not per step);
+#      so does ZeRO-3 (the same reduced parts and updates; the parameters gathered per layer, not per step);
 #      BF16 ZB-H1 gives 1F1B's bits (the same products, each weight gradient accumulated in the same order)
-#   5. (BF16) the MPI engine staged through host slots in 4 KiB chunks (LLMC_MPI_STAGE_BYTES: copy streams
+#   5. (BF16) the MPI engine staged through host buffers in 4 KiB pieces (LLMC_MPI_STAGE_BYTES: copy streams
 #      and events) gives the whole-buffer bits, in dp 2 ZeRO-2 and in pp 3 1F1B, with the copy streams'
 #      work run after the main stream's and before it (EMU_STREAMS=main-late, dev/emulate/README.md)
 # The emulated operations run when the host waits for their stream, reading and writing their buffers then,
@@ -282,7 +282,7 @@ if [ -n "$BIN_BF16" ]; then
     else
         echo "  FAIL  BF16 pp=3 M=4: ZB-H1 differs from 1F1B"; fails=$((fails + 1))
     fi
-    echo "5. the MPI engine's staging through host slots (LLMC_MPI_STAGE_BYTES, llmc/comm/staging.h), its copy streams after and before the main stream's work"
+    echo "5. the MPI engine's staging through host buffers (LLMC_MPI_STAGE_BYTES, llmc/comm/staging.h), its copy streams after and before the main stream's work"
     # Chunks of 4 KiB: each buffer goes through the two slots many times. The copy streams' work runs
     # after the main stream's (the emulation's default: a slot reused before its upload has read it shows)
     # and before it (EMU_STREAMS=main-late: a download before the main stream's writes it waits for
@@ -297,7 +297,7 @@ if [ -n "$BIN_BF16" ]; then
                 >"$TMP/staged-$name.out" 2>&1 || { echo "  FAIL  staged $name run ($order)"; tail -3 "$TMP/staged-$name.out"; fails=$((fails + 1)); continue; }
             if grep -q "engine MPI" "$TMP/staged-$name.out" && cmp -s "$TMP/$want.bin" "$TMP/staged-$name.bin" &&
                 [ "$(grep -o '"loss": [^,]*' "$TMP/$want.jsonl")" = "$(grep -o '"loss": [^,]*' "$TMP/staged-$name.jsonl")" ]; then
-                echo "  ok    BF16 ${flags[*]}, streams $order: the MPI engine staged in 4 KiB chunks = $want, byte for byte"
+                echo "  ok    BF16 ${flags[*]}, streams $order: the MPI engine staged in 4 KiB pieces = $want, byte for byte"
             else
                 echo "  FAIL  BF16 ${flags[*]}, streams $order: the staged MPI run differs from $want (or did not take the MPI engine)"
                 fails=$((fails + 1))

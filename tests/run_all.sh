@@ -6,7 +6,7 @@
 #   3. the PyTorch reference files are generated (scripts/gpt2_reference.py -> build/ref)
 #   4. CPU target: every header of llmc/ compiles on its own (make headers), build, test_gpt against the
 #      references, bad-input tests and checkpoints, data parallelism, ZeRO, a rank that fails, signals,
-#      ranks started differently, launchers, the MPI engine in chunks, tensor and pipeline parallelism
+#      ranks started differently, launchers, the MPI engine in pieces, tensor and pipeline parallelism
 #      under mpirun, the NCCL id's exchange over TCP (llmc/comm/rendezvous.h), fuzzing of the file readers
 #      (tests/fuzz/), the default training job (its final validation loss must be 2 nats below the first)
 #      and every command block of README.md and docs/ (tests/readme.sh)
@@ -71,7 +71,7 @@ bash tests/rank_agreement.sh build/cpu/train_gpt
 step "CPU target: launchers (Slurm, torchrun, PMIx, MPI) and OpenMP threads per rank"
 bash tests/launch.sh build/cpu/train_gpt
 
-step "CPU target: the MPI engine through host slots in chunks (LLMC_MPI_STAGE_BYTES)"
+step "CPU target: the MPI engine through host buffers in pieces (LLMC_MPI_STAGE_BYTES)"
 bash tests/staging.sh build/cpu/train_gpt
 
 step "CPU target: tensor parallelism under mpirun"

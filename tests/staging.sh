@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # staging.sh: the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES: GPU buffers
-# through host slots, llmc/comm/staging.h; run here on host memory), on the CPU target under mpirun:
-# chunks of 4, 100 and 1000 bytes through the slots give the same losses and model file, byte for byte,
+# through host buffers, llmc/comm/staging.h; run here on host memory), on the CPU target under mpirun:
+# pieces of 4, 100 and 1000 bytes through the host buffers give the same losses and model file, byte for byte,
 # as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does pp=2 GPipe
-# in 8 KiB chunks (beyond Open MPI's eager size: a send-receive whose send waited for its receive chunk by
+# in 8 KiB pieces (beyond Open MPI's eager size: a send-receive whose send waited for its receive piece by
 # chunk hung there, the next stage answering only after the whole message); a traced run prints the
 # engine's rate; a bad LLMC_MPI_STAGE_BYTES is refused.
 # usage: tests/staging.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
@@ -13,7 +13,7 @@ BIN=${1:-build/cpu/train_gpt}
 source "$(dirname "$0")/lib.sh"
 use_small_run  # $TMP/tokens.bin and COMMON (tests/lib.sh)
 
-echo "the MPI engine through host slots in chunks"
+echo "the MPI engine through host buffers in pieces"
 same() {  # NAME: $TMP/st.* equals $TMP/dr.* (losses of every step, model file byte for byte)
     if cmp -s "$TMP/dr.bin" "$TMP/st.bin" && "$PY" - "$TMP/dr.jsonl" "$TMP/st.jsonl" <<'PYEOF'
 import json, sys
@@ -32,7 +32,7 @@ for cfg in "2|--layers 3 --batch-size 2 --grad-accum 2 --zero 2|4 1000" \
     for bytes in $sizes; do
         # shellcheck disable=SC2086
         LLMC_MPI_STAGE_BYTES=$bytes run "$np" $flags --steps 4 --log "$TMP/st.jsonl" --save-model "$TMP/st.bin" --trace "$TMP/st.json"
-        same "$np ranks $flags, $bytes-byte chunks"
+        same "$np ranks $flags, $bytes-byte pieces"
     done
 done
 # the last run was traced: its rate over the traced steps

@@ -16,8 +16,15 @@
 #      bit-exact, a ZeRO-3 run's checkpoint resumes at dp=2 ZeRO-1 and a ZeRO-1 run's at dp=4 ZeRO-3
 #   3. ZeRO-3 outside training steps: validation loss, samples and multiple-choice accuracy equal ZeRO-0's
 #      (dp=3: the ranks hold different numbers of examples, yet every rank gathers in every forward);
-#      --trace puts each gather on the communication lane, exactly as many as the two slots need;
+#      --trace puts each gather on the communication lane, exactly as many as the two slots need, and
+#      titles the trace "dp 2 · ZeRO-3 · tp 1 · pp 1", its reduce-scatters and gathers apart in the legend;
 #      --zero 3 with --pp is refused in one line
+#   4. the learner model (--model-preset learner, docs/data_parallel.md), from --plan: each rank's memory
+#      falls from ZeRO-0 to ZeRO-3 at dp 4, and at dp 2 from ZeRO-0 to 1 to 3, with ZeRO-2 above ZeRO-1 by
+#      its workspace alone (its gradient shard and receive buffer are the whole gradient); each line says
+#      its change against ZeRO-0; its pipeline stages' work per token is even to 5% at --pp 2 and 4 (the
+#      default model's last stage: 30 times the others'); size and data flags win over the preset's;
+#      scripts/learner_data.py makes its data, on which it trains, validates and samples
 # ZeRO 0 (plain data parallelism): data_parallel.sh.
 # usage: tests/zero.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u
@@ -147,8 +154,88 @@ ok = len(per_rank) == 2 and lanes == {1} and all(n == want for n in per_rank.val
 print(f"  {'ok  ' if ok else 'FAIL'}  trace: gathers per rank {per_rank} over {opt} traced step(s), want {want} each; lanes {sorted(lanes)}")
 sys.exit(0 if ok else 1)
 PYEOF
+# its title names ZeRO-3 and no pipeline schedule; its reductions are reduce-scatters, drawn apart from
+# the all-gathers
+check_title "dp=2 ZeRO-3" "$TMP/z3trace.json" "$TMP/run.out" "dp 2 · ZeRO-3 · tp 1 · pp 1" 0 \
+    "reduce-scatter;all-gather;!all-reduce" || fails=$((fails + 1))
 
 expect_mpi_error "--zero 3 with --pp" "--zero 3 with --pp is not supported" 2 "$BIN" "${COMMON[@]}" --batch-size 2 --pp 2 --zero 3
+
+echo "4. the learner model"
+"$PY" - "$BIN" <<'PYEOF' || fails=$((fails + 1))
+import re, subprocess, sys
+BIN, ok = sys.argv[1], True
+def check(good, what):
+    global ok
+    ok &= bool(good)
+    print(f"  {'ok  ' if good else 'FAIL'}  {what}")
+def plan(*args):
+    return subprocess.run([BIN, "--plan", *args], capture_output=True, text=True, timeout=60, check=True).stdout
+def stages(out):
+    return [l for l in out.splitlines() if l.startswith("  stage ")]
+def gib(line, name):
+    return float(re.search(name + r" +([0-9.]+)", line).group(1))
+# (the printed GiB have 3 decimals: sums of them agree to 0.002)
+for D in (2, 4):
+    lines = [stages(plan("--model-preset", "learner", "--dp", str(D), "--zero", str(z)))[0] for z in range(4)]
+    t = [gib(l, "total") for l in lines]
+    marks = [re.search(r"total +[0-9.]+ GiB \(([-+][0-9]+)% vs ZeRO-0\)$", l) for l in lines]
+    said = marks[0] is None and all(m and abs(int(m.group(1)) - 100 * (x / t[0] - 1)) <= 1
+                                    for m, x in zip(marks[1:], t[1:]))
+    pcts = " ".join(m.group(1) + "%" for m in marks[1:] if m)
+    check(said, f"dp={D}: ZeRO 1-3 say their change against ZeRO-0: {pcts}")
+    if D == 4:
+        check(t[0] > t[1] > t[2] > t[3], f"dp=4: per rank, ZeRO 0 > 1 > 2 > 3: {t} GiB")
+    else:  # ZeRO-2's gradient shard and the buffer its reduce-scatters receive into: Psi/2 each (llmc/zero.h)
+        z1, z2 = lines[1], lines[2]
+        whole = abs(gib(z2, "gradients") + gib(z2, "communication") - gib(z1, "gradients")) <= 0.002
+        by_workspace = abs(t[2] - t[1] - gib(z2, "workspace")) <= 0.002
+        check(t[0] > t[1] > t[3] and t[2] > t[3] and whole and by_workspace,
+              f"dp=2: per rank, ZeRO 0 > 1 > 3 and 2 > 3, ZeRO-2 = ZeRO-1 + its workspace: {t} GiB")
+# a stage's forward multiply-adds per token: 12 C^2 for a layer's four matmuls, about T C for its causal
+# attention, Vp C for the classifier on the last stage (the embedding is a lookup)
+def imbalance(P, *model):
+    out = plan(*model, "--pp", str(P), "--batch-size", str(P), "--micro-batches", str(P))
+    C, V, T = (int(re.search(r"\b" + k + r"=([0-9]+)", out).group(1)) for k in ("C", "V", "T"))
+    work = []
+    for s, line in enumerate(stages(out)):
+        a, b = map(int, re.search(r"layers +([0-9]+)- *([0-9]+)", line).groups())
+        work.append((b - a + 1) * (12 * C * C + T * C) + ((V + 127) // 128 * 128 * C if s == P - 1 else 0))
+    return max(work) / min(work)
+for P in (2, 4):
+    r = imbalance(P, "--model-preset", "learner")
+    check(r <= 1.05, f"--pp {P}: the learner model's busiest stage has {r:.3f} times the least busy one's work")
+r = imbalance(4)
+check(r >= 10, f"--pp 4: the default model's busiest stage has {r:.1f} times the least busy one's work (classifier)")
+# size flags win over the preset's, given before it or after
+for args in (["--layers", "8", "--model-preset", "learner"], ["--model-preset", "learner", "--layers", "8"]):
+    check("L=8 C=256 NH=4 V=256 maxT=128," in plan(*args), f"--plan {' '.join(args)}: L=8, the rest the preset's")
+sys.exit(0 if ok else 1)
+PYEOF
+expect_one_rank_error() {  # NAME PATTERN COMMAND...: it fails with one line naming the problem
+    local name=$1 pattern=$2
+    shift 2
+    if ! "$@" >"$TMP/bad.out" 2>&1 && grep -q "^error: .*$pattern" "$TMP/bad.out"; then
+        echo "  ok    $name: $(grep -m1 '^error:' "$TMP/bad.out")"
+    else echo "  FAIL  $name"; tail -3 "$TMP/bad.out"; fails=$((fails + 1)); fi
+}
+ABS_BIN=$(realpath "$BIN")
+LEARNER_DATA=$(realpath "$(dirname "$0")/../scripts/learner_data.py")
+mkdir -p "$TMP/learner"
+expect_one_rank_error "unknown preset" "--model-preset must be learner, got 'huge'" "$BIN" --model-preset huge
+expect_one_rank_error "preset without its data" \
+    "trains on build/learner/train.bin, which does not exist: make it with scripts/learner_data.py" \
+    sh -c "cd '$TMP/learner' && '$ABS_BIN' --model-preset learner --steps 1"
+# its data made by the script, and a run on the preset's paths (relative to the working folder)
+if (cd "$TMP/learner" && "$PY" "$LEARNER_DATA" --out build/learner >/dev/null \
+    && "$ABS_BIN" --model-preset learner --steps 2 --val-every 2 --val-batches 2 --sample-every 2 --sample-len 16) \
+    >"$TMP/run.out" 2>&1 && grep -q "^model: L=16 C=256 NH=4 V=256 " "$TMP/run.out" \
+    && grep -q "^step 2: val loss" "$TMP/run.out" && grep -q "^sample:" "$TMP/run.out"; then
+    echo "  ok    scripts/learner_data.py, --model-preset learner: $(grep -m1 '^step 2: val loss' "$TMP/run.out")"
+else
+    echo "  FAIL  --model-preset learner on scripts/learner_data.py's data"; tail -5 "$TMP/run.out"
+    fails=$((fails + 1))
+fi
 
 if [ $fails -ne 0 ]; then echo "zero: $fails FAILED"; exit 1; fi
 echo "zero: all passed"

@@ -5,7 +5,7 @@
  * one GPU): every operation runs on host memory, through MPI's non-blocking calls polled against the
  * deadline (mpi_wait). On the CPU target the buffers are host memory already (mpi_run_direct); on the
  * GPU target each operation's buffer is copied whole to host memory and back (mpi_run_host_copy), or, with
- * LLMC_MPI_STAGE_BYTES set, staged through pinned host slots in chunks, the copies of one chunk
+ * LLMC_MPI_STAGE_BYTES set, staged through pinned host buffers in pieces, the copies of one piece
  * overlapping the transfer of another (mpi_run_staged, staging.h; byte for byte the whole-buffer copies'
  * results on an H200). An operation completes before its call returns, except in strict mode, where
  * mpi_post queues it and the join (mpi_flush) runs the queue in order. Each operation's bytes and time are
@@ -23,7 +23,7 @@
 
 #include "../common.h"  // fatal, fatal_hook, wall_seconds, malloc_check, realloc_check, host_scratch
 #include "../device.h"  // download_floats, upload_floats, copy_to_host, copy_to_device
-#include "staging.h"    // Staging, StagePlan, stage_*: the chunks through pinned host slots
+#include "staging.h"    // Staging, StagePlan, stage_*: the pieces through pinned host buffers
 #include "types.h"      // Comm, Group, CommOp, ReduceOp, dtype_size, comm_deadline_s, g_comm
 
 #ifdef USE_MPI
@@ -100,10 +100,10 @@ static void mpi_transfer_part(Comm* c, const CommOp* q, void* data, void* receiv
 
 // MPI counts are int: an operation of more elements (a full model's gradients beyond 2^31 floats) would
 // wrap to a negative or short count. Those whose elements are independent (all-reduce, the
-// point-to-point kinds) run as consecutive chunks below INT_MAX, which every rank cuts alike. The block
+// point-to-point kinds) run as consecutive pieces below INT_MAX, which every rank cuts alike. The block
 // collectives (reduce-scatter, all-gather: count per rank, blocks side by side) are refused beyond it
 // with one line; their blocks are a ZeRO shard or a TP slice, an eighth of a model or less at dp or tp 8.
-static const size_t MPI_CHUNK = (size_t)1 << 30;
+static const size_t MPI_PIECE = (size_t)1 << 30;
 static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, MPI_Datatype type, size_t count) {
     int size;
     MPI_Type_size(type, &size);
@@ -112,7 +112,7 @@ static void mpi_transfer(Comm* c, const CommOp* q, void* data, void* received, M
               "or the NCCL engine", mpi_op_names[q->kind], count, INT_MAX);
     size_t done = 0;
     do {  // (an operation of 0 elements still runs once: every rank of the group takes part)
-        size_t n = count - done < MPI_CHUNK ? count - done : MPI_CHUNK;
+        size_t n = count - done < MPI_PIECE ? count - done : MPI_PIECE;
         mpi_transfer_part(c, q, (char*)data + done * size, received ? (char*)received + done * size : NULL,
                           type, (int)n);
         done += n;
@@ -131,7 +131,7 @@ static void mpi_run_direct(Comm* c, const CommOp* q) {
 
 static int mpi_is_sum(const CommOp* q) { return q->kind == OP_ALL_REDUCE || q->kind == OP_REDUCE_SCATTER; }
 
-// What an operation downloads into the slots and uploads from them (staging.h)
+// What an operation downloads into the host buffers and uploads from them (staging.h)
 static StagePlan mpi_stage_plan(const CommOp* q) {
     const Group* g = q->g;
     StagePlan p;
@@ -152,63 +152,63 @@ static StagePlan mpi_stage_plan(const CommOp* q) {
         case OP_REDUCE_SCATTER: p.down = blocks_in; p.up = recv; p.widths = g->size; break;
         case OP_ALL_GATHER: p.down = own_block; p.up = blocks_out; p.widths = g->size; break;
         case OP_SEND: p.down = send; p.widths = 2; break;  // point-to-point: 2 widths (a send-receive's both
-        case OP_RECV: p.up = recv; p.widths = 2; break;    // halves), so every kind cuts the same chunks
+        case OP_RECV: p.up = recv; p.widths = 2; break;    // halves), so every kind cuts the same pieces
         case OP_SENDRECV: p.down = send; p.up = recv; p.widths = 2; break;  // (its send whole: mpi_run_staged_sendrecv)
     }
     return p;
 }
 
-// The chunks of an operation through the slots, MPI on chunk k while the copies of the chunks around
+// The pieces of an operation through the host buffers, MPI on piece k while the copies of the pieces around
 // it run (staging.h); between stage_begin and stage_end
-static void mpi_stage_chunks(Comm* c, const CommOp* q, const StagePlan* p, size_t S, size_t chunks) {
+static void mpi_stage_pieces(Comm* c, const CommOp* q, const StagePlan* p, size_t S, size_t pieces) {
     Staging* st = c->staging;
     int sum = mpi_is_sum(q);
-    for (size_t k = 0; p->down.dev && k < chunks && k < STAGE_SLOTS; k++) stage_download(st, p, S, k);
-    for (size_t k = 0; k < chunks; k++) {
-        int s = (int)(k % STAGE_SLOTS);
+    for (size_t k = 0; p->down.dev && k < pieces && k < STAGE_BUFFERS; k++) stage_download(st, p, S, k);
+    for (size_t k = 0; k < pieces; k++) {
+        int s = (int)(k % STAGE_BUFFERS);
         if (p->down.dev) stage_wait_download(st, s);
-        else if (k >= STAGE_SLOTS) stage_wait_upload(st, s);  // the slot's previous chunk has left it
+        else if (k >= STAGE_BUFFERS) stage_wait_upload(st, s);  // the host buffer's previous piece has left it
         size_t w;
-        stage_chunk(p, S, k, &w);
-        char* slot = st->host[s];
-        mpi_transfer(c, q, slot, slot + w * p->wire, sum ? MPI_FLOAT : MPI_BYTE, sum ? w : w * p->wire);
+        stage_piece(p, S, k, &w);
+        char* host = st->host[s];
+        mpi_transfer(c, q, host, host + w * p->wire, sum ? MPI_FLOAT : MPI_BYTE, sum ? w : w * p->wire);
         if (p->up.dev) stage_upload(st, p, S, k);
-        if (p->down.dev && k + STAGE_SLOTS < chunks) stage_download(st, p, S, k + STAGE_SLOTS);
+        if (p->down.dev && k + STAGE_BUFFERS < pieces) stage_download(st, p, S, k + STAGE_BUFFERS);
     }
 }
 
 // A send-receive's send must not wait for its receive: the peer may take the whole message and answer
 // only later (GPipe: the next stage receives the last forward output with a plain receive, runs forward
-// and backward, and only then sends the gradient this rank receives here). Chunk by chunk through one
-// slot, chunk k+1 of the send would wait for chunk k of the receive: a deadlock once a chunk is beyond
-// MPI's eager size. So the send half goes whole into host memory and all its chunks are posted at once
-// (cut as a send's are, so they match the peer's receive); the receive half runs through the slots.
-static void mpi_run_staged_sendrecv(Comm* c, const CommOp* q, StagePlan p, size_t S, size_t chunks) {
+// and backward, and only then sends the gradient this rank receives here). Piece by piece through one
+// host buffer, piece k+1 of the send would wait for piece k of the receive: a deadlock once a piece is beyond
+// MPI's eager size. So the send half goes whole into host memory and all its pieces are posted at once
+// (cut as a send's are, so they match the peer's receive); the receive half runs through the host buffers.
+static void mpi_run_staged_sendrecv(Comm* c, const CommOp* q, StagePlan p, size_t S, size_t pieces) {
     Staging* st = c->staging;
     char* out = staging_out(st, p.n * p.elem);
     stage_download_whole(st, out, p.down.dev, p.n * p.elem);
-    MPI_Request* sends = (MPI_Request*)malloc_check((chunks > 0 ? chunks : 1) * sizeof(MPI_Request));
-    for (size_t k = 0; k < chunks; k++) {
-        size_t w, col0 = stage_chunk(&p, S, k, &w);
+    MPI_Request* sends = (MPI_Request*)malloc_check((pieces > 0 ? pieces : 1) * sizeof(MPI_Request));
+    for (size_t k = 0; k < pieces; k++) {
+        size_t w, col0 = stage_piece(&p, S, k, &w);
         mpiCheck(MPI_Isend(out + col0 * p.elem, (int)(w * p.wire), MPI_BYTE, q->peer, 0, q->g->mpi, &sends[k]));
     }
     CommOp recv = *q;
     recv.kind = OP_RECV;
     p.down.dev = NULL;
-    mpi_stage_chunks(c, &recv, &p, S, chunks);
-    mpiWait(c, sends, (int)chunks, mpi_op_names[OP_SENDRECV], q->g);
+    mpi_stage_pieces(c, &recv, &p, S, pieces);
+    mpiWait(c, sends, (int)pieces, mpi_op_names[OP_SENDRECV], q->g);
     free(sends);
 }
 
-// LLMC_MPI_STAGE_BYTES set: through the pinned slots, chunk by chunk (staging.h)
+// LLMC_MPI_STAGE_BYTES set: through the pinned host buffers, piece by piece (staging.h)
 static void mpi_run_staged(Comm* c, const CommOp* q) {
     StagePlan p = mpi_stage_plan(q);
-    size_t S = stage_width(&p, c->stage_bytes), chunks = (p.n + S - 1) / S;
+    size_t S = stage_width(&p, c->stage_bytes), pieces = (p.n + S - 1) / S;
     size_t need = S * p.widths * p.wire;  // at most stage_bytes, unless one column of every row is more
     c->staging = staging_reserve(c->staging, need > c->stage_bytes ? need : c->stage_bytes);
     stage_begin(c->staging);
-    if (q->kind == OP_SENDRECV) mpi_run_staged_sendrecv(c, q, p, S, chunks);
-    else mpi_stage_chunks(c, q, &p, S, chunks);
+    if (q->kind == OP_SENDRECV) mpi_run_staged_sendrecv(c, q, p, S, pieces);
+    else mpi_stage_pieces(c, q, &p, S, pieces);
     stage_end(c->staging);
 }
 

@@ -2,74 +2,75 @@
  * comm/staging.h: the copies between device buffers and host memory under the MPI engine (mpi_engine.h).
  *
  * MPI moves host memory; on the GPU target the engine's buffers live on the device. An operation is cut
- * into chunks, and each chunk goes through one of STAGE_SLOTS pinned host slots:
+ * into pieces, and each piece goes through one of STAGE_BUFFERS pinned host buffers:
  *
- *     download (device -> slot, copy stream `down`)  ->  MPI on the slot (host)  ->  upload (slot -> device, `up`)
+ *     download (device -> host buffer, stream `down`)  ->  MPI on the host buffer  ->  upload (-> device, `up`)
  *
- * While MPI works on chunk k, the downloads of chunks k+1 .. k+SLOTS-1 and the upload of chunk k-1 run on
- * the GPU's copy engines, so that the copies can hide behind the transfer (not yet measured). Slot reuse is
- * ordered by events: the download of chunk k+SLOTS into slot s waits (on the GPU) for the upload of chunk k
- * out of it.
+ * While MPI works on piece k, the downloads of pieces k+1 .. k+BUFFERS-1 and the upload of piece k-1 run
+ * on the GPU's copy engines, so that the copies can hide behind the transfer (not yet measured). A host
+ * buffer's reuse is ordered by events: the download of piece k+BUFFERS into host buffer s waits (on the
+ * GPU) for the upload of piece k out of it.
  *
- * A chunk covers columns [col0, col0 + w) of `rows` rows of the device buffer (rows > 1: the blocks of a
- * reduce-scatter or all-gather, `pitch` elements apart); in the slot its rows lie w elements apart,
+ * A piece covers columns [col0, col0 + w) of `rows` rows of the device buffer (rows > 1: the blocks of a
+ * reduce-scatter or all-gather, `pitch` elements apart); in the host buffer its rows lie w elements apart,
  * which is the layout MPI's block collectives want. Data moves as bytes, with no conversion, except for
- * sums of 16-bit floatX (bf16, fp16), which travel and are summed in float: a kernel widens each chunk
+ * sums of 16-bit floatX (bf16, fp16), which travel and are summed in float: a kernel widens each piece
  * into a device float buffer before the download and narrows it after the upload.
  *
  * A send-receive is the exception: its send must not wait for its receive (the peer may answer only
- * after taking the whole message), so its send half is downloaded whole into `out` and every chunk of
- * it posted at once; only its receive half goes through the slots (mpi_engine.h, mpi_run_staged_sendrecv).
+ * after taking the whole message), so its send half is downloaded whole into `out` and every piece of
+ * it posted at once; only its receive half goes through the host buffers (mpi_engine.h,
+ * mpi_run_staged_sendrecv).
  *
- * The chunks are used when LLMC_MPI_STAGE_BYTES sets their size (8388608, 8 MiB, is the size meant for
+ * The pieces are used when LLMC_MPI_STAGE_BYTES sets their size (8388608, 8 MiB, is the size meant for
  * GPUs: each MPI call then moves megabytes). Until this path has run on a GPU, the GPU target's default is
- * the simple whole-buffer copy that has (mpi_run_host_copy in mpi_engine.h). The CPU target runs the same
- * chunking with plain copies when the variable is set (a test of the logic; by default its MPI engine
+ * the simple whole-buffer copy that has (mpi_run_host_copy in mpi_engine.h). The CPU target cuts the
+ * same pieces with plain copies when the variable is set (a test of the logic; by default its MPI engine
  * works on the buffers directly).
  */
 #pragma once
 
 #include "../device.h"  // floatX, malloc_check, calloc_check; GPU target: cudaCheck, main_stream, grid_for
 
-#define STAGE_SLOTS 4
+#define STAGE_BUFFERS 4
 
 typedef struct {  // one side of a staged operation: where the download reads, or the upload writes
     char* dev;        // the device buffer (NULL: the operation has no such side on this rank)
     size_t pitch;     // elements between its rows
     int rows;
-    size_t host_row;  // where its first row goes in the slot, in chunk widths
+    size_t host_row;  // where its first row goes in the host buffer, in piece widths
 } StageSide;
 
 typedef struct {
     StageSide down, up;
     size_t n;        // columns: elements per row
     size_t elem;     // bytes of an element in device memory
-    size_t wire;     // bytes of an element in the slot and in MPI (4 when widened to float)
+    size_t wire;     // bytes of an element in the host buffer and in MPI (4 when widened to float)
     int convert;     // floatX <-> float on the way (a sum of 16-bit floatX)
-    int widths;      // chunk widths a slot must hold (the rows of the block collectives; 2 for point-to-point)
+    int widths;      // piece widths a host buffer must hold (the rows of the block collectives; 2 for point-to-point)
 } StagePlan;
 
 typedef struct Staging {
-    size_t cap;                // bytes of each slot
-    char* host[STAGE_SLOTS];   // pinned on the GPU target
-    float* wide[STAGE_SLOTS];  // GPU: a chunk widened to float (allocated on the first conversion)
+    size_t cap;                // bytes of each host buffer
+    char* host[STAGE_BUFFERS];   // pinned on the GPU target
+    float* wide[STAGE_BUFFERS];  // GPU: a piece widened to float (allocated on the first conversion)
     char* out;                 // a send-receive's send half, whole (pinned on the GPU target; grown on demand)
     size_t out_cap;
 #ifndef LLMC_CPU
     cudaStream_t down, up;
-    cudaEvent_t ready, down_done[STAGE_SLOTS], up_done[STAGE_SLOTS];
+    cudaEvent_t ready, down_done[STAGE_BUFFERS], up_done[STAGE_BUFFERS];
 #endif
 } Staging;
 
-// Elements per chunk and row: what fits a slot of `bytes` (the same on every rank of an operation, so
-// that the chunks of a send match those of its receive)
+// Elements per piece and row: what fits a host buffer of `bytes` (the same on every rank of an operation, so
+// that the pieces of a send match those of its receive)
 static size_t stage_width(const StagePlan* p, size_t bytes) {
     size_t w = bytes / ((size_t)p->widths * p->wire);
     return w > 0 ? w : 1;
 }
 
-// columns [col0, col0 + w) of chunk k
-static size_t stage_chunk(const StagePlan* p, size_t S, size_t k, size_t* w) {
+// columns [col0, col0 + w) of piece k
+static size_t stage_piece(const StagePlan* p, size_t S, size_t k, size_t* w) {
     size_t col0 = k * S;
     *w = p->n - col0 < S ? p->n - col0 : S;
     return col0;
@@ -85,10 +86,10 @@ static void stage_rows(char* dst, size_t dpitch, const char* src, size_t spitch,
 }
 static void staging_create(Staging* st, size_t cap) {
     st->cap = cap;
-    for (int s = 0; s < STAGE_SLOTS; s++) st->host[s] = (char*)malloc_check(cap);
+    for (int s = 0; s < STAGE_BUFFERS; s++) st->host[s] = (char*)malloc_check(cap);
 }
 static void staging_destroy(Staging* st) {
-    for (int s = 0; s < STAGE_SLOTS; s++) free(st->host[s]);
+    for (int s = 0; s < STAGE_BUFFERS; s++) free(st->host[s]);
     free(st->out);
 }
 static char* staging_out(Staging* st, size_t bytes) {
@@ -109,21 +110,21 @@ static void stage_wait_download(Staging* st, int s) { (void)st; (void)s; }
 static void stage_wait_upload(Staging* st, int s) { (void)st; (void)s; }
 
 static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) {
-    size_t w, col0 = stage_chunk(p, S, k, &w);
+    size_t w, col0 = stage_piece(p, S, k, &w);
     const StageSide* d = &p->down;
-    stage_rows(st->host[k % STAGE_SLOTS] + d->host_row * w * p->wire, w * p->wire, d->dev + col0 * p->elem,
+    stage_rows(st->host[k % STAGE_BUFFERS] + d->host_row * w * p->wire, w * p->wire, d->dev + col0 * p->elem,
                d->pitch * p->elem, w * p->elem, d->rows);
 }
 static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
-    size_t w, col0 = stage_chunk(p, S, k, &w);
+    size_t w, col0 = stage_piece(p, S, k, &w);
     const StageSide* u = &p->up;
-    stage_rows(u->dev + col0 * p->elem, u->pitch * p->elem, st->host[k % STAGE_SLOTS] + u->host_row * w * p->wire,
+    stage_rows(u->dev + col0 * p->elem, u->pitch * p->elem, st->host[k % STAGE_BUFFERS] + u->host_row * w * p->wire,
                w * p->wire, w * p->elem, u->rows);
 }
 
 #else
 // ----------------------------------------------------------------------------------------------------
-// GPU target: pinned slots, two copy streams, events per slot
+// GPU target: pinned host buffers, two copy streams, events per host buffer
 
 
 // rows x w floatX (rows `pitch` apart) <-> rows x w float (contiguous), one element per thread
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(STAGE_THREADS) stage_narrow_kernel(floatX* dst
 
 static void staging_create(Staging* st, size_t cap) {
     st->cap = cap;
-    for (int s = 0; s < STAGE_SLOTS; s++) {
+    for (int s = 0; s < STAGE_BUFFERS; s++) {
         cudaCheck(cudaMallocHost((void**)&st->host[s], cap));
         cudaCheck(cudaEventCreateWithFlags(&st->down_done[s], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&st->up_done[s], cudaEventDisableTiming));
@@ -151,7 +152,7 @@ static void staging_create(Staging* st, size_t cap) {
     cudaCheck(cudaStreamCreateWithFlags(&st->up, cudaStreamNonBlocking));
 }
 static void staging_destroy(Staging* st) {
-    for (int s = 0; s < STAGE_SLOTS; s++) {
+    for (int s = 0; s < STAGE_BUFFERS; s++) {
         cudaCheck(cudaFreeHost(st->host[s]));
         if (st->wide[s]) cudaCheck(cudaFree(st->wide[s]));  // (the engine's own, like NCCL's buffers: not in the plan)
         cudaCheck(cudaEventDestroy(st->down_done[s]));
@@ -201,12 +202,12 @@ static float* stage_wide(Staging* st, int s) {
 }
 
 static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) {
-    int s = (int)(k % STAGE_SLOTS);
-    size_t w, col0 = stage_chunk(p, S, k, &w);
+    int s = (int)(k % STAGE_BUFFERS);
+    size_t w, col0 = stage_piece(p, S, k, &w);
     const StageSide* d = &p->down;
     char* host = st->host[s] + d->host_row * w * p->wire;
     const char* src = d->dev + col0 * p->elem;
-    if (k >= STAGE_SLOTS && p->up.dev)  // chunk k-SLOTS left the slot
+    if (k >= STAGE_BUFFERS && p->up.dev)  // piece k-BUFFERS left the host buffer
         cudaCheck(cudaStreamWaitEvent(st->down, st->up_done[s], 0));
     if (p->convert) {
         size_t total = (size_t)d->rows * w;
@@ -224,8 +225,8 @@ static void stage_download(Staging* st, const StagePlan* p, size_t S, size_t k) 
 }
 
 static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
-    int s = (int)(k % STAGE_SLOTS);
-    size_t w, col0 = stage_chunk(p, S, k, &w);
+    int s = (int)(k % STAGE_BUFFERS);
+    size_t w, col0 = stage_piece(p, S, k, &w);
     const StageSide* u = &p->up;
     const char* host = st->host[s] + u->host_row * w * p->wire;
     char* dst = u->dev + col0 * p->elem;
@@ -245,9 +246,9 @@ static void stage_upload(Staging* st, const StagePlan* p, size_t S, size_t k) {
 }
 #endif
 
-// The MPI engine's chunk size: LLMC_MPI_STAGE_BYTES (bytes per slot; the same on every rank), or 0: not
-// chunked (the CPU target's MPI works on the buffers themselves; the GPU target's copies each buffer whole,
-// mpi_run_host_copy, the default until the chunked path has run on a GPU)
+// The MPI engine's piece size: LLMC_MPI_STAGE_BYTES (bytes per host buffer; the same on every rank), or 0: not
+// cut into pieces (the CPU target's MPI works on the buffers themselves; the GPU target's copies each buffer whole,
+// mpi_run_host_copy, the default until the cut into pieces path has run on a GPU)
 static size_t stage_bytes_setting(void) {
     const char* v = getenv("LLMC_MPI_STAGE_BYTES");
     if (v == NULL) return 0;
@@ -258,8 +259,8 @@ static size_t stage_bytes_setting(void) {
     return (size_t)bytes;
 }
 
-// The slots, grown to hold `bytes` each (an operation whose single column of every row needs more than
-// the configured chunk); created on the first staged operation, freed by comm_finalize.
+// The host buffers, grown to hold `bytes` each (an operation whose single column of every row needs more than
+// the configured piece); created on the first staged operation, freed by comm_finalize.
 static Staging* staging_reserve(Staging* st, size_t bytes) {
     if (st != NULL && st->cap >= bytes) return st;
     if (st != NULL) {

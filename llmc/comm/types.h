@@ -86,9 +86,9 @@ typedef struct {
     int strict;       // MPI engine: run sends and collectives at the join (LLMC_COMM_STRICT=1)
     CommOp* queue;    // strict mode: the operations posted since the last join, in order
     int queued, queue_cap;
-    size_t stage_bytes;        // MPI engine: chunk size through pinned host slots (LLMC_MPI_STAGE_BYTES; 0: not
+    size_t stage_bytes;        // MPI engine: piece size through pinned host buffers (LLMC_MPI_STAGE_BYTES; 0: not
                                // chunked: the buffers directly on the CPU target, whole host copies on the GPU)
-    struct Staging* staging;   // its pinned slots and copy streams (staging.h)
+    struct Staging* staging;   // its pinned host buffers and copy streams (staging.h)
     HostScratch host_copy[2];  // MPI engine on the GPU, not chunked: the operation's host copies (mpi_run_host_copy)
     CommStats stats;
     int kernels_wait;  // --fused-kernels on the GPU: what only kernels read next, only the main stream waits for

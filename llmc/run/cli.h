@@ -28,6 +28,7 @@ static double parse_size(const char* flag, const char* v) {
 static void print_usage(void) {
     TrainConfig d;
     default_train_config(&d);
+    const ModelPreset* learner = &MODEL_PRESETS[0];
     printf(
         "usage: train_gpt [flags]   (GPT-2 trainer, target %s, precision %s)\n"
         "\n"
@@ -40,6 +41,8 @@ static void print_usage(void) {
         "  --model FILE          start from this llm.c model file (versions 3 fp32 and 5 bf16)\n"
         "  --layers L            [%d]   --channels C   [%d]   --heads NH   [%d]\n"
         "  --vocab V             [%d]   --max-seq-len maxT [%d]   --seed N   [%llu]\n"
+        "  --model-preset NAME   %s: L=%d C=%d NH=%d V=%d maxT=%d, the guides' model (bytes for tokens), trained on\n"
+        "                        %s etc. (%s writes them); size and data flags win\n"
         "batch\n"
         "  --batch-size B        sequences per micro-batch, per rank  [%d]\n"
         "  --seq-len T           tokens per sequence (<= maxT)        [%d]\n"
@@ -132,7 +135,8 @@ static void print_usage(void) {
         "exit codes: 0 done, 1 error, 3 stopped by SIGINT, SIGTERM or SIGUSR1: the step in progress was finished\n"
         "  and checkpointed into --checkpoint-dir (continue with --resume)\n",
         TARGET_NAME, PRECISION_NAME, d.train_data, d.val_data, d.tokenizer, d.arch.L, d.arch.C, d.arch.NH, d.arch.V,
-        d.arch.maxT, (unsigned long long)d.seed, d.B, d.T, d.grad_accum,
+        d.arch.maxT, (unsigned long long)d.seed, learner->name, learner->arch.L, learner->arch.C, learner->arch.NH,
+        learner->arch.V, learner->arch.maxT, learner->train_data, learner->made_by, d.B, d.T, d.grad_accum,
         d.scaler.mode == SCALE_DYNAMIC ? "dynamic" : "off", d.steps, d.opt.lr, d.warmup, d.lr_schedule,
         d.lr_min_frac, d.opt.beta1, d.opt.beta2, d.opt.eps, d.opt.weight_decay, d.opt.grad_clip, d.val_every,
         d.val_batches, d.sample_every, d.sample_len, d.save_every, d.checkpoint_dir);
@@ -162,16 +166,23 @@ enum { MAX_PRINTED_STAGES = 64, MAX_PRINTED_MICRO_BATCHES = 1024, MAX_PLANNED_AC
 typedef struct {
     int micro_batches;                 // --micro-batches M (0: not given)
     const char* checkpoint_dir_given;  // --checkpoint-dir (NULL: not given, the default or --resume's folder)
+    const ModelPreset* preset;         // --model-preset (NULL: not given)
+    int data_given;                    // bit mask of the data flags given: 1 --train-data, 2 --val-data, 4 --tokenizer
 } FlagsSeen;
 
 // The flags that take a value, one function per part of --help. Each returns 0 for a flag not its own.
-static int parse_data_model_flag(TrainConfig* tc, const char* f, const char* v) {  // data, model, batch
+// data, model, batch
+static int parse_data_model_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {
     const long long BIG = 1LL << 40;
-    if (!strcmp(f, "--train-data")) tc->train_data = v;
-    else if (!strcmp(f, "--val-data")) tc->val_data = v;
-    else if (!strcmp(f, "--tokenizer")) tc->tokenizer = v;
+    if (!strcmp(f, "--train-data")) { tc->train_data = v; seen->data_given |= 1; }
+    else if (!strcmp(f, "--val-data")) { tc->val_data = v; seen->data_given |= 2; }
+    else if (!strcmp(f, "--tokenizer")) { tc->tokenizer = v; seen->data_given |= 4; }
     else if (!strcmp(f, "--shuffle")) tc->shuffle = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--model")) tc->model_file = v;
+    else if (!strcmp(f, "--model-preset")) {
+        seen->preset = find_model_preset(v);
+        if (!seen->preset) fatal("--model-preset must be %s, got '%s'", MODEL_PRESETS[0].name, v);
+    }
     else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= 1; }
     else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 2; }
     else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 4; }
@@ -340,9 +351,31 @@ static void check_zero_bubble_flags(const TrainConfig* tc) {
               "backward, which recomputes them into a work set the next action overwrites", tc->recompute ? "--recompute" : "--pp-rematerialize");
 }
 
+// --model-preset: its sizes where no size flag was given, counted as given (a --model file or a checkpoint
+// must have them), and its data where no data flag was. A run that trains needs that data made first.
+static void apply_model_preset(TrainConfig* tc, const FlagsSeen* seen) {
+    const ModelPreset* p = seen->preset;
+    if (!p) return;
+    if (!(tc->arch_given & 1)) tc->arch.L = p->arch.L;
+    if (!(tc->arch_given & 2)) tc->arch.C = p->arch.C;
+    if (!(tc->arch_given & 4)) tc->arch.NH = p->arch.NH;
+    if (!(tc->arch_given & 8)) tc->arch.V = p->arch.V;
+    if (!(tc->arch_given & 16)) tc->arch.maxT = p->arch.maxT;
+    tc->arch_given = 31;
+    if (!(seen->data_given & 1)) tc->train_data = p->train_data;
+    if (!(seen->data_given & 2)) tc->val_data = p->val_data;
+    if (!(seen->data_given & 4)) tc->tokenizer = p->tokenizer;
+    struct stat st;
+    int trains = !tc->plan && !tc->print_schedule && !tc->encode_file;
+    if (trains && !(seen->data_given & 1) && stat(p->train_data, &st) != 0)
+        fatal("--model-preset %s trains on %s, which does not exist: make it with %s (or give --train-data)", p->name,
+              p->train_data, p->made_by);
+}
+
 // What one flag means depends on another: conflicts, --micro-batches turned into B and grad_accum, the
-// checkpoint folder of a resumed run, and a model from the command line's sizes.
+// checkpoint folder of a resumed run, a model preset, and a model from the command line's sizes.
 static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
+    apply_model_preset(tc, seen);
     if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
     if (tc->resume && tc->resume_if_present) fatal("give --resume or --resume-if-present, not both");
     // a resumed run saves where it resumed from, so that the next resume finds its newest checkpoint
@@ -391,7 +424,7 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
     default_train_config(tc);
     tc->argc = argc;
     tc->argv = argv;
-    FlagsSeen seen = {.micro_batches = 0, .checkpoint_dir_given = NULL};
+    FlagsSeen seen = {.micro_batches = 0, .checkpoint_dir_given = NULL, .preset = NULL, .data_given = 0};
     for (int i = 1; i < argc; i++) {
         const char* f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0) {
@@ -417,8 +450,9 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         }
         if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);
         const char* v = argv[++i];
-        if (!parse_data_model_flag(tc, f, v) && !parse_parallel_flag(tc, &seen, f, v) && !parse_precision_memory_flag(tc, f, v) &&
-            !parse_optimization_flag(tc, f, v) && !parse_output_flag(tc, &seen, f, v) && !parse_testing_flag(tc, f, v))
+        if (!parse_data_model_flag(tc, &seen, f, v) && !parse_parallel_flag(tc, &seen, f, v) &&
+            !parse_precision_memory_flag(tc, f, v) && !parse_optimization_flag(tc, f, v) && !parse_output_flag(tc, &seen, f, v) &&
+            !parse_testing_flag(tc, f, v))
             fatal("unknown flag %s (see --help)", f);
     }
     check_flag_combinations(tc, &seen);

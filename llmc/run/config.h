@@ -18,6 +18,34 @@
 #include "../pipeline.h"     // Schedule
 #include "state_file.h"      // RunState
 
+// --model-preset NAME: a model's sizes, and the data it trains on unless --train-data, --val-data or
+// --tokenizer say otherwise.
+typedef struct {
+    const char* name;
+    GPT2Config arch;  // (Vp: derived from V)
+    const char* train_data;
+    const char* val_data;
+    const char* tokenizer;
+    const char* made_by;  // the script that writes the data
+} ModelPreset;
+
+// learner: the model the guides teach on. The default model's vocabulary of 50257 makes its embedding
+// 89% of the parameters, so ZeRO's fixed costs (ZeRO-2's whole-embedding gradient workspace, ZeRO-3's
+// gathered embedding) outweigh what it shards, and its classifier is 30 layers' work on the last pipeline
+// stage. With bytes for tokens (V = 256) the 16 layers hold 99% of the parameters, model state (16 bytes a
+// parameter in fp32) outweighs the activations of the default micro-batch, and stages of whole layers do
+// even work (the classifier is 1/12 of a layer); a step on one CPU core takes about a third of a second.
+static const ModelPreset MODEL_PRESETS[] = {
+    {"learner", {.maxT = 128, .V = 256, .Vp = 0, .L = 16, .NH = 4, .C = 256}, "build/learner/train.bin",
+     "build/learner/val.bin", "build/learner/tokenizer.bin", "scripts/learner_data.py"},
+};
+
+static const ModelPreset* find_model_preset(const char* name) {
+    for (size_t i = 0; i < sizeof(MODEL_PRESETS) / sizeof(MODEL_PRESETS[0]); i++)
+        if (!strcmp(MODEL_PRESETS[i].name, name)) return &MODEL_PRESETS[i];
+    return NULL;
+}
+
 // Everything the command line sets.
 typedef struct {
     // data

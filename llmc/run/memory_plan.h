@@ -88,7 +88,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     // floats (BIAS_VEC_CHUNKS, llmc/matmul.h), in the same scratch, so the larger of the two (where cuBLASLt
     // refused an epilogue, the partial rows of a wider layer would take more than planned); the gradient
     // norm's table of ranges on the device (llmc/global_norm.h: 2 ints a range, and one; a range per tensor
-    // owned, at most 12 a layer and 4) and the step report's 6 floats (llmc/step_report.h)
+    // owned, at most 12 a layer and 4) and the step report's 6 floats (llmc/step_outputs.h)
     if (kernels->fused) {
         size_t bias = 128 * 4 * Cl * 4 > widest * elem_bytes ? 128 * 4 * Cl * 4 : widest * elem_bytes;
         reductions = 512 * 2 * c->C * 4 + bias + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
@@ -169,7 +169,15 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
                    s, layers, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slot_s, p.workspace / G, p.comm / G,
                    p.kernel_scratch / G);
             if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
-            printf(" | total %7.3f GiB\n", total / G);
+            printf(" | total %7.3f GiB", total / G);
+            if (tc->zero > 0) {  // what the sharding changed: the same rank at ZeRO-0 (nothing sharded)
+                Placement unsharded = pl;
+                unsharded.zero = 0;
+                MemoryPlan p0 = plan_rank(c, &unsharded, B, tc->T, slots, tc->recompute, tc->recompute_segment,
+                                          tc->rematerialize, phases, elem_bytes, &tc->kernels);
+                printf(" (%+ld%% vs ZeRO-0)", lround(100.0 * ((double)total / (double)plan_total(&p0) - 1.0)));
+            }
+            printf("\n");
         }
     }
     return worst;

@@ -14,7 +14,7 @@
  *   version 3)  [37..38] its tokens (int64)  [39] its files
  * then R pairs (offset in file order, count) as int64, then AdamW's m for those ranges (float32), then
  * v, then the FNV-1a hash (uint64) of all the bytes before it. Shards of any DP size can be read by any
- * other: a resume reassembles the whole state and takes its own chunks (re-sharding). The model hash
+ * other: a resume reassembles the whole state and takes its own parts (re-sharding). The model hash
  * ties state and model together: a state file never resumes another model.
  *
  * Version 2 (written now) adds the run id: a random number drawn when a run starts from scratch and kept
