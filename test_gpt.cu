@@ -441,8 +441,8 @@ static void test_tp_memory(const KernelChoice* kernels) {
         gpt2_allocate_activations(&model, B, T, 1, 0);
         size_t split_local = 0, split_whole = 0, replicated = 0;
         int ok = 1;
-        for (int i = 0; i < model.layout.num_slots; i++) {
-            const TensorSlot* s = &model.layout.slots[i];
+        for (int i = 0; i < model.layout.num_entries; i++) {
+            const TensorEntry* s = &model.layout.entries[i];
             size_t whole = s->whole.rows * s->whole.cols;
             if (s->whole.split == SPLIT_NONE) {
                 replicated += s->numel;
@@ -453,7 +453,7 @@ static void test_tp_memory(const KernelChoice* kernels) {
                 ok &= s->numel * tp == whole;
             }
         }
-        ok &= model.bytes_params >= (split_local + replicated) * fx && model.bytes_params < (split_local + replicated + 64 * model.layout.num_slots) * fx;
+        ok &= model.bytes_params >= (split_local + replicated) * fx && model.bytes_params < (split_local + replicated + 64 * model.layout.num_entries) * fx;
         const Activations* a = &model.chunk->slots[0];
         size_t Cl = c.C / tp, NHl = c.NH / tp, Vpl = c.Vp / tp, L = c.L;
 #define SPAN(x, y) ((size_t)((const char*)(y) - (const char*)(x)))

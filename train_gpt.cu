@@ -63,7 +63,7 @@
 //
 // A rank's parameters are one flat buffer, laid out layer by layer so that each layer's tensors (a
 // bucket) are one contiguous range; which tensors and slices it holds follow from its place in the grid.
-// llmc/param_layout.h computes that layout (ParamLayout: a TensorSlot per tensor, a Bucket per layer) and
+// llmc/param_layout.h computes that layout (ParamLayout: a TensorEntry per tensor, a Bucket per layer) and
 // its mapping to the llm.c file order. The model reads its tensors through tables of pointers into it:
 // Weights, with a LayerWeights per layer (the 12 tensors of a block in file order), made by point_weights
 // from each bucket's base (bucket_bases). The gradients are laid out the same way.
@@ -92,8 +92,8 @@ static Weights point_weights(const GPT2Config* c, const ParamLayout* lay, floatX
     Weights w;
     memset(&w, 0, sizeof(w));
     w.layers = (LayerWeights*)calloc_check(c->L * sizeof(LayerWeights));  // layers of other stages stay NULL
-    for (int i = 0; i < lay->num_slots; i++) {
-        const TensorSlot* s = &lay->slots[i];
+    for (int i = 0; i < lay->num_entries; i++) {
+        const TensorEntry* s = &lay->entries[i];
         floatX* p = bucket_base[s->bucket] + (s->offset - lay->buckets[s->bucket].offset);
         if (s->kind == WTE) w.wte = p;
         else if (s->kind == WPE) w.wpe = p;
@@ -806,9 +806,9 @@ static void gpt2_backward_weights(GPT2* model, int m, int B, int T, int communic
 static void gpt2_init_norm_parts(GPT2* model) {
     const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
-    norm_parts_init(&model->norm_parts, model->layout.num_slots);
-    for (int i = 0; i < model->layout.num_slots; i++) {
-        const TensorSlot* s = &model->layout.slots[i];
+    norm_parts_init(&model->norm_parts, model->layout.num_entries);
+    for (int i = 0; i < model->layout.num_entries; i++) {
+        const TensorEntry* s = &model->layout.entries[i];
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         if (s->kind == WTE && !model->first) continue;  // PP: the tied wte is counted on the first stage only
         norm_parts_add(&model->norm_parts, owned_grads(model, s->bucket) + (lo - owned_start(z, s->bucket)), hi - lo,
@@ -827,8 +827,8 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
                       .t = t, .stochastic = model->stochastic_rounding, .index_base = 0};
     AdamWRange ranges[ADAMW_BATCH];  // (passed on ADAMW_BATCH at a time: with --fused-kernels 1 a launch each on the GPU)
     int n = 0;
-    for (int i = 0; i < model->layout.num_slots; i++) {
-        const TensorSlot* s = &model->layout.slots[i];
+    for (int i = 0; i < model->layout.num_entries; i++) {
+        const TensorEntry* s = &model->layout.entries[i];
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
         ranges[n++] = (AdamWRange){.master = owned_master(model, s->bucket) + in_bucket,
@@ -870,8 +870,8 @@ static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t,
 static void gpt2_round_params(GPT2* model, int t) {
     if (master_is_params(model)) return;
     size_t lo, hi, k;
-    for (int i = 0; i < model->layout.num_slots; i++) {
-        const TensorSlot* s = &model->layout.slots[i];
+    for (int i = 0; i < model->layout.num_entries; i++) {
+        const TensorEntry* s = &model->layout.entries[i];
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         floatX* params = owned_params(model, s->bucket) + (lo - owned_start(&model->zero, s->bucket));
         round_params(params, model->master + k, hi - lo, lo, t, model->stochastic_rounding);
@@ -978,7 +978,7 @@ static void sum_tied_embedding_grads(GPT2* model) {
     if (!(model->first || model->last)) return;
     Comm* comm = model->comm;
     double t0 = trace_now_us(model->tracer);
-    size_t wte = model->layout.slots[0].numel;  // wte is the first tensor of both stages
+    size_t wte = model->layout.entries[0].numel;  // wte is the first tensor of both stages
     comm_all_reduce(comm, &comm->emb_group, model->grads.wte, wte, DT_FLOATX, REDUCE_SUM);
     comm_join(comm);
     trace_add(model->tracer, "allreduce", "tied wte", -1, t0);

@@ -34,14 +34,14 @@ typedef struct {
     TensorShape whole;  // the whole tensor (all TP ranks), and how it is split
     size_t file_base;   // where the whole tensor starts in the file order
     int decay;  // weight decay applies (2-D weights: wte, wpe, qkvw, attprojw, fcw, fcprojw)
-} TensorSlot;
+} TensorEntry;
 
 // Buckets group the tensors that become final together in backward, and are what data parallelism
 // communicates: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. Each bucket is
 // padded to a multiple of 64 * D elements so that it splits into D aligned parts (llmc/zero.h).
 typedef struct {
-    int num_slots;  // 12 L + 4, in memory order
-    TensorSlot* slots;
+    int num_entries;  // 12 L + 4, in memory order
+    TensorEntry* entries;
     int num_buckets;  // L + 2
     Bucket* buckets;
     size_t total;  // elements of the flat buffer, gaps included
@@ -74,8 +74,8 @@ static int memory_order_tensor(int i, int L, int* layer) {
 
 static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     ParamLayout lay;
-    lay.slots = (TensorSlot*)malloc_check((NUM_LAYER_TENSORS * c->L + 4) * sizeof(TensorSlot));
-    // every tensor's place in the file order, and the slots of the ones this stage holds
+    lay.entries = (TensorEntry*)malloc_check((NUM_LAYER_TENSORS * c->L + 4) * sizeof(TensorEntry));
+    // every tensor's place in the file order, and the entries of the ones this stage holds
     size_t* file_base = (size_t*)malloc_check(NUM_FILE_TENSORS * c->L * sizeof(size_t));  // [kind][layer]
     size_t file_offset = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++)
@@ -83,11 +83,11 @@ static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
             file_base[kind * c->L + l] = file_offset;
             file_offset += file_tensor_numel(c, kind);
         }
-    lay.num_slots = 0;
+    lay.num_entries = 0;
     for (int i = 0; i < NUM_LAYER_TENSORS * c->L + 4; i++) {  // memory order: wte, wpe, layers, lnfw, lnfb
         int layer, kind = memory_order_tensor(i, c->L, &layer);
         if (!stage_has(p, kind, layer)) continue;
-        TensorSlot* s = &lay.slots[lay.num_slots++];
+        TensorEntry* s = &lay.entries[lay.num_entries++];
         s->kind = kind;
         s->layer = layer;
         s->bucket = tensor_is_per_layer(kind) ? 1 + layer : kind == WTE || kind == WPE ? 0 : c->L + 1;
@@ -100,9 +100,9 @@ static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     lay.num_buckets = c->L + 2;  // buckets of layers on other stages stay empty
     lay.buckets = (Bucket*)calloc_check(lay.num_buckets * sizeof(Bucket));
     size_t offset = 0;
-    for (int i = 0; i < lay.num_slots; i++) {
-        TensorSlot* s = &lay.slots[i];
-        if (i == 0 || s->bucket != lay.slots[i - 1].bucket) {  // a new bucket starts
+    for (int i = 0; i < lay.num_entries; i++) {
+        TensorEntry* s = &lay.entries[i];
+        if (i == 0 || s->bucket != lay.entries[i - 1].bucket) {  // a new bucket starts
             offset = round_up(offset, 64 * (size_t)p->dp);
             lay.buckets[s->bucket].offset = offset;
         }
@@ -117,10 +117,10 @@ static ParamLayout build_layout(const GPT2Config* c, const Placement* p) {
     return lay;
 }
 
-// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of slot i held by TP rank r of the
+// The runs (llmc/tensor_parallel.h) of local elements [lo, hi) of entry i held by TP rank r of the
 // placement's TP group, in the file order. Returns a malloc'ed array and its length in *n.
-static Run* slot_runs(const ParamLayout* lay, const Placement* p, int i, int r, size_t lo, size_t hi, size_t* n) {
-    const TensorSlot* s = &lay->slots[i];
+static Run* entry_runs(const ParamLayout* lay, const Placement* p, int i, int r, size_t lo, size_t hi, size_t* n) {
+    const TensorEntry* s = &lay->entries[i];
     TensorShape local = local_shape(s->whole, p->tp);
     Run* runs = (Run*)malloc_check(((hi - lo) / local.cols + 2) * sizeof(Run));
     *n = tensor_runs(s->whole, p->tp, r, s->file_base, lo, hi, runs);
@@ -128,18 +128,18 @@ static Run* slot_runs(const ParamLayout* lay, const Placement* p, int i, int r, 
 }
 
 static void free_layout(ParamLayout* lay) {
-    free(lay->slots);
+    free(lay->entries);
     free(lay->buckets);
 }
 
 // memory layout of TP rank r (of the placement's TP group) <-> llm.c file order, for float buffers on the
 // host (layout_to_file_order writes only rank r's slices of the split tensors; file_order_to_layout reads them)
 static void copy_layout_file(const ParamLayout* lay, const Placement* p, int r, float* mem, float* file, int to_file) {
-    for (int i = 0; i < lay->num_slots; i++) {
+    for (int i = 0; i < lay->num_entries; i++) {
         size_t n;
-        Run* runs = slot_runs(lay, p, i, r, 0, lay->slots[i].numel, &n);
+        Run* runs = entry_runs(lay, p, i, r, 0, lay->entries[i].numel, &n);
         for (size_t k = 0; k < n; k++) {
-            float* m = mem + lay->slots[i].offset + runs[k].local;
+            float* m = mem + lay->entries[i].offset + runs[k].local;
             if (to_file) memcpy(file + runs[k].file, m, runs[k].count * sizeof(float));
             else memcpy(m, file + runs[k].file, runs[k].count * sizeof(float));
         }
@@ -154,9 +154,9 @@ static void file_order_to_layout(const ParamLayout* lay, const Placement* p, int
     copy_layout_file(lay, p, r, mem, (float*)file, 0);
 }
 
-// The part [lo, hi) of slot s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
+// The part [lo, hi) of entry s that this rank owns (stage 0: all of it; stages 1, 2: its overlap with our
 // part of the bucket), and the offset of lo in the shard buffers. Returns 0 if we own none of it.
-static int owned_part(const ZeroPlan* z, const TensorSlot* s, size_t* lo, size_t* hi, size_t* shard_k) {
+static int owned_part(const ZeroPlan* z, const TensorEntry* s, size_t* lo, size_t* hi, size_t* shard_k) {
     size_t start = owned_start(z, s->bucket), end = start + owned_size(z, s->bucket);
     *lo = s->offset > start ? s->offset : start;
     *hi = s->offset + s->numel < end ? s->offset + s->numel : end;
@@ -184,13 +184,13 @@ static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const P
     float *m_file = (float*)malloc_check(bytes), *v_file = (float*)malloc_check(bytes);
     copy_to_host(m, m_dev, bytes);
     copy_to_host(v, v_dev, bytes);
-    for (int i = 0; i < lay->num_slots; i++) {  // each tensor's overlap with what we own, in file runs
-        const TensorSlot* t = &lay->slots[i];
+    for (int i = 0; i < lay->num_entries; i++) {  // each tensor's overlap with what we own, in file runs
+        const TensorEntry* t = &lay->entries[i];
         if (!owned_part(z, t, &lo, &hi, &k)) continue;
         if (t->whole.split == SPLIT_NONE && p->tp_rank != 0) continue;  // TP rank 0 has the same
         if (t->kind == WTE && !is_first_stage(p)) continue;             // the first stage has the same
         size_t n;
-        Run* runs = slot_runs(lay, p, i, p->tp_rank, lo - t->offset, hi - t->offset, &n);
+        Run* runs = entry_runs(lay, p, i, p->tp_rank, lo - t->offset, hi - t->offset, &n);
         for (size_t j = 0; j < n; j++) {
             if (n_ranges == cap) {
                 cap *= 2;
