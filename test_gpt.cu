@@ -411,12 +411,11 @@ static void test_zero_memory(const KernelChoice* kernels, const char* dir) {
                 int ok = psi % D == 0 && psi >= model.num_parameters && model.bytes_params == (stage < 3 ? psi : psi / D) * fx &&
                          model.bytes_grads == (stage < 2 ? psi : psi / D) * fx &&
                          model.bytes_optimizer == k * (stage == 0 ? psi : psi / D) * 4 &&
-                         model.bytes_workspace == (stage < 2 ? 0 : stage == 2 ? workspace : 2 * workspace) &&
-                         model.bytes_comm == (stage >= 2 ? psi / D * fx : 0);
+                         model.bytes_workspace == (stage < 2 ? 0 : stage == 2 ? workspace : 2 * workspace);
                 if (d == 0 || !ok) {
-                    printf("  D=%d stage %d rank %d: Psi %zu | params %zu | grads %zu | optimizer %zu | workspace %zu | comm %zu  %s\n", D,
+                    printf("  D=%d stage %d rank %d: Psi %zu | params %zu | grads %zu | optimizer %zu | workspace %zu  %s\n", D,
                            stage, d, psi, model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_workspace,
-                           model.bytes_comm, ok ? "ok" : "FAIL");
+                           ok ? "ok" : "FAIL");
                 }
                 if (!ok) failures++;
                 gpt2_free(&model);
@@ -704,7 +703,7 @@ static void test_memory_plan(const KernelChoice* kernels) {
                                     size_t measured = device_allocated_bytes - before;
                                     int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
                                              plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
-                                             plan.workspace == model.bytes_workspace && plan.comm == model.bytes_comm &&
+                                             plan.workspace == model.bytes_workspace &&
                                              measured == plan_total(&plan) - plan.kernel_scratch;
                                     if (!ok) {
                                         printf("  FAIL dp=%d tp=%d pp=%d (%d chunks) stage %d zero=%d R=%d K=%d B=%d: planned %zu, allocated %zu\n", dp,

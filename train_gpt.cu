@@ -241,7 +241,7 @@ typedef struct {
     int stochastic_rounding; // BF16: parameter updates rounded stochastically (llmc/adamw.h)
     KernelScratch kernel_scratch;  // the layer launchers' buffers (allocated by the launchers, on first use)
     int B, T;  // the batch shape activations were allocated for (0: not yet)
-    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace, bytes_comm;
+    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace;
     Tracer* tracer;  // spans for --trace (NULL: off)
     float* host_losses;  // (B, T) the last forward's per-position losses, when brought to the host
     StepOutputs outputs;  // the step's losses and the update's verdict (llmc/step_outputs.h)
@@ -287,7 +287,7 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     if (zero_stage < 3) model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
     if (zero_stage < 2) model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
     zero3_init(&model->zero3, &model->zero, mode, &model->bytes_params, &model->bytes_workspace);
-    zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_comm, &model->bytes_workspace);
+    zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_workspace);
     floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
     model->params = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage == 3, model->params_memory, &model->zero3.gathered, bases));
     model->grads = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage >= 2, model->grads_memory, &model->zero2.workspace, bases));
@@ -695,7 +695,7 @@ static floatX* backward_grads(GPT2* model, int b) {
 static void gradients_ready(GPT2* model, int b, int communicate) {
     if (!communicate || model->layout.buckets[b].size == 0 || (model->place.dp == 1 && model->zero.stage < 2)) return;
     double t0 = trace_now_us(model->tracer);
-    zero_reduce_bucket(model->comm, &model->zero, &model->zero2, b, backward_grads(model, b));
+    zero_reduce_bucket(model->comm, &model->zero, b, backward_grads(model, b));
     if (model->zero.stage == 0) trace_add(model->tracer, "allreduce", "all-reduce", b, t0);
     else trace_add(model->tracer, "reducescatter", "reduce-scatter", b, t0);
 }
@@ -1186,7 +1186,7 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
 // shape its activations were allocated for, with elements of `elem_bytes`
 static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
     return (MemoryPlan){.params = m->bytes_params, .grads = m->bytes_grads, .optimizer = m->bytes_optimizer,
-                        .activations = m->bytes_activations, .workspace = m->bytes_workspace, .comm = m->bytes_comm,
+                        .activations = m->bytes_activations, .workspace = m->bytes_workspace,
                         .kernel_scratch = kernel_scratch_bytes(&m->config, &m->place, m->last, m->B, m->T, elem_bytes, &m->kernels),
                         .host = 0};
 }

@@ -30,16 +30,18 @@
  *            the micro-steps before it only accumulate (+=) into the full local buffer.
  *   ZeRO-2   params Psi, grads Psi/D (+ a bounded workspace), optimizer state Psi/D. The full gradient
  *            of a layer exists only briefly: backward writes it into a workspace buffer, the buffer is
- *            reduce-scattered into `incoming` (this rank's parts), and the buffer is reused. Since the
- *            workspace holds one micro-step, the reduce-scatter runs in every micro-step, and after
- *            each the parts are added into `shard`, which accumulates over the optimizer step:
- *              shard (Psi/D) += incoming (Psi/D)     (zero2_end_micro_step)
+ *            reduce-scattered in place (rank d's sum lands in part d of the buffer, as ZeRO-1's does in
+ *            the full buffer), and before the buffer is reused that part is added into `shard`, which
+ *            accumulates over the optimizer step. Since the workspace holds one micro-step, the
+ *            reduce-scatter runs in every micro-step:
+ *              shard (Psi/D) += part d of the bucket's buffer     (zero2_layer_begins, zero2_end_micro_step)
  *   ZeRO-3   params Psi/D (+ gather buffers), grads and optimizer state as ZeRO-2: the parameters are
  *            sharded too, and each layer's are all-gathered just before they are used (llmc/zero3.h).
  * At ZeRO-1 and ZeRO-2, after the update every rank holds new values for its parts only, and an
  * all-gather per bucket gives everyone the full parameters again (zero_gather_params).
  *
- * ZeRO-2's workspace (LayerBuffers): [embeddings bucket | final LayerNorm bucket | layer buffer 0 | layer buffer 1].
+ * ZeRO-2's workspace (LayerBuffers): [embeddings bucket | final LayerNorm bucket | layer buffer 0 | layer
+ * buffer 1].
  * The embeddings and final LayerNorm get their own space (the first and the last bucket backward
  * finishes); the L layers share two buffers, layer l writing buffer l % 2. Why two: the reduce-scatter of
  * layer l still reads its buffer while backward computes layer l-1, which therefore writes the other buffer;
@@ -49,14 +51,14 @@
  *
  * What the trainer calls, in order (the zero2_ calls do nothing below stage 2; stage 3's gradients are
  * stage 2's):
- *   zero2_init / zero2_free         allocate / free the shard, incoming and the workspace (gpt2_build_as, gpt2_free)
+ *   zero2_init / zero2_free         allocate / free the shard and the workspace (gpt2_build_as, gpt2_free)
  *   zero2_begin_step                clear the accumulated shard (start of an optimizer step)
  *   zero_reduces_now                whether this micro-step's backward reduces: the last one; all at ZeRO-2
  *   zero2_begin_micro_step          clear the embeddings and final-LayerNorm workspace (start of backward)
- *   zero2_layer_begins (layer l)    wait until buffer l % 2 is free, clear it
+ *   zero2_layer_begins (layer l)    wait until buffer l % 2 is free, add its reduced part to the shard, clear it
  *   zero_reduce_bucket (bucket b)   all-reduce or reduce-scatter the bucket's gradients, as they are final
  *   zero2_layer_done (layer l)      buffer l % 2 is read by the reduce-scatter just posted
- *   zero2_end_micro_step            after the join: shard += incoming
+ *   zero2_end_micro_step            after the join: the reduced parts still in the workspace join the shard
  *   zero_gather_params              after the update
  */
 #pragma once
@@ -147,31 +149,31 @@ static void layer_buffers_bases(const LayerBuffers* w, const ZeroPlan* z, floatX
 }
 
 typedef struct {
-    floatX* shard;          // (shard_total) this rank's reduced gradient parts, accumulated over micro-steps;
-                            // NULL below stage 2, where the zero2_ calls do nothing
-    floatX* incoming;       // (shard_total) the parts reduce-scattered in this micro-step
-    LayerBuffers workspace;   // what backward writes
+    floatX* shard;           // (shard_total) this rank's reduced gradient parts, accumulated over micro-steps;
+                             // NULL below stage 2, where the zero2_ calls do nothing
+    LayerBuffers workspace;  // what backward writes, and where each bucket's reduce-scatter leaves our part
     size_t shard_total;
-    CommFence buf_free[2]; // marked after the reduce-scatter that reads the buffer was posted
+    const ZeroPlan* plan;    // which part of each bucket is ours
+    CommFence buf_free[2];   // marked after the reduce-scatter of the layer in the buffer was posted
+    int buf_bucket[2];       // the bucket whose reduced part waits in the buffer (-1: none)
 } Zero2Grads;
 
 // Allocates the buffers at stages 2 and 3 (below, nothing: the full gradient buffer serves); the bytes
-// are counted into the three accounts: the gradient shard, the communication buffer (incoming), the
-// workspace.
-static void zero2_init(Zero2Grads* w, const ZeroPlan* z, const BuildMode* mode, size_t* bytes_grads, size_t* bytes_comm,
+// are counted into two accounts: the gradient shard, the workspace.
+static void zero2_init(Zero2Grads* w, const ZeroPlan* z, const BuildMode* mode, size_t* bytes_grads,
                        size_t* bytes_workspace) {
     memset(w, 0, sizeof(*w));
+    w->buf_bucket[0] = w->buf_bucket[1] = -1;
     if (z->stage < 2) return;
     w->shard_total = z->shard_total;
+    w->plan = z;
     w->shard = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_grads);
-    w->incoming = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_comm);
     layer_buffers_init(&w->workspace, z, mode, bytes_workspace);
 }
 
 static void zero2_free(Zero2Grads* w) {
     if (w->shard == NULL) return;
     device_free(w->shard);
-    device_free(w->incoming);
     device_free(w->workspace.base);
     for (int s = 0; s < 2; s++) comm_fence_free(&w->buf_free[s]);
     memset(w, 0, sizeof(*w));
@@ -188,46 +190,64 @@ static void zero2_begin_micro_step(Zero2Grads* w) {
     if (w->shard) device_memset_zero(w->workspace.base, w->workspace.ends * sizeof(floatX));
 }
 
-// Before backward writes layer l's gradients: its buffer must no longer be read by the reduce-scatter of
-// layer l + 2, and starts from zero.
+// The reduced part of bucket b joins the ones accumulated so far: shard += our part of the bucket's
+// gradient `bucket_grads` in the workspace, which its reduce-scatter has left there (it has completed).
+static void zero2_add_part(Zero2Grads* w, int b, const floatX* bucket_grads) {
+    size_t n = owned_size(w->plan, b);
+    if (n == 0) return;
+    device_accumulate(w->shard + w->plan->owned_offset[b], bucket_grads + (size_t)w->plan->place->dp_rank * n, n);
+}
+
+// Before backward writes layer l's gradients into buffer l % 2: the reduce-scatter of layer l + 2 there
+// must be done (the main stream waits for it; on a GPU only the stream: the host blocks in the next copy
+// or synchronization instead; the emulation blocks here), its part joins the shard, and the buffer starts
+// from zero.
 static void zero2_layer_begins(Comm* c, Zero2Grads* w, int l) {
     if (w->shard == NULL) return;
     int buffer = l % 2;
-    // the main stream waits for the communication that reads this buffer (on a GPU only the stream: the host
-    // blocks in the next copy or synchronization instead; the emulation blocks here)
     comm_fence_wait(c, &c->dp_group, &w->buf_free[buffer], "the main stream's wait for a ZeRO-2 reduce-scatter");
+    if (w->buf_bucket[buffer] >= 0) zero2_add_part(w, w->buf_bucket[buffer], w->workspace.layer_buf[buffer]);
+    w->buf_bucket[buffer] = -1;
     device_memset_zero(w->workspace.layer_buf[buffer], w->workspace.buf_size * sizeof(floatX));
 }
 
-// After the reduce-scatter of layer l was posted (zero_reduce_bucket): its buffer belongs to it until done.
+// After the reduce-scatter of layer l was posted (zero_reduce_bucket): its buffer belongs to it until done,
+// and then holds our reduced part of the layer's bucket, 1 + l.
 static void zero2_layer_done(Comm* c, Zero2Grads* w, int l) {
     if (w->shard == NULL) return;
     comm_fence_mark(c, &c->dp_group, &w->buf_free[l % 2]);
+    w->buf_bucket[l % 2] = 1 + l;
 }
 
-// end of a micro-step's backward, after the communication was joined: its reduced parts join the ones
-// accumulated so far
+// End of a micro-step's backward, after the communication was joined: the reduced parts still in the
+// workspace (the last two layers', the embeddings' and the final LayerNorm's) join the shard.
 static void zero2_end_micro_step(Zero2Grads* w) {
-    if (w->shard) device_accumulate(w->shard, w->incoming, w->shard_total);  // shard += incoming
+    if (w->shard == NULL) return;
+    const ZeroPlan* z = w->plan;
+    int last = z->num_buckets - 1;
+    for (int buffer = 0; buffer < 2; buffer++) {
+        if (w->buf_bucket[buffer] >= 0) zero2_add_part(w, w->buf_bucket[buffer], w->workspace.layer_buf[buffer]);
+        w->buf_bucket[buffer] = -1;
+    }
+    zero2_add_part(w, 0, w->workspace.base);
+    zero2_add_part(w, last, w->workspace.base + z->buckets[0].size);
 }
 
 // ----------------------------------------------------------------------------------------------------
 // the communication of one bucket, called as soon as backward has finished its gradients
 
 // grads: the bucket's full gradient (in the gradient buffer at stages 0 and 1, in the workspace at
-// stages 2 and 3, whose reduced parts land in w->incoming).
-static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, const Zero2Grads* w, int b, floatX* grads) {
+// stages 2 and 3).
+static void zero_reduce_bucket(Comm* c, const ZeroPlan* z, int b, floatX* grads) {
     size_t part = z->buckets[b].size / z->place->dp;
     switch (z->stage) {
         case 0:  // DP: everyone gets the sum of everyone's gradients
             comm_all_reduce(c, &c->dp_group, grads, z->buckets[b].size, DT_FLOATX, REDUCE_SUM);
             break;
         case 1:  // ZeRO-1: the sum of my part lands in place, in my part of the full gradient buffer
-            comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->place->dp_rank * part, part, DT_FLOATX);
-            break;
-        case 2:  // ZeRO-2 (and 3): the sum of my part lands in the micro-step's incoming shard
+        case 2:  // ZeRO-2 (and 3): the same in the workspace, whence it joins the shard (zero2_layer_begins)
         case 3:
-            comm_reduce_scatter(c, &c->dp_group, grads, w->incoming + z->owned_offset[b], part, DT_FLOATX);
+            comm_reduce_scatter(c, &c->dp_group, grads, grads + (size_t)z->place->dp_rank * part, part, DT_FLOATX);
             break;
     }
 }

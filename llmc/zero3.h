@@ -20,13 +20,13 @@
  *
  * One micro-step, L = 4 layers, in time order left to right (on the GPU with NCCL; G x: the gather of x on
  * the communication stream, Ge: of the ends; F x / B x: layer x's forward / backward on the main stream;
- * RS x: the reduce-scatter of its gradients, ZeRO-2's; in the buffer rows x>y: y is being gathered over x,
- * whose last use is done):
+ * RS x: the reduce-scatter of its gradients, ZeRO-2's; in the rows of layer buffers 0 and 1, x>y: y is
+ * being gathered over x, whose last use is done):
  *
  *      main         F0    F1    F2    F3  classifier lnf  B3    B2        B1        B0   embedding
  *      comm   Ge G0 G1    G2    G3                        RSf   RS3 G1    RS2 G0    RS1  RS0 RSe
- *      buffer 0    0  0     0>2   2     2                   2     2         2>0       0
- *      buffer 1       >1    1     1>3   3                   3     3>1       1         1
+ *      buf  0    0  0     0>2   2     2                   2     2         2>0       0
+ *      buf  1       >1    1     1>3   3                   3     3>1       1         1
  *
  * Backward begins with the last two layers still gathered (no gather for them), and then gathers again in
  * reverse order. Each gather into a buffer is queued after the work already queued on the main stream, so

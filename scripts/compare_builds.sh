@@ -5,7 +5,7 @@
 # configurations below (the same flags, data and seeds), and requires byte-identical final model files,
 # checkpoints (the same file names; the state files less their header and hash, which hold the run identity each run draws),
 # JSONL logs (less the measured ms and tokens_per_s and the binary's path) and stdout loss lines.
-#   single rank; dp=2 ZeRO-2 with gradient accumulation; tp=2; pp=2 1F1B; pp=3 GPipe rematerialized;
+#   single rank; dp=2 ZeRO-2 and ZeRO-3 with gradient accumulation; tp=2; pp=2 1F1B; pp=3 GPipe rematerialized;
 #   pp=2 interleaved (2 virtual stages); pp=3 ZB-H1; 3D (dp2 tp2 pp2, ZeRO-1, 1F1B); recompute 3; dynamic
 #   loss scaling with an injected overflow that is skipped (dp=2 ZeRO-1)
 # Both builds run the same CPU matmul (llmc/matmul.h), as byte-identity needs: where both know
@@ -49,6 +49,7 @@ COMMON=(--layers 4 --channels 32 --heads 4 --vocab 512 --max-seq-len 16 --seq-le
 CONFIGS=(
     "single|1|--batch-size 4"
     "dp2-zero2|2|--batch-size 2 --grad-accum 2 --zero 2"
+    "dp2-zero3|2|--batch-size 2 --grad-accum 2 --zero 3"
     "tp2|2|--batch-size 4 --tp 2"
     "pp2-1f1b|2|--batch-size 4 --pp 2 --micro-batches 4 --schedule 1f1b"
     "pp3-gpipe-remat|3|--batch-size 4 --pp 3 --micro-batches 4 --schedule gpipe --pp-rematerialize 1"

@@ -20,13 +20,13 @@
 #include "../tensor_parallel.h"  // validate_tp
 
 typedef struct {
-    size_t params, grads, optimizer, activations, workspace, comm;  // what the model allocates up front
+    size_t params, grads, optimizer, activations, workspace;  // what the model allocates up front
     size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes, attention's datt rows
     size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
 } MemoryPlan;
 
 static size_t plan_total(const MemoryPlan* p) {
-    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->comm + p->kernel_scratch + p->host;
+    return p->params + p->grads + p->optimizer + p->activations + p->workspace + p->kernel_scratch + p->host;
 }
 
 // On the CPU target "device" memory is host memory: the plan is the process's, and counts what the CPU
@@ -165,8 +165,8 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
             char layers[256], slot_s[256];
             describe_stage(&pl, slots, 2, layers, slot_s, sizeof(layers));
             printf("  stage %2d (%s): parameters %7.3f | gradients %7.3f | optimizer %7.3f | activations %7.3f "
-                   "(%s) | workspace %6.3f | communication %6.3f | kernel scratch %6.3f",
-                   s, layers, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slot_s, p.workspace / G, p.comm / G,
+                   "(%s) | workspace %6.3f | kernel scratch %6.3f",
+                   s, layers, p.params / G, p.grads / G, p.optimizer / G, p.activations / G, slot_s, p.workspace / G,
                    p.kernel_scratch / G);
             if (plan_is_cpu(elem_bytes)) printf(" | load/save copies %6.3f", p.host / G);
             printf(" | total %7.3f GiB", total / G);
@@ -243,9 +243,9 @@ static void print_stage_memory(const MemoryPlan* p, const Placement* pl, StageSl
     char layers[256], slots[256];
     describe_stage(pl, st, 0, layers, slots, sizeof(layers));
     printf("memory of stage %d (%s) per rank (MiB): parameters %.2f | gradients %.2f | optimizer state %.2f | "
-           "activations %.2f (micro-batch %s) | workspace %.2f | communication %.2f | kernel scratch %.2f | total %.2f\n",
+           "activations %.2f (micro-batch %s) | workspace %.2f | kernel scratch %.2f | total %.2f\n",
            pl->pp_rank, layers, p->params / M, p->grads / M, p->optimizer / M, p->activations / M, slots,
-           p->workspace / M, p->comm / M, p->kernel_scratch / M, plan_total(p) / M);
+           p->workspace / M, p->kernel_scratch / M, plan_total(p) / M);
 }
 
 // GPU target, after the first applied step: what the device reports in use (the CUDA context included)
