@@ -1347,7 +1347,7 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
     }
     // --steps 0 samples once, from the model as given
     if (run->in.have_tok && (step > 0 || tc->steps == 0) && (step % tc->sample_every == 0 || last)) {
-        fault_delay(tc->fault.slow_sample);  // testing: a long sample of a large model
+        fault_due(&tc->fault, FAULT_SLOW_SAMPLE, run->comm->world_rank, step);  // testing: a long sample
         gpt2_sample(&run->model, &run->in.tok, &run->sample_rng, &run->in.sample, run->main_rank);
     }
 }
@@ -1374,7 +1374,7 @@ static int checkpoint_if_due(Training* run, long long step, int last, int stop_s
     int periodic = tc->save_every > 0 && step > run->start_step && (step % tc->save_every == 0 || last);
     if (periodic || (stopping && step > run->start_step)) {
         fill_run_state(run, step);
-        if (run->main_rank) fault_delay(tc->fault.slow_save);  // testing: slow storage
+        fault_due(&tc->fault, FAULT_SLOW_SAVE, run->comm->world_rank, step);  // testing: slow storage
         save_checkpoint(&run->model, tc->checkpoint_dir, &run->state, tc->keep_last);
     }
     if (stop_sig && !last) report_signal_stop(tc, run->comm, stop_sig, step);
@@ -1407,7 +1407,7 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     if (model->place.pp == 1) plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
     else pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
     trace_pipeline_time(&run->tracer, wall_seconds() - t_pipeline);  // (--trace's busy share)
-    if (fault_inf_due(&tc->fault, comm->world_rank, step + 1)) inject_inf_gradient(model);
+    if (fault_due(&tc->fault, FAULT_INF_GRADIENT, comm->world_rank, step + 1)) inject_inf_gradient(model);
     r.lr = learning_rate(tc, step);
     double t_opt = trace_now_us(&run->tracer);
     float scale_before = loss_scale(&run->scaler);
@@ -1492,11 +1492,12 @@ static float train(const TrainConfig* given, Comm* comm, float* losses, long lon
         // before saving (the sampling generator in the checkpoint is past that sample): not again
         if (!(tc->resume && step == run.start_step)) evaluate_and_sample(&run, step, last);
         if (checkpoint_if_due(&run, step, last, stop_sig) || last) break;
-        fault_kill_if_due(&tc->fault, comm->world_rank, step);
+        fault_due(&tc->fault, FAULT_KILL, comm->world_rank, step);
         StepResult r = train_step(&run, step, losses, max_losses);
         stop_sig = stop_signal_agreed(comm);
         if (!r.skipped) report_step(&run, step, &r);
-        if (step + 1 == tc->fault.wait_signal && !stop_sig) stop_sig = stop_signal_wait(comm, step + 1, 60.0);  // (step + 1 is done)
+        if (fault_due(&tc->fault, FAULT_WAIT_SIGNAL, comm->world_rank, step + 1) && !stop_sig)  // (step + 1 is done)
+            stop_sig = stop_signal_wait(comm, step + 1, 60.0);
     }
     training_finish(&run);
     return run.val_loss;

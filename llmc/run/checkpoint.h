@@ -25,7 +25,7 @@
 #include "../common.h"      // fatal, checked file calls
 #include "../model_file.h"  // model_file_read, find_nonfinite_param, model_file_write_version
 #include "config.h"         // TrainConfig
-#include "fault.h"          // fault_delay
+#include "fault.h"          // fault_due
 #include "state_file.h"     // RunState, state_file_read, ranges_cover, run_state_error
 
 // The longest name written into a checkpoint folder, with its slash: "/state_<step>_<shard>.bin.tmp",
@@ -421,7 +421,7 @@ static void save_final_model(Comm* comm, const TrainConfig* tc, const GPT2Config
         end_every_rank(comm, msg);
     }
     if (comm->world_rank == 0) {
-        fault_delay(tc->fault.slow_save);  // testing: slow storage
+        fault_due(&tc->fault, FAULT_SLOW_SAVE, comm->world_rank, -1);  // testing: slow storage
         model_file_write_version(tc->save_model, c, params, tc->save_model_version);
         if (!tc->quiet) printf("wrote %s\n", tc->save_model);
     }

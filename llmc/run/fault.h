@@ -1,15 +1,18 @@
 /*
  * fault.h: fault injection for the tests: one plan, set by the --fault-* flags (train_gpt --help-testing),
- * checked in one place (fault_plan_check), acted on at five named points of a run.
+ * checked in one place (fault_plan_check), and asked at five named points of a run, all with one call,
+ * fault_due(plan, point, world rank, step):
  *
- *   --fault-rank R --fault-step S   rank R dies at step S (SIGKILL), as a crashed node would   (fault_kill_if_due)
- *   --fault-stop 1                  ... or stops there (SIGSTOP): alive, connections open, as a hung node
- *   --fault-slow-save S             rank 0 takes S seconds longer to save (checkpoints, the final model)  (fault_delay)
- *   --fault-slow-sample S           every sample takes S seconds longer                                   (fault_delay)
- *   --fault-wait-signal S           after step S every rank waits (up to 60 s) for a stop signal
- *   --fault-clock-skew S            rank r's --trace clock reads r x S seconds ahead (trace_align_clocks)
- *   --fault-inf-rank R --fault-inf-step S   rank R makes one gradient inf at step S, as an FP16 overflow would
- *                                           (fault_inf_due)
+ *   FAULT_KILL          --fault-rank R --fault-step S: rank R dies at step S (SIGKILL), as a crashed node
+ *                       would; with --fault-stop 1 it stops there (SIGSTOP): alive, connections open, hung
+ *   FAULT_SLOW_SAVE     --fault-slow-save S: rank 0 takes S seconds longer to save (checkpoints, final model)
+ *   FAULT_SLOW_SAMPLE   --fault-slow-sample S: every sample takes S seconds longer
+ *   FAULT_INF_GRADIENT  --fault-inf-rank R --fault-inf-step S: rank R makes one gradient inf at step S, as
+ *                       an FP16 overflow would (the trainer does it: fault_due says when)
+ *   FAULT_WAIT_SIGNAL   --fault-wait-signal S: after step S every rank waits (up to 60 s) for a stop signal
+ *                       (the trainer does it: fault_due says when)
+ * and one setting read where it applies: --fault-clock-skew S, rank r's --trace clock reads r x S seconds
+ * ahead (trace_align_clocks must cancel it).
  *
  * The tests of fault tolerance, signals and loss scaling use them. A run without these flags is not
  * changed by them in any way.
@@ -57,21 +60,27 @@ static void fault_print_usage(void) {
            "  --fault-inf-rank R --fault-inf-step S   rank R makes a gradient inf at step S\n");
 }
 
-// --fault-rank R --fault-step S: rank R dies at step S, as a crashed node would; with --fault-stop 1 it
-// stops there instead (SIGSTOP), as a hung node would: alive, its connections open.
-static void fault_kill_if_due(const FaultPlan* f, int world_rank, long long step) {
-    if (world_rank != f->rank || step != f->step) return;
-    fprintf(stderr, "rank %d: --fault-rank: %s myself at step %lld\n", world_rank,
-            f->stop ? "stopping" : "killing", step);
-    raise(f->stop ? SIGSTOP : SIGKILL);
-}
+// The points of a run where a fault may be due (see the top)
+typedef enum { FAULT_KILL, FAULT_SLOW_SAVE, FAULT_SLOW_SAMPLE, FAULT_INF_GRADIENT, FAULT_WAIT_SIGNAL } FaultPoint;
 
-// --fault-slow-save, --fault-slow-sample: slow storage, a long sample of a large model
-static void fault_delay(double seconds) {
-    if (seconds > 0) usleep((useconds_t)(seconds * 1e6));
-}
-
-// --fault-inf-rank R --fault-inf-step S: whether this rank makes a gradient inf before the update of step S
-static int fault_inf_due(const FaultPlan* f, int world_rank, long long step) {
-    return world_rank == f->inf_rank && step == f->inf_step;
+// Whether the plan's fault at `point` is due on this world rank at this step. What needs nothing of the
+// caller is done here (dying or stopping, a delay); FAULT_INF_GRADIENT and FAULT_WAIT_SIGNAL are the
+// caller's to do when this returns 1.
+static int fault_due(const FaultPlan* f, FaultPoint point, int world_rank, long long step) {
+    double delay = 0.0;
+    switch (point) {
+        case FAULT_KILL:
+            if (world_rank != f->rank || step != f->step) return 0;
+            fprintf(stderr, "rank %d: --fault-rank: %s myself at step %lld\n", world_rank,
+                    f->stop ? "stopping" : "killing", step);
+            raise(f->stop ? SIGSTOP : SIGKILL);
+            return 1;
+        case FAULT_SLOW_SAVE: delay = world_rank == 0 ? f->slow_save : 0.0; break;
+        case FAULT_SLOW_SAMPLE: delay = f->slow_sample; break;
+        case FAULT_INF_GRADIENT: return world_rank == f->inf_rank && step == f->inf_step;
+        case FAULT_WAIT_SIGNAL: return step == f->wait_signal;
+    }
+    if (delay <= 0) return 0;
+    usleep((useconds_t)(delay * 1e6));
+    return 1;
 }
