@@ -5,17 +5,20 @@
  *        with loss scaling) or float (PRECISION=FP32)
  *   CPU: g++ -x c++ -DLLMC_CPU, the same code with the CPU reference loops and OpenMP, floatX = float
  *
- * What is here, top to bottom (llmc/ holds the rest: each layer's math, each parallelism, the run's machinery):
- *   1. the parameter layout: one flat buffer per rank (llmc/param_layout.h), and pointer tables into it
+ * What is here, top to bottom (llmc/ holds the rest: each layer's math, each parallelism, and in llmc/run/
+ * the run's machinery):
+ *   1. the parameters: one flat buffer per rank (its layout: llmc/param_layout.h) and the model's tables of
+ *      pointers into it (Weights, LayerWeights)
  *   2. the activations: flat buffers and pointer tables into them, one set per micro-batch in flight, and
  *      recomputation (--recompute): which of them are kept per layer
- *   3. the model: build (this rank's tensors and slices, its ZeRO shard), parameters in and out of the
- *      llm.c file order, random initialization, the activations' allocation
+ *   3. the model: GPT2 (build: this rank's tensors and slices, its ZeRO shard), parameters in and out of
+ *      the llm.c file order, random initialization, the activations' allocation
  *   4. forward and 5. backward of this rank's layers, with recomputation, and the DP reduction started as
  *      each layer's gradients become final
- *   6. the update: global norm, clipping, loss scaling, AdamW on the owned shard (ZeRO), all-gather
- *   7. the step: plain_step (one stage: gradient accumulation) and pipeline_step (--pp > 1: the schedule's
- *      forward and backward actions, with the sends and receives between stages)
+ *   6. the update: the step's verdict (norm, clipping, loss scaling; llmc/step_outputs.h), AdamW on the
+ *      owned shard (ZeRO), all-gather
+ *   7. the step: plain_step (one stage: gradient accumulation) and pipeline_step (--pp > 1: one loop over
+ *      the stage's plan of actions and exchanges, llmc/pipeline.h)
  *   8. checkpoints, evaluation and sampling, 9. the memory plan (--plan), 10. the training loop, 11. main
  * Every layer's math lives in llmc/<layer>.h, CPU reference and CUDA kernels side by side; each kind of
  * parallelism has its own header (comm, zero, zero3, tensor_parallel, pipeline) and "DP:", "TP:", "PP:"
@@ -59,7 +62,7 @@
 #include "llmc/run/trace.h"        // Tracer: --trace's spans
 
 // ----------------------------------------------------------------------------------------------------
-// 1. parameter layout
+// 1. the parameters: their layout, and the model's tables of pointers into them
 //
 // A rank's parameters are one flat buffer, laid out layer by layer so that each layer's tensors (a
 // bucket) are one contiguous range; which tensors and slices it holds follow from its place in the grid.
