@@ -25,13 +25,13 @@ import os
 import struct
 import sys
 
-TOKENS_MAGIC, DECODE_TABLE_MAGIC, HEADER_INTS = 20240520, 20240328, 256
+sys.dont_write_bytecode = True  # keep scripts/ free of __pycache__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_files import (DECODE_TABLE_MAGIC, DECODE_TABLE_VERSION, HEADER_INTS, TOKENS_MAGIC, TOKENS_VERSION,  # noqa: E402
+                         DataError, header, write_atomically)
+
 GPT2_EOT, EOT, VOCAB = 50256, 0, 256
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class DataError(Exception):
-    """A problem with an input or the output; reported as one line, exit status 1."""
 
 
 def read_file(path, magic, what):
@@ -73,24 +73,6 @@ def to_bytes(path, table):
     return out
 
 
-def write_atomically(path, chunks):
-    """Write to PATH.tmp and rename, so a half-written file never takes the place of a good one."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise DataError("cannot write %s: %s" % (path, e.strerror or e))
-
-
-def header(*values):
-    return struct.pack("<%di" % HEADER_INTS, *(list(values) + [0] * (HEADER_INTS - len(values))))
-
-
 def main():
     parser = argparse.ArgumentParser(description="Write the learner model's data (see the docstring).")
     parser.add_argument("--data", default=os.path.join(ROOT, "data"),
@@ -110,11 +92,11 @@ def main():
             ids = array.array("H", list(tokens))  # uint16, as every token file (a list: from bytes, array reads pairs)
             if sys.byteorder == "big":
                 ids.byteswap()
-            write_atomically(path, [header(TOKENS_MAGIC, 1, len(ids)), ids.tobytes()])
+            write_atomically(path, [header(TOKENS_MAGIC, TOKENS_VERSION, len(ids)), ids.tobytes()])
             print("wrote %s (%d tokens, %d documents)" % (path, len(ids), tokens.count(EOT)))
         entries = [bytes([0])] + [bytes([1, i]) for i in range(1, VOCAB)]  # (end-of-text has no bytes)
         path = os.path.join(args.out, "tokenizer.bin")
-        write_atomically(path, [header(DECODE_TABLE_MAGIC, 2, VOCAB, EOT)] + entries)
+        write_atomically(path, [header(DECODE_TABLE_MAGIC, DECODE_TABLE_VERSION, VOCAB, EOT)] + entries)
         print("wrote %s (%d tokens: byte i is token i, end-of-text %d)" % (path, VOCAB, EOT))
     except DataError as e:
         print("learner_data.py: error: %s" % e, file=sys.stderr)

@@ -40,21 +40,14 @@ import array
 import gzip
 import os
 import re
-import struct
 import sys
 from fractions import Fraction
 
 sys.dont_write_bytecode = True          # keep scripts/ free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2_tokenizer import DEFAULT_VOCAB_DIR, EOT_ID, VOCAB_SIZE, GPT2Tokenizer  # noqa: E402
-
-TOKENS_MAGIC, TOKENS_VERSION = 20240520, 1
-DECODE_TABLE_MAGIC, DECODE_TABLE_VERSION = 20240328, 2
-HEADER_INTS = 256
-
-
-class DataError(Exception):
-    """A problem with the input or the output; reported as one line, exit status 1."""
+from token_files import (DECODE_TABLE_MAGIC, DECODE_TABLE_VERSION, TOKENS_MAGIC, TOKENS_VERSION,  # noqa: E402
+                         DataError, header, write_atomically)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -139,24 +132,6 @@ def is_val_document(i, fraction):
 
 # ----------------------------------------------------------------------------------------------------
 # writing
-
-def write_atomically(path, chunks):
-    """Write to PATH.tmp and rename, so a half-written file never takes the place of a good one."""
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise DataError("cannot write %s: %s" % (path, e.strerror or e))
-
-
-def header(*values):
-    return struct.pack("<%di" % HEADER_INTS, *(list(values) + [0] * (HEADER_INTS - len(values))))
-
 
 def write_tokens(path, tokens):
     ids = array.array("H", tokens)            # uint16: every GPT-2 id (< 50257) fits
