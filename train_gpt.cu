@@ -143,7 +143,8 @@ typedef struct {
     floatX* scratch;                        // (B, T, C) a projection's output before the residual add, or a dln
     floatX* dresidual;                      // (B, T, C) gradient of the residual stream
     floatX* dwide;                          // (B, T, 4C) dfch / dqkv
-    floatX* dreceived;                      // (B, T, C) interleaved: the output's gradient, received before its backward
+    floatX* dreceived;                      // (B, T, C) interleaved: the output's gradient,
+                                            // received before its backward
     int *inputs, *targets;                  // (B, T) token ids on the device (stage_token_ids puts them there)
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
@@ -179,7 +180,8 @@ typedef struct {
 static size_t douts_per_layer(size_t BT, size_t C, size_t Cl) { return BT * (2 * C + 7 * Cl); }
 static LayerDouts layer_douts(floatX* douts, int set, int li, int L, size_t BT, size_t C, size_t Cl) {
     floatX* p = douts + ((size_t)set * L + li) * douts_per_layer(BT, C, Cl);
-    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C, .dqkv = p + BT * (2 * C + 4 * Cl)};
+    return (LayerDouts){.doutput = p, .dresidual2 = p + BT * C, .dfch = p + 2 * BT * C,
+                        .dqkv = p + BT * (2 * C + 4 * Cl)};
 }
 
 // PP: a run of consecutive layers of this rank, and the activations of its micro-batches in flight: the
@@ -205,7 +207,8 @@ typedef struct {
     Scratch layernorm;  // GPU: layernorm_backward's partial sums of dweight and dbias
     Scratch attention;  // GPU: classic attention's q, k, v, y and scores, or flash backward's D
     Scratch encoder;    // GPU: encoder_backward's positions grouped by token
-    HostStaging encoder_host;  // GPU: the same grouping on the host (pinned with --fused-kernels), on its way to `encoder`
+    HostStaging encoder_host;  // GPU: the same grouping on the host (pinned with --fused-kernels),
+                               // on its way to `encoder`
     Scratch norm;       // GPU: the gradient norm's per-block partial sums
     Scratch vocab_ce;   // TP: the vocab-parallel cross-entropy's per-row max, sum and target logit
 } KernelScratch;
@@ -273,9 +276,11 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     model->first = is_first_stage(place);
     model->last = is_last_stage(place);
     model->n_chunks = num_chunks(place);
-    for (int v = 0; v < model->n_chunks; v++) {  // the first stage's first chunk embeds, the last stage's last classifies
+    // the first stage's first chunk embeds, the last stage's last classifies
+    for (int v = 0; v < model->n_chunks; v++) {
         chunk_layers(place, v, &model->chunks[v].l0, &model->chunks[v].l1);
-        model->chunks[v].first = model->first && v == 0, model->chunks[v].last = model->last && v == model->n_chunks - 1;
+        model->chunks[v].first = model->first && v == 0;
+        model->chunks[v].last = model->last && v == model->n_chunks - 1;
     }
     model->chunk = &model->chunks[0];
     int zero_stage = place->zero;
@@ -285,17 +290,21 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
     zero_plan_init(&model->zero, &model->place, lay->buckets, lay->num_buckets);
     size_t n = lay->total, shard = model->zero.shard_total, fx = mode->elem_bytes;
 
-    // whole buffers, or shards (gradients at ZeRO-2 and 3, parameters at 3) and the layer buffers the tensors point into
+    // whole buffers, or shards (gradients at ZeRO-2 and 3, parameters at 3) and the layer buffers the
+    // tensors point into
     check_internal(place->pp == 1 || zero_stage < 2, "ZeRO-2 or 3 with pipeline parallelism");
     if (zero_stage < 3) model->params_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_params);
     if (zero_stage < 2) model->grads_memory = (floatX*)zeroed_device_buffer(mode, n * fx, &model->bytes_grads);
     zero3_init(&model->zero3, &model->zero, mode, &model->bytes_params, &model->bytes_workspace);
     zero2_init(&model->zero2, &model->zero, mode, &model->bytes_grads, &model->bytes_workspace);
     floatX** bases = (floatX**)malloc_check(lay->num_buckets * sizeof(floatX*));
-    model->params = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage == 3, model->params_memory, &model->zero3.gathered, bases));
-    model->grads = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage >= 2, model->grads_memory, &model->zero2.workspace, bases));
+    model->params = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage == 3, model->params_memory,
+                                                       &model->zero3.gathered, bases));
+    model->grads = point_weights(c, lay, bucket_bases(lay, &model->zero, zero_stage >= 2, model->grads_memory,
+                                                      &model->zero2.workspace, bases));
     free(bases);
-    if (!master_is_params(model)) model->master = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
+    if (!master_is_params(model))
+        model->master = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->m = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     model->v = (float*)zeroed_device_buffer(mode, shard * sizeof(float), &model->bytes_optimizer);
     gpt2_init_norm_parts(model);
@@ -305,14 +314,19 @@ static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Pl
 }
 
 // For real runs and tests: builds for this build's precision, allocating everything.
-static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const KernelChoice* kernels) {
+static void gpt2_build(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place,
+                       const KernelChoice* kernels) {
     gpt2_build_as(model, c, comm, place, &BUILD_FOR_RUN, kernels);
 }
 
 static void gpt2_free(GPT2* model) {
-    device_free(model->params_memory), device_free(model->grads_memory);
-    zero2_free(&model->zero2), zero3_free(&model->zero3);
-    device_free(model->master), device_free(model->m), device_free(model->v);
+    device_free(model->params_memory);
+    device_free(model->grads_memory);
+    zero2_free(&model->zero2);
+    zero3_free(&model->zero3);
+    device_free(model->master);
+    device_free(model->m);
+    device_free(model->v);
     kernel_scratch_free(&model->kernel_scratch);
     // (pinned buffers are freed once the device is idle: no copy from the ids is left to run)
     int pinned = model->kernels.fused;
@@ -321,20 +335,25 @@ static void gpt2_free(GPT2* model) {
         Activations* sets[] = {ck->slots, &ck->work};
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < (k == 0 ? ck->n_slots : 1); i++) {
-                host_buffer_free(sets[k][i].host_inputs, pinned), host_buffer_free(sets[k][i].host_targets, pinned);
+                host_buffer_free(sets[k][i].host_inputs, pinned);
+                host_buffer_free(sets[k][i].host_targets, pinned);
                 device_event_destroy(&sets[k][i].ids_copied);
             }
-        device_free(ck->acts_memory), free(ck->slots);
+        device_free(ck->acts_memory);
+        free(ck->slots);
     }
-    free(model->params.layers), free(model->grads.layers);
-    free_layout(&model->layout), zero_plan_free(&model->zero);
+    free(model->params.layers);
+    free(model->grads.layers);
+    free_layout(&model->layout);
+    zero_plan_free(&model->zero);
     norm_parts_free(&model->norm_parts);
     step_outputs_free(&model->outputs);
     free(model->host_losses);
 }
 
 static floatX* owned_params(GPT2* model, int b) {  // bucket b's owned range of the parameters (ZeRO-3: in its shard)
-    return model->zero.stage == 3 ? model->zero3.shard + model->zero.owned_offset[b] : model->params_memory + owned_start(&model->zero, b);
+    return model->zero.stage == 3 ? model->zero3.shard + model->zero.owned_offset[b]
+                                  : model->params_memory + owned_start(&model->zero, b);
 }
 
 // The fp32 master weights of bucket b's owned range: a shard buffer (BF16, FP16), the parameters themselves (FP32)
@@ -352,14 +371,17 @@ static floatX* owned_grads(GPT2* model, int b) {
 // parameters from a host float array in file order: the floatX copy (whole; ZeRO-3: our parts), our master shard
 static void gpt2_set_parameters(GPT2* model, const float* file_order) {
     float* mem = (float*)malloc_check(model->layout.total * sizeof(float));
-    float* shard = model->zero.stage == 3 || !master_is_params(model) ? (float*)malloc_check(model->zero.shard_total * sizeof(float)) : NULL;
+    float* shard = model->zero.stage == 3 || !master_is_params(model)
+                       ? (float*)malloc_check(model->zero.shard_total * sizeof(float))
+                       : NULL;
     file_order_to_layout(&model->layout, &model->place, model->place.tp_rank, file_order, mem);
     if (shard) shard_from_layout(&model->zero, mem, shard);
     if (model->zero.stage == 3) upload_floats(model->zero3.shard, shard, model->zero.shard_total);
     else upload_floats(model->params_memory, mem, model->layout.total);
     if (!master_is_params(model)) copy_to_device(model->master, shard, model->zero.shard_total * sizeof(float));
     zero3_params_changed(&model->zero3);
-    free(mem), free(shard);
+    free(mem);
+    free(shard);
 }
 
 // AdamW moments from host float arrays in file order (resume), into our shard
@@ -390,7 +412,8 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     for (int b = 0; b < z->num_buckets; b++) {
         float* src = owned_master(model, b);
         device_copy(mine + owned_start(z, b), src, owned_size(z, b) * sizeof(float));
-        if (z->stage > 0) comm_all_gather(comm, &comm->dp_group, mine + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
+        if (z->stage > 0)
+            comm_all_gather(comm, &comm->dp_group, mine + z->buckets[b].offset, owned_size(z, b), DT_FLOAT);
     }
     comm_join_group(comm, &comm->dp_group);  // the TP all-gather sends what the DP all-gathers wrote
     comm_all_gather(comm, &comm->tp_group, whole, n, DT_FLOAT);
@@ -399,11 +422,13 @@ static void gpt2_export_master(GPT2* model, float* file_order) {
     copy_to_host(host, whole, n * model->place.tp * sizeof(float));
     size_t total = model->num_parameters;
     memset(file_order, 0, total * sizeof(float));
-    for (int r = 0; r < model->place.tp; r++) layout_to_file_order(&model->layout, &model->place, r, host + (size_t)r * n, file_order);
+    for (int r = 0; r < model->place.tp; r++)
+        layout_to_file_order(&model->layout, &model->place, r, host + (size_t)r * n, file_order);
     free(host);
     device_free(whole);
     if (model->place.pp > 1) {  // PP: each stage filled in its own tensors; the sum over stages is the model
-        if (model->last && !model->first) memset(file_order, 0, file_tensor_numel(&model->config, WTE) * sizeof(float));  // wte once
+        // wte once
+        if (model->last && !model->first) memset(file_order, 0, file_tensor_numel(&model->config, WTE) * sizeof(float));
         comm_sum_host_floats(comm, &comm->pp_group, file_order, total);
     }
 }
@@ -443,10 +468,12 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     specs[n++] = (BufferSpec){(void**)&shared.losses, BT * f};
     specs[n++] = (BufferSpec){(void**)&shared.scratch, BT * C * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dresidual, BT * C * fx};
-    specs[n++] = (BufferSpec){(void**)&shared.dwide, ck->n_douts ? 0 : BT * 4 * Cl * fx};  // (ZB-H1: dfch, dqkv in douts)
+    // (ZB-H1: dfch, dqkv in douts)
+    specs[n++] = (BufferSpec){(void**)&shared.dwide, ck->n_douts ? 0 : BT * 4 * Cl * fx};
     specs[n++] = (BufferSpec){(void**)&shared.dreceived, model->n_chunks > 1 ? BT * C * fx : 0};
     specs[n++] = (BufferSpec){(void**)&ck->douts, ck->n_douts * L * douts_per_layer(BT, C, Cl) * fx};
-    int n_logits = rematerialize || !ck->n_logits ? n_full : ck->n_logits;  // the full sets share them (ZB-H1: StageSlots)
+    // the full sets share them (ZB-H1: StageSlots)
+    int n_logits = rematerialize || !ck->n_logits ? n_full : ck->n_logits;
     specs[n++] = (BufferSpec){(void**)&shared.logits, n_logits * BT * Vpl * fx};
     for (int i = 0; i < n_laid; i++) {
         Activations* a = &sets[i];
@@ -457,35 +484,54 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
         RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, (int)L);
         size_t Lall = keep.all, Lln = keep.ln, Lgelu = keep.gelu, Lout = keep.outputs, Lck = keep.checkpoints;
         BufferSpec per[] = {
-            {(void**)&a->encoded, BT * C * fx},                  {(void**)&a->ln1, k * Lln * BT * C * fx},
-            {(void**)&a->ln1_mean, k * Lall * BT * f},           {(void**)&a->ln1_rstd, k * Lall * BT * f},
-            {(void**)&a->qkv, k * Lall * BT * 3 * Cl * fx},      {(void**)&a->atty, k * Lall * BT * Cl * fx},
-            {(void**)&a->att, flash ? 0 : k * Lall * B * NHl * T * T * fx},  // flash: no T x T term
-            {(void**)&a->lse, flash ? k * Lall * B * NHl * T * f : 0},       {(void**)&a->residual2, k * Lall * BT * C * fx},
-            {(void**)&a->ln2, k * Lln * BT * C * fx},            {(void**)&a->ln2_mean, k * Lall * BT * f},
-            {(void**)&a->ln2_rstd, k * Lall * BT * f},           {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},
-            {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx}, {(void**)&a->residual3, k * Lout * BT * C * fx},
-            {(void**)&a->lnf, k * lf * BT * C * fx},         {(void**)&a->lnf_mean, k * lf * BT * f},
-            {(void**)&a->lnf_rstd, k * lf * BT * f},
-            {(void**)&a->inputs, BT * sizeof(int)},          {(void**)&a->targets, BT * sizeof(int)},
-            {(void**)&a->checkpoints, k * Lck * BT * C * fx},
+            {(void**)&a->encoded, BT * C * fx},                              // (B, T, C)
+            {(void**)&a->ln1, k * Lln * BT * C * fx},                        // (L, B, T, C)
+            {(void**)&a->ln1_mean, k * Lall * BT * f},                       // (L, B, T)
+            {(void**)&a->ln1_rstd, k * Lall * BT * f},                       // (L, B, T)
+            {(void**)&a->qkv, k * Lall * BT * 3 * Cl * fx},                  // (L, B, T, 3C/tp)
+            {(void**)&a->atty, k * Lall * BT * Cl * fx},                     // (L, B, T, C/tp)
+            // flash: no T x T term
+            {(void**)&a->att, flash ? 0 : k * Lall * B * NHl * T * T * fx},  // (L, B, NH/tp, T, T)
+            {(void**)&a->lse, flash ? k * Lall * B * NHl * T * f : 0},       // (L, B, NH/tp, T)
+            {(void**)&a->residual2, k * Lall * BT * C * fx},                 // (L, B, T, C)
+            {(void**)&a->ln2, k * Lln * BT * C * fx},                        // (L, B, T, C)
+            {(void**)&a->ln2_mean, k * Lall * BT * f},                       // (L, B, T)
+            {(void**)&a->ln2_rstd, k * Lall * BT * f},                       // (L, B, T)
+            {(void**)&a->fch, k * Lall * BT * 4 * Cl * fx},                  // (L, B, T, 4C/tp)
+            {(void**)&a->fch_gelu, k * Lgelu * BT * 4 * Cl * fx},            // (L, B, T, 4C/tp)
+            {(void**)&a->residual3, k * Lout * BT * C * fx},                 // (L, B, T, C)
+            {(void**)&a->lnf, k * lf * BT * C * fx},                         // (B, T, C)
+            {(void**)&a->lnf_mean, k * lf * BT * f},                         // (B, T)
+            {(void**)&a->lnf_rstd, k * lf * BT * f},                         // (B, T)
+            {(void**)&a->inputs, BT * sizeof(int)},                          // (B, T)
+            {(void**)&a->targets, BT * sizeof(int)},                         // (B, T)
+            {(void**)&a->checkpoints, k * Lck * BT * C * fx},                // (ceil(L/K) - 1, B, T, C)
         };
-        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) specs[n++] = per[j], set_bytes[full] += round_up(per[j].bytes, 256);
+        for (size_t j = 0; j < sizeof(per) / sizeof(per[0]); j++) {
+            specs[n++] = per[j];
+            set_bytes[full] += round_up(per[j].bytes, 256);
+        }
     }
     size_t bytes;  // (the chunks' activations add up)
     ck->acts_memory = allocate_buffers(&model->mode, specs, n, &bytes);
     model->bytes_activations += bytes;
     free(specs);
     if (dry) {  // the sets not laid out
-        model->bytes_activations += (size_t)(n_full - 1) * set_bytes[1] + (size_t)(n_sets - n_full - (n_laid - 1)) * set_bytes[0];
+        model->bytes_activations += (size_t)(n_full - 1) * set_bytes[1] +
+                                    (size_t)(n_sets - n_full - (n_laid - 1)) * set_bytes[0];
         ck->n_slots = 0;  // (no slots to free)
-        model->rematerialize = rematerialize, model->B = B, model->T = T;
+        model->rematerialize = rematerialize;
+        model->B = B;
+        model->T = T;
         free(sets);
         return;
     }
     for (int i = 0; i < n_sets; i++) {
-        sets[i].losses = shared.losses, sets[i].scratch = shared.scratch;
-        sets[i].dresidual = shared.dresidual, sets[i].dwide = shared.dwide, sets[i].dreceived = shared.dreceived;
+        sets[i].losses = shared.losses;
+        sets[i].scratch = shared.scratch;
+        sets[i].dresidual = shared.dresidual;
+        sets[i].dwide = shared.dwide;
+        sets[i].dreceived = shared.dreceived;
         sets[i].logits = i < n_full ? shared.logits + (size_t)(i % n_logits) * BT * Vpl : NULL;
         sets[i].host_inputs = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
         sets[i].host_targets = (int*)host_buffer_malloc(BT * sizeof(int), model->kernels.fused);
@@ -493,16 +539,21 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T, int n_slots, in
     }
     if (rematerialize) ck->work = sets[0];
     memcpy(ck->slots, sets + (rematerialize ? 1 : 0), n_slots * sizeof(Activations));
-    ck->n_slots = n_slots, model->rematerialize = rematerialize, model->B = B, model->T = T;
+    ck->n_slots = n_slots;
+    model->rematerialize = rematerialize;
+    model->B = B;
+    model->T = T;
     if (!model->host_losses) model->host_losses = (float*)malloc_check(BT * sizeof(float));
     free(sets);
 }
 
-// The activations of every chunk of this rank's layers (its stage, or its --virtual-stages chunks): llmc/run/memory_plan.h
+// The activations of every chunk of this rank's layers (its stage, or its --virtual-stages chunks):
+// llmc/run/memory_plan.h
 static void allocate_stage_activations(GPT2* model, int B, int T, StageSlots slots, int rematerialize) {
     for (int v = 0; v < model->n_chunks; v++) {
         model->chunk = &model->chunks[v];
-        model->chunk->n_douts = slots.douts, model->chunk->n_logits = slots.logits;
+        model->chunk->n_douts = slots.douts;
+        model->chunk->n_logits = slots.logits;
         gpt2_allocate_activations(model, B, T, slots.n[v], rematerialize);
     }
 }
@@ -523,7 +574,8 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
     size_t BT = (size_t)B * T, C = model->config.C, Cl = C / tp, NHl = model->config.NH / tp;
     int L = model->chunk->l1 - model->chunk->l0;
     RecomputeKeeps keep = recompute_keeps(model->recompute, model->recompute_segment, L);  // the buffers used
-    size_t all = keep_index(keep.all, L, &keep, li), ln = keep_index(keep.ln, L, &keep, li), gelu = keep_index(keep.gelu, L, &keep, li);
+    size_t all = keep_index(keep.all, L, &keep, li), ln = keep_index(keep.ln, L, &keep, li),
+           gelu = keep_index(keep.gelu, L, &keep, li);
     LayerActs la;
     la.input = li == 0 ? a->encoded : layer_output(model, a, li - 1, B, T);
     la.ln1 = a->ln1 + ln * BT * C;
@@ -551,11 +603,12 @@ static LayerActs layer_acts(const GPT2* model, const Activations* a, int li, int
 // TP it is row-parallel: inp and weight hold this rank's IC = (C or 4C)/tp input channels, the partial
 // products are summed across the TP group (Megatron's g), and the bias is added once, after the sum.
 // scratch (N, C) holds the projection before the add.
-static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp, const floatX* weight,
-                                 const floatX* bias, floatX* scratch, int N, int IC) {
+static void row_parallel_forward(GPT2* model, floatX* out, const floatX* residual, const floatX* inp,
+                                 const floatX* weight, const floatX* bias, floatX* scratch, int N, int IC) {
     int C = model->config.C;
     if (model->place.tp == 1) {  // (with --fused-kernels one product that reads the residual: scratch unused)
-        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
+        matmul_forward_residual(out, residual, scratch, inp, weight, bias, N, IC, C, &model->kernel_scratch.matmul,
+                                &model->kernels);
         return;
     }
     matmul_forward(scratch, inp, weight, NULL, N, IC, C, &model->kernel_scratch.matmul, &model->kernels);
@@ -571,7 +624,8 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     int fused = model->kernels.fused, flash = model->kernels.flash_attention;
     // attention block: residual2 = input + attproj(attention(ln1(input)))
     layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->input, w->ln1w, w->ln1b, BT, C, fused);
-    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, &model->kernels);  // TP: column-parallel, our heads
+    // TP: column-parallel, our heads
+    matmul_forward(la->qkv, la->ln1, w->qkvw, w->qkvb, BT, C, 3 * Cl, &ks->matmul, &model->kernels);
     if (flash) attention_forward_flash(la->atty, la->lse, la->qkv, B, T, Cl, NHl);
     else attention_forward(la->atty, la->att, la->qkv, B, T, Cl, NHl, &ks->attention, &model->kernels);
     if (fused && model->place.tp == 1) {  // --fused-kernels: the residual add and ln2 in one kernel
@@ -586,8 +640,10 @@ static void layer_forward(GPT2* model, const LayerActs* la, const LayerWeights* 
     // fc and GELU (TP: column-parallel, our hidden units); with --fused-kernels GELU in the product's
     // epilogue, unless backward recomputes it (recompute_layer: with the GELU kernel, so forward uses it too)
     int gelu_epilogue = fused && model->recompute == 0 && !model->kernels.separate_gelu;
-    matmul_forward_gelu(la->fch_gelu, la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl, &ks->matmul, &model->kernels, gelu_epilogue);
-    row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb, la->scratch, BT, 4 * Cl);
+    matmul_forward_gelu(la->fch_gelu, la->fch, la->ln2, w->fcw, w->fcb, BT, C, 4 * Cl,
+                        &ks->matmul, &model->kernels, gelu_epilogue);
+    row_parallel_forward(model, la->output, la->residual2, la->fch_gelu, w->fcprojw, w->fcprojb,
+                         la->scratch, BT, 4 * Cl);
 }
 
 // before a layer's backward: recompute what --recompute did not keep (with segments: recompute_segment)
@@ -615,7 +671,8 @@ static void recompute_segment(GPT2* model, const Activations* a, int li, int B, 
     if (!K || li % K != K - 1 || li / K == (L - 1) / K) return;  // (the last segment is kept from the forward)
     for (int j = li - K + 1; j <= li; j++) {
         LayerActs lj = layer_acts(model, a, j, B, T);
-        zero3_need_layer(model->comm, &model->zero3, &model->zero, l0 + j, j < li ? l0 + j + 1 : -1);  // ZeRO-3: gathered again
+        // ZeRO-3: gathered again
+        zero3_need_layer(model->comm, &model->zero3, &model->zero, l0 + j, j < li ? l0 + j + 1 : -1);
         layer_forward(model, &lj, &model->params.layers[l0 + j], B, T);
     }
 }
@@ -658,20 +715,24 @@ static void gpt2_forward(GPT2* model, Activations* a, int B, int T, float dloss,
     Comm* comm = model->comm;
     zero3_need_ends(comm, &model->zero3, &model->zero);  // ZeRO-3: the embeddings and final LayerNorm, gathered
     if (first)  // TP: each rank looks up the ids in its rows of wte, then the sum over the group (g)
-        vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte, model->params.wpe, B, T, C,
-                                         c->Vp);
+        vocab_parallel_embedding_forward(comm, model->tracer, a->encoded, a->inputs, model->params.wte,
+                                         model->params.wpe, B, T, C, c->Vp);
     for (int li = 0; li < Ls; li++) {  // this stage's layers l0 .. l0 + Ls - 1, activations by local index
         LayerActs la = layer_acts(model, a, li, B, T);
-        zero3_need_layer(comm, &model->zero3, &model->zero, l0 + li, li + 1 < Ls ? l0 + li + 1 : -1);  // ZeRO-3: gathered
+        // ZeRO-3: gathered
+        zero3_need_layer(comm, &model->zero3, &model->zero, l0 + li, li + 1 < Ls ? l0 + li + 1 : -1);
         layer_forward(model, &la, &model->params.layers[l0 + li], B, T);
     }
     if (!model->chunk->last) return;
     layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_output(model, a, Ls - 1, B, T), model->params.lnfw,
                       model->params.lnfb, BT, C, fused);
-    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl, &model->kernel_scratch.matmul, &model->kernels);  // tied: logits = lnf . wte^T (TP: our rows)
+    // tied: logits = lnf . wte^T (TP: our rows)
+    matmul_forward(a->logits, a->lnf, model->params.wte, NULL, BT, C, Vpl,
+                   &model->kernel_scratch.matmul, &model->kernels);
     if (!with_targets) return;
     if (tp == 1) classifier_forward_backward(a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, fused);
-    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp, &model->kernel_scratch.vocab_ce);
+    else vocab_parallel_cross_entropy(comm, a->logits, a->losses, a->targets, dloss, BT, c->V, c->Vp,
+                                      &model->kernel_scratch.vocab_ce);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -722,12 +783,14 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
     zero2_begin_micro_step(&model->zero2);
     if (model->chunk->last) {
         // classifier: the fused kernel already turned logits into dlogits
-        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, kc);  // dlnf (=), dwte (+=)
-        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; dlnf had only our vocabulary rows' part
+        // dlnf (=), dwte (+=)
+        matmul_backward(a->scratch, g->wte, NULL, a->logits, a->lnf, p->wte, BT, C, Vpl, &ks->matmul, kc);
+        // TP: f; dlnf had only our vocabulary rows' part
+        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);
         // final LayerNorm: it writes (+=) into dresidual, which starts at zero
         device_memset_zero(a->dresidual, BT * C * sizeof(floatX));
-        layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, layer_output(model, a, Ls - 1, B, T), p->lnfw, a->lnf_mean,
-                           a->lnf_rstd, BT, C, &ks->layernorm, fused);
+        layernorm_backward(a->dresidual, g->lnfw, g->lnfb, a->scratch, layer_output(model, a, Ls - 1, B, T), p->lnfw,
+                           a->lnf_mean, a->lnf_rstd, BT, C, &ks->layernorm, fused);
         gradients_ready(model, L + 1, communicate);
     }  // other stages: the pipeline has put the next stage's input gradient in dresidual
 
@@ -742,38 +805,50 @@ static void gpt2_backward(GPT2* model, Activations* a, int B, int T, int communi
         zero2_layer_begins(model->comm, &model->zero2, l);  // ZeRO-2: layer l's workspace buffer is free and clear
 
         // where the output gradients go: the shared work buffers, or (ZB-H1) the set its W will read
-        LayerDouts d = defer ? layer_douts(model->chunk->douts, model->douts_set, li, Ls, BT, C, Cl) : (LayerDouts){NULL, NULL, a->dwide, a->dwide};
-        if (defer) device_copy(d.doutput, a->dresidual, BT * C * sizeof(floatX));  // (layernorm_backward adds to dresidual)
+        LayerDouts d = defer ? layer_douts(model->chunk->douts, model->douts_set, li, Ls, BT, C, Cl)
+                             : (LayerDouts){NULL, NULL, a->dwide, a->dwide};
+        // (layernorm_backward adds to dresidual)
+        if (defer) device_copy(d.doutput, a->dresidual, BT * C * sizeof(floatX));
         // MLP block; dresidual holds d(output) and flows through the residual add unchanged
         // (TP: through g, whose backward is the identity: no communication)
-        matmul_backward_gelu_input(d.dfch, dw->fcb, a->dresidual, la.fch, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, kc);  // dfch =, dfcb +=
-        if (!defer) matmul_backward_weight(dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, BT, 4 * Cl, C, &ks->matmul, kc);  // W
+        // dfch =, dfcb +=
+        matmul_backward_gelu_input(d.dfch, dw->fcb, a->dresidual, la.fch, w->fcprojw, BT, 4 * Cl, C, &ks->matmul, kc);
+        if (!defer)  // W
+            matmul_backward_weight(dw->fcprojw, dw->fcprojb, a->dresidual, la.fch_gelu, BT, 4 * Cl, C, &ks->matmul, kc);
         matmul_backward_input(a->scratch, d.dfch, w->fcw, BT, C, 4 * Cl, kc);  // dln2 =
-        if (!defer) matmul_backward_weight(dw->fcw, NULL, d.dfch, la.ln2, BT, C, 4 * Cl, &ks->matmul, kc);  // W (dfcb: above)
-        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel fc saw only our hidden units
-        layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean, la.ln2_rstd,
-                           BT, C, &ks->layernorm, fused);                                                            // dresidual2 +=
+        if (!defer)  // W (dfcb: above)
+            matmul_backward_weight(dw->fcw, NULL, d.dfch, la.ln2, BT, C, 4 * Cl, &ks->matmul, kc);
+        // TP: f; the column-parallel fc saw only our hidden units
+        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);
+        layernorm_backward(a->dresidual, dw->ln2w, dw->ln2b, a->scratch, la.residual2, w->ln2w, la.ln2_mean,
+                           la.ln2_rstd, BT, C, &ks->layernorm, fused);  // dresidual2 +=
         if (defer) device_copy(d.dresidual2, a->dresidual, BT * C * sizeof(floatX));
         // attention block
         matmul_backward_input(a->scratch, a->dresidual, w->attprojw, BT, Cl, C, kc);  // datty =
-        if (!defer) matmul_backward_weight(dw->attprojw, dw->attprojb, a->dresidual, la.atty, BT, Cl, C, &ks->matmul, kc);  // W
-        if (flash) attention_backward_flash(d.dqkv, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);  // dqkv =
-        else attention_backward(d.dqkv, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention, kc);  // dqkv =
+        if (!defer)  // W
+            matmul_backward_weight(dw->attprojw, dw->attprojb, a->dresidual, la.atty, BT, Cl, C, &ks->matmul, kc);
+        // dqkv =
+        if (flash) attention_backward_flash(d.dqkv, a->scratch, la.qkv, la.atty, la.lse, B, T, Cl, NHl, &ks->attention);
+        else attention_backward(d.dqkv, a->scratch, la.qkv, la.att, B, T, Cl, NHl, &ks->attention, kc);
         matmul_backward_input(a->scratch, d.dqkv, w->qkvw, BT, C, 3 * Cl, kc);  // dln1 =
-        if (!defer) matmul_backward_weight(dw->qkvw, dw->qkvb, d.dqkv, la.ln1, BT, C, 3 * Cl, &ks->matmul, kc);  // W
-        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);  // TP: f; the column-parallel qkv saw only our heads
+        if (!defer)  // W
+            matmul_backward_weight(dw->qkvw, dw->qkvb, d.dqkv, la.ln1, BT, C, 3 * Cl, &ks->matmul, kc);
+        // TP: f; the column-parallel qkv saw only our heads
+        tp_f_backward(model->comm, model->tracer, a->scratch, BT * C);
         layernorm_backward(a->dresidual, dw->ln1w, dw->ln1b, a->scratch, la.input, w->ln1w, la.ln1_mean, la.ln1_rstd,
-                           BT, C, &ks->layernorm, fused);                                                            // dresidual +=
+                           BT, C, &ks->layernorm, fused);  // dresidual +=
         if (!defer) gradients_ready(model, 1 + l, communicate);  // layer l's parameter gradients are final
         zero2_layer_done(model->comm, &model->zero2, l);
     }
     if (model->chunk->first) {
         // TP: only the ids in our rows of wte get gradient; dwpe is the same on every rank
-        vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs, B, T, C, c->Vp,
-                                          &ks->encoder, &ks->encoder_host, fused);
+        vocab_parallel_embedding_backward(model->comm, g->wte, g->wpe, a->dresidual, a->inputs, a->host_inputs,
+                                          B, T, C, c->Vp, &ks->encoder, &ks->encoder_host, fused);
     }  // other stages: dresidual now holds the gradient of this stage's input, for the previous stage
-    if (model->place.pp == 1) gradients_ready(model, 0, communicate);  // (pipelining: after the tied-wte sum, pipeline_step)
-    if (model->comm->kernels_wait && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);  // fused: host goes on
+    // (pipelining: after the tied-wte sum, pipeline_step)
+    if (model->place.pp == 1) gradients_ready(model, 0, communicate);
+    // fused: host goes on
+    if (model->comm->kernels_wait && model->place.pp == 1) comm_main_waits(model->comm, &model->comm->dp_group);
     else comm_join(model->comm);
     zero2_end_micro_step(&model->zero2);  // ZeRO-2: this micro-step's reduced parts join the accumulated ones
 }
@@ -826,18 +901,21 @@ static void gpt2_init_norm_parts(GPT2* model) {
 static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, int t, const UpdateVerdict* verdict) {
     const ZeroPlan* z = &model->zero;
     size_t lo, hi, k;
-    AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f, .grad_scale = verdict->grad_scale,
-                      .t = t, .stochastic = model->stochastic_rounding, .index_base = 0};
-    AdamWRange ranges[ADAMW_BATCH];  // (passed on ADAMW_BATCH at a time: with --fused-kernels 1 a launch each on the GPU)
+    AdamWArgs args = {.lr = lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = 0.0f,
+                      .grad_scale = verdict->grad_scale, .t = t, .stochastic = model->stochastic_rounding,
+                      .index_base = 0};
+    // (passed on ADAMW_BATCH at a time: with --fused-kernels 1 a launch each on the GPU)
+    AdamWRange ranges[ADAMW_BATCH];
     int n = 0;
     for (int i = 0; i < model->layout.num_entries; i++) {
         const TensorEntry* s = &model->layout.entries[i];
         if (!owned_part(&model->zero, s, &lo, &hi, &k)) continue;
         size_t in_bucket = lo - owned_start(z, s->bucket);
-        ranges[n++] = (AdamWRange){.master = owned_master(model, s->bucket) + in_bucket,
-                                   .param_copy = master_is_params(model) ? NULL : owned_params(model, s->bucket) + in_bucket,
-                                   .grad = owned_grads(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
-                                   .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
+        ranges[n++] = (AdamWRange){
+            .master = owned_master(model, s->bucket) + in_bucket,
+            .param_copy = master_is_params(model) ? NULL : owned_params(model, s->bucket) + in_bucket,
+            .grad = owned_grads(model, s->bucket) + in_bucket, .m = model->m + k, .v = model->v + k,
+            .n = hi - lo, .index_base = lo, .weight_decay = s->decay ? o->weight_decay : 0.0f};
         if (n == ADAMW_BATCH) {
             adamw_update_ranges(ranges, n, args, model->kernels.fused, verdict->on_device);
             n = 0;
@@ -856,9 +934,11 @@ static void gpt2_adamw_owned(GPT2* model, const OptimizerConfig* o, float lr, in
 // nothing: the run has diverged, and the caller ends it. Every rank reaches the same verdict. The step's
 // outputs (llmc/step_outputs.h) decide it on the host or on the device, and give the step's mean loss
 // (*loss) and the norm before clipping (returned) afterwards.
-static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped, double* loss) {
-    UpdateVerdict verdict = step_outputs_verdict(&model->outputs, model->comm, &model->norm_parts, &model->kernel_scratch.norm,
-                                                 model->place.tp, model->zero.stage, scaler, o->grad_clip, model->kernels.fused);
+static float gpt2_update(GPT2* model, const OptimizerConfig* o, float lr, int t, LossScaler* scaler, int* skipped,
+                         double* loss) {
+    UpdateVerdict verdict = step_outputs_verdict(&model->outputs, model->comm, &model->norm_parts,
+                                                 &model->kernel_scratch.norm, model->place.tp, model->zero.stage,
+                                                 scaler, o->grad_clip, model->kernels.fused);
     if (verdict.apply) {
         gpt2_adamw_owned(model, o, lr, t, &verdict);
         zero_gather_params(model->comm, &model->zero, model->params_memory);
@@ -897,7 +977,8 @@ static void plain_step(GPT2* model, DataLoader* loader, int M, long long step, f
     Activations* a = &model->chunk->slots[0];
     int B = loader->B, T = loader->T;
     for (int m = 0; m < M; m++) {
-        dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);  // data-order contract: micro-step s reads s * D + d
+        // data-order contract: micro-step s reads s * D + d
+        dataloader_load(loader, (step * M + m) * pl->dp + pl->dp_rank);
         stage_token_ids(model, a, loader->inputs, loader->targets, B, T);
         double t0 = trace_now_us(model->tracer);
         gpt2_forward(model, a, B, T, dloss, 1);
@@ -914,7 +995,8 @@ static void plain_step(GPT2* model, DataLoader* loader, int M, long long step, f
 // and from the neighbouring stages, pipe_sendrecv). Each action works on one chunk of the stage's layers
 // (model->chunk: the whole stage but with --virtual-stages), whose messages go round the ring of stages.
 
-static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {  // (B, T, C) the last local layer's output
+// (B, T, C) the last local layer's output
+static floatX* stage_output(const GPT2* model, const Activations* a, int B, int T) {
     return layer_output(model, a, model->chunk->l1 - model->chunk->l0 - 1, B, T);
 }
 
@@ -1011,9 +1093,12 @@ static void pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, in
         long long batch = (step * M + m) * pl->dp + pl->dp_rank;  // data-order contract: micro-step s reads s * D + d
         model->chunk = &model->chunks[st->action.chunk];
         double t0 = trace_now_us(model->tracer);
-        if (st->action.kind == PIPE_F) schedule_forward(model, loader, m, batch, dloss);
-        else if (st->action.kind == PIPE_B) schedule_backward(model, &st->action, B, T, dloss, m == M - 1);  // (a chunk's last)
-        else gpt2_backward_weights(model, m, B, T, m == M - 1);  // ZB-H1's W, from the slot and what its B kept
+        if (st->action.kind == PIPE_F)
+            schedule_forward(model, loader, m, batch, dloss);
+        else if (st->action.kind == PIPE_B)  // (a chunk's last)
+            schedule_backward(model, &st->action, B, T, dloss, m == M - 1);
+        else  // ZB-H1's W, from the slot and what its B kept
+            gpt2_backward_weights(model, m, B, T, m == M - 1);
         trace_action(model->tracer, st->action, V, t0);
     }
     comm_join(model->comm);  // the last sends are done before the slots are used again
@@ -1057,11 +1142,16 @@ static void save_checkpoint(GPT2* model, const char* dir, RunState* state, int k
         size_t n_ranges = shard_file_runs(&model->layout, z, &model->place, model->m, model->v, &ranges, &m, &v);
         snprintf(path, sizeof(path), "%s/state_%08lld_%05d.bin", dir, state->step, state->shard);
         state_file_write(path, state, ranges, (int64_t)n_ranges, m, v);
-        free(ranges), free(m), free(v);
+        free(ranges);
+        free(m);
+        free(v);
     }
-    comm_barrier_io(comm, &comm->world);  // the checkpoint is complete when every rank is past here (rank 0 may take minutes)
-    if (writes_model) printf("saved checkpoint %s/model_%08lld.bin and %d state shard(s)\n", dir, state->step, state->num_shards);
-    if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);  // only now: the new one is complete
+    // the checkpoint is complete when every rank is past here (rank 0 may take minutes)
+    comm_barrier_io(comm, &comm->world);
+    if (writes_model)
+        printf("saved checkpoint %s/model_%08lld.bin and %d state shard(s)\n", dir, state->step, state->num_shards);
+    // only now: the new one is complete
+    if (writes_model && keep_last > 0) prune_checkpoints(dir, state->step, keep_last);
 }
 
 // The activations of a forward-only pass (evaluation, sampling) of the current chunk: the first slot,
@@ -1122,7 +1212,8 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     int per_forward = model->B * model->T / rows.Te;
     int* bin = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
     int* btg = (int*)malloc_check((size_t)per_forward * rows.Te * sizeof(int));
-    double forwards = (rows.n_rows + per_forward - 1) / per_forward;  // every DP rank runs as many (ZeRO-3 gathers in each)
+    // every DP rank runs as many (ZeRO-3 gathers in each)
+    double forwards = (rows.n_rows + per_forward - 1) / per_forward;
     comm_all_reduce_host(comm, &comm->dp_group, &forwards, 1, REDUCE_MAX);
     for (int r0 = 0; r0 < (int)forwards * per_forward; r0 += per_forward) {
         eval_pack(&rows, r0, per_forward, bin, btg);  // (rows past this rank's: zeros, not counted)
@@ -1136,7 +1227,8 @@ static float evaluate_choices(GPT2* model, const EvalSet* e, const char* path, F
     comm_all_reduce_host(comm, &comm->tp_group, counts, 2, REDUCE_SUM);
     comm_all_reduce_host(comm, &comm->dp_group, counts, 2, REDUCE_SUM);
     eval_rows_free(&rows);
-    free(bin), free(btg);
+    free(bin);
+    free(btg);
     return (float)(counts[0] / counts[1]);
 }
 
@@ -1179,7 +1271,11 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
     }
     if (print) printf("\n");
     device_free(gathered);
-    free(seq), free(probs), free(logits), free(sorted), free(row);
+    free(seq);
+    free(probs);
+    free(logits);
+    free(sorted);
+    free(row);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1190,15 +1286,17 @@ static void gpt2_sample(GPT2* model, const Tokenizer* tok, Rng* rng, const Sampl
 static MemoryPlan model_memory(const GPT2* m, size_t elem_bytes) {
     return (MemoryPlan){.params = m->bytes_params, .grads = m->bytes_grads, .optimizer = m->bytes_optimizer,
                         .activations = m->bytes_activations, .workspace = m->bytes_workspace,
-                        .kernel_scratch = kernel_scratch_bytes(&m->config, &m->place, m->last, m->B, m->T, elem_bytes, &m->kernels),
+                        .kernel_scratch = kernel_scratch_bytes(&m->config, &m->place, m->last, m->B, m->T, elem_bytes,
+                                                               &m->kernels),
                         .host = 0};
 }
 
 // Builds one rank dry, with elements of `elem_bytes` and the run's kernel choice, and reads off its
 // allocation by category. `phases` (PLAN_*): what the run does besides training, for the CPU target's host
 // copies (<0: not counted).
-static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, StageSlots slots, int recompute, int segment, int rematerialize,
-                            int phases, size_t elem_bytes, const KernelChoice* kernels) {
+static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int T, StageSlots slots, int recompute,
+                            int segment, int rematerialize, int phases, size_t elem_bytes,
+                            const KernelChoice* kernels) {
     GPT2 model;
     Comm single = comm_single();
     BuildMode dry = {.elem_bytes = elem_bytes, .dry = 1};
@@ -1208,7 +1306,8 @@ static MemoryPlan plan_rank(const GPT2Config* c, const Placement* pl, int B, int
     allocate_stage_activations(&model, B, T, slots, rematerialize);
     MemoryPlan p = model_memory(&model, elem_bytes);
     if (plan_is_cpu(elem_bytes) && phases >= 0)
-        p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total, !master_is_params(&model) || pl->zero == 3, pl, phases,
+        p.host = plan_host_copies(model.num_parameters, model.layout.total, model.zero.shard_total,
+                                  !master_is_params(&model) || pl->zero == 3, pl, phases,
                                   p.activations + p.kernel_scratch);
     gpt2_free(&model);
     return p;
@@ -1251,12 +1350,13 @@ typedef struct {
 
 // This rank's model: its place in the grid (DP rank, TP slice, pipeline stage and the stage's layers),
 // its parameters (params, or initialized from --seed when NULL) and, on resume, the AdamW moments m, v.
-static void build_rank_model(Training* run, const GPT2Config* config, const float* params, const float* m, const float* v) {
+static void build_rank_model(Training* run, const GPT2Config* config, const float* params, const float* m,
+                             const float* v) {
     const TrainConfig* tc = run->tc;
     Comm* comm = run->comm;
     GPT2* model = &run->model;
-    Placement place = {.zero = tc->zero, .dp = comm->dp, .dp_rank = comm->dp_rank, .tp = comm->tp, .tp_rank = comm->tp_rank,
-                       .pp = comm->pp, .pp_rank = comm->pp_rank};
+    Placement place = {.zero = tc->zero, .dp = comm->dp, .dp_rank = comm->dp_rank, .tp = comm->tp,
+                       .tp_rank = comm->tp_rank, .pp = comm->pp, .pp_rank = comm->pp_rank};
     place_layers(&place, config->L, tc->pp_split, tc->virtual_stages);  // the stage's layers, or its chunks
     if (tc->kernels.flash_attention) attention_flash_validate(config->C, config->NH, sizeof(floatX), 0);
     gpt2_build(model, config, comm, &place, &tc->kernels);
@@ -1266,7 +1366,8 @@ static void build_rank_model(Training* run, const GPT2Config* config, const floa
     else gpt2_init_random(model, tc->seed);
     model->stochastic_rounding = tc->stochastic_rounding;
     if (m) gpt2_set_optimizer_state(model, m, v);
-    if (tc->resume && model->stochastic_rounding && run->state.updates > 0) gpt2_round_params(model, (int)run->state.updates);
+    if (tc->resume && model->stochastic_rounding && run->state.updates > 0)
+        gpt2_round_params(model, (int)run->state.updates);
 }
 
 // Where the loop starts, and with what: from scratch, or as the checkpoint left it (its step, update
@@ -1292,7 +1393,8 @@ static void print_run_summary(const Training* run) {
     Comm* comm = run->comm;
     const GPT2* model = &run->model;
     if (run->main_rank && !tc->quiet)
-        print_run_header(tc, comm, &model->config, model->num_parameters, run->tokens_per_step, run->in.have_train ? &run->in.train : NULL);
+        print_run_header(tc, comm, &model->config, model->num_parameters, run->tokens_per_step,
+                         run->in.have_train ? &run->in.train : NULL);
     if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
         MemoryPlan p = model_memory(model, sizeof(floatX));
@@ -1313,21 +1415,25 @@ static void training_setup(Training* run, TrainConfig* tc, Comm* comm) {
     GPT2Config config = tc->arch;
     float *params = NULL, *m = NULL, *v = NULL;
     read_start_point(tc, comm->dp, run->main_rank, &run->state, &config, &params, &m, &v);
-    tc->kernels.flash_attention = attention_choice(tc->kernels.flash_attention, tc->B, tc->T, config.C, config.NH, sizeof(floatX), 0);
+    tc->kernels.flash_attention = attention_choice(tc->kernels.flash_attention, tc->B, tc->T, config.C, config.NH,
+                                                   sizeof(floatX), 0);
     if (comm->world_size > 1) comm_barrier_io(comm, &comm->world);  // every rank has read its model or checkpoint
     check_ranks_agree(tc, comm, &config, &run->state);  // the first collective after it: every rank runs the same job
     run->run_id = tc->resume ? run->state.run_id : new_run_id(comm);
     claim_checkpoint_dir(tc, run->run_id, tc->resume ? run->state.step : 0, run->main_rank);
     check_sizes_given(tc, &config);
     build_rank_model(run, &config, params, m, v);
-    free(params), free(m), free(v);
+    free(params);
+    free(m);
+    free(v);
     if (tc->T > config.maxT) fatal("sequence length T=%d is longer than the model's maxT=%d", tc->T, config.maxT);
     run_inputs_open(&run->in, tc, &config, comm);
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
     // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
     allocate_stage_activations(&run->model, tc->B, tc->T, stage_slots(tc, comm->pp_rank), tc->rematerialize);
-    if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;  // (its clocks are aligned when the first traced step begins)
+    // (its clocks are aligned when the first traced step begins)
+    if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;
     restore_run_state(run);
     run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
     run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;
@@ -1345,7 +1451,9 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
     }
     if (tc->eval_data && (step % tc->eval_every == 0 || last)) {
         float accuracy = evaluate_choices(&run->model, &run->in.choices, tc->eval_data, run->in.dump);
-        if (run->main_rank) printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy, run->in.choices.n_examples);
+        if (run->main_rank)
+            printf("step %lld: multiple-choice accuracy %.4f (%d examples)\n", step, accuracy,
+                   run->in.choices.n_examples);
         logger_eval_accuracy(&run->logger, step, accuracy);
     }
     // --steps 0 samples once, from the model as given
@@ -1359,12 +1467,14 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
 static void fill_run_state(Training* run, long long step) {
     const TrainConfig* tc = run->tc;
     const LossScaler* ls = &run->scaler;
-    run->state = (RunState){.config = run->model.config, .B = run->comm->dp * tc->B, .T = tc->T, .grad_accum = tc->grad_accum,
-                            .shuffle = tc->shuffle, .step = step, .sample_rng = run->sample_rng.state, .model_hash = 0,
-                            .data_seed = tc->seed, .shard = 0, .num_shards = 0, .zero_stage = tc->zero, .dp = run->comm->dp,
-                            .updates = run->updates, .loss_scale = ls->scale, .scale_good_steps = ls->good_steps,
-                            .scale_hysteresis_left = ls->hysteresis_left, .run_id = run->run_id, .data_hash = run->in.data.hash,
-                            .data_tokens = run->in.data.tokens, .data_files = run->in.data.files, .version = run->state.version};
+    run->state = (RunState){.config = run->model.config, .B = run->comm->dp * tc->B, .T = tc->T,
+                            .grad_accum = tc->grad_accum, .shuffle = tc->shuffle, .step = step,
+                            .sample_rng = run->sample_rng.state, .model_hash = 0, .data_seed = tc->seed, .shard = 0,
+                            .num_shards = 0, .zero_stage = tc->zero, .dp = run->comm->dp, .updates = run->updates,
+                            .loss_scale = ls->scale, .scale_good_steps = ls->good_steps,
+                            .scale_hysteresis_left = ls->hysteresis_left, .run_id = run->run_id,
+                            .data_hash = run->in.data.hash, .data_tokens = run->in.data.tokens,
+                            .data_files = run->in.data.files, .version = run->state.version};
 }
 
 // Saves a checkpoint after `step` when one is due (every --save-every steps and at the last) or when the
@@ -1401,7 +1511,8 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     GPT2* model = &run->model;
     StepResult r = {.loss = 0.0, .norm = 0.0f, .lr = 0.0f, .ms = 0.0, .skipped = 0};
     double t0 = wall_seconds();
-    trace_step_begin(&run->tracer, comm, tc->trace != NULL, step - run->start_step, tc->trace_steps, tc->fault.clock_skew);
+    trace_step_begin(&run->tracer, comm, tc->trace != NULL, step - run->start_step, tc->trace_steps,
+                     tc->fault.clock_skew);
     gpt2_zero_grad(model);
     step_outputs_begin(&model->outputs, tc->grad_accum);
     // each position's weight in the mean loss of the global batch, times the loss scale
@@ -1420,8 +1531,8 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     if (losses && step < max_losses) losses[step] = (float)r.loss;
     if (r.skipped) {
         if (run->main_rank)
-            printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n", step + 1,
-                   scale_before, loss_scale(&run->scaler));
+            printf("step %lld: gradients overflowed (inf/nan): step skipped on every rank, loss scale %g -> %g\n",
+                   step + 1, scale_before, loss_scale(&run->scaler));
         logger_skip(&run->logger, step + 1, loss_scale(&run->scaler));
     } else if (!isfinite(r.norm)) {  // no loss scaling: gpt2_update changed nothing
         char why[64];
@@ -1443,11 +1554,12 @@ static void report_step(Training* run, long long step, const StepResult* r) {
     const TrainConfig* tc = run->tc;
     double tokens_per_s = run->tokens_per_step / (r->ms / 1000.0);
 #ifndef LLMC_CPU
-    if (!run->memory_reported && !tc->quiet) {  // the plan against what the device reports, on every rank (stages differ)
+    // the plan against what the device reports, on every rank (stages differ)
+    if (!run->memory_reported && !tc->quiet) {
         run->memory_reported = 1;
-        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T, stage_slots(tc, run->comm->pp_rank), tc->recompute, tc->recompute_segment,
-                                 tc->rematerialize, -1,
-                                 sizeof(floatX), &run->model.kernels);
+        MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T,
+                                 stage_slots(tc, run->comm->pp_rank), tc->recompute, tc->recompute_segment,
+                                 tc->rematerialize, -1, sizeof(floatX), &run->model.kernels);
         print_device_memory_vs_plan(&p, run->comm);
     }
 #endif
@@ -1470,8 +1582,8 @@ static void training_finish(Training* run) {
         free(buf);
     }
     if (tc->trace)
-        pipeline_trace_finish(&run->tracer, tc->trace, tc->pipe_schedule, tc->grad_accum, tc->virtual_stages, model->zero.stage,
-                              run->comm);
+        pipeline_trace_finish(&run->tracer, tc->trace, tc->pipe_schedule, tc->grad_accum, tc->virtual_stages,
+                              model->zero.stage, run->comm);
     free(run->tracer.events);
     logger_close(&run->logger);
     run_inputs_free(&run->in, tc);
