@@ -76,13 +76,26 @@ static void read_reference(Reference* r, const char* path) {
     FILE* f = fopen_check(path, "rb");
     int h[256];
     fread_check(h, sizeof(int), 256, f, path);
-    if (h[0] != 20261122 || h[1] != 1) fatal("'%s' is not a reference debug state (magic %d version %d)", path, h[0], h[1]);
-    r->B = h[2], r->T = h[3], r->V = h[4], r->Vp = h[5], r->L = h[6], r->NH = h[7], r->C = h[8], r->maxT = h[9];
+    if (h[0] != 20261122 || h[1] != 1)
+        fatal("'%s' is not a reference debug state (magic %d version %d)", path, h[0], h[1]);
+    r->B = h[2];
+    r->T = h[3];
+    r->V = h[4];
+    r->Vp = h[5];
+    r->L = h[6];
+    r->NH = h[7];
+    r->C = h[8];
+    r->maxT = h[9];
     r->nsteps = h[10];
     r->num_params = (size_t)h[11];
     float hp[8];
     fread_check(hp, sizeof(float), 8, f, path);
-    r->lr = hp[0], r->beta1 = hp[1], r->beta2 = hp[2], r->eps = hp[3], r->weight_decay = hp[4], r->grad_clip = hp[5];
+    r->lr = hp[0];
+    r->beta1 = hp[1];
+    r->beta2 = hp[2];
+    r->eps = hp[3];
+    r->weight_decay = hp[4];
+    r->grad_clip = hp[5];
     size_t BT = (size_t)r->B * r->T;
     r->inputs = (int*)malloc_check(BT * sizeof(int));
     r->targets = (int*)malloc_check(BT * sizeof(int));
@@ -109,7 +122,8 @@ static Comm* single_rank(void) {
 
 // A forward as the training step runs it (the ids staged, then forward): the mean loss over the batch,
 // brought to the host (0 without targets: the logits are left in a->logits)
-static float forward_loss(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T, float dloss) {
+static float forward_loss(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T,
+                          float dloss) {
     stage_token_ids(model, a, inputs, targets, B, T);
     gpt2_forward(model, a, B, T, dloss, targets != NULL);
     return targets ? mean_loss_on_host(model->host_losses, a->losses, (size_t)B * T) : 0.0f;
@@ -126,7 +140,8 @@ static void load_model(GPT2* model, const char* path, const KernelChoice* kernel
 }
 
 // compares a file-order buffer tensor by tensor (each tensor over all its layers), except skip_kind
-static void check_tensors(const char* what, const GPT2Config* c, const float* ours, const float* ref, double tol, int skip_kind) {
+static void check_tensors(const char* what, const GPT2Config* c, const float* ours, const float* ref, double tol,
+                          int skip_kind) {
     size_t pos = 0;
     for (int kind = 0; kind < NUM_FILE_TENSORS; kind++) {
         size_t n = file_tensor_numel(c, kind) * (tensor_is_per_layer(kind) ? c->L : 1);
@@ -146,24 +161,30 @@ static void check_tensors(const char* what, const GPT2Config* c, const float* ou
 // noise (~1e-17 in the float64 reference, ~1e-10 in float32), which Adam then normalizes into updates
 // of up to lr per step. So after training, the key bias is compared in absolute terms against that
 // bound (nsteps * lr) and the query and value biases by relative norm as usual.
-static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const float* ref, double tol, int nsteps, float lr) {
+static void check_qkvb_after_adam(const GPT2Config* c, const float* ours, const float* ref, double tol, int nsteps,
+                                  float lr) {
     size_t pos = 0;
     for (int kind = 0; kind < QKVB; kind++) pos += file_tensor_numel(c, kind) * (tensor_is_per_layer(kind) ? c->L : 1);
     size_t C = c->C, qv = 0;
-    float *ours_qv = (float*)malloc_check(2 * C * c->L * sizeof(float)), *ref_qv = (float*)malloc_check(2 * C * c->L * sizeof(float));
+    float *ours_qv = (float*)malloc_check(2 * C * c->L * sizeof(float)),
+          *ref_qv = (float*)malloc_check(2 * C * c->L * sizeof(float));
     double kmax = 0.0;
     for (int l = 0; l < c->L; l++) {
         const float *o = ours + pos + l * 3 * C, *r = ref + pos + l * 3 * C;
-        memcpy(ours_qv + qv, o, C * sizeof(float)), memcpy(ref_qv + qv, r, C * sizeof(float));
-        memcpy(ours_qv + qv + C, o + 2 * C, C * sizeof(float)), memcpy(ref_qv + qv + C, r + 2 * C, C * sizeof(float));
+        memcpy(ours_qv + qv, o, C * sizeof(float));
+        memcpy(ref_qv + qv, r, C * sizeof(float));
+        memcpy(ours_qv + qv + C, o + 2 * C, C * sizeof(float));
+        memcpy(ref_qv + qv + C, r + 2 * C, C * sizeof(float));
         qv += 2 * C;
         for (size_t i = C; i < 2 * C; i++) kmax = fmax(kmax, fabs((double)o[i] - r[i]));
     }
     check("params after qkvb (q and v parts)", rel_norm_diff(ours_qv, ref_qv, qv), tol);
     int ok = kmax <= nsteps * lr;
-    printf("  %-34s max abs. diff %.3e  (bound nsteps*lr = %.0e)  %s\n", "params after qkvb (k part)", kmax, nsteps * lr, ok ? "ok" : "FAIL");
+    printf("  %-34s max abs. diff %.3e  (bound nsteps*lr = %.0e)  %s\n", "params after qkvb (k part)", kmax,
+           nsteps * lr, ok ? "ok" : "FAIL");
     if (!ok) failures++;
-    free(ours_qv), free(ref_qv);
+    free(ours_qv);
+    free(ref_qv);
 }
 
 // a buffer laid out like the parameters (floatX, whole) -> host float array in file order
@@ -183,7 +204,8 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
     GPT2 model;
     load_model(&model, model_path, kernels);
     const GPT2Config* c = &model.config;
-    printf("reference '%s': L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, B=%d T=%d\n", name, c->L, c->C, c->NH, c->V, c->Vp, c->maxT, r.B, r.T);
+    printf("reference '%s': L=%d C=%d NH=%d V=%d Vp=%d maxT=%d, B=%d T=%d\n", name, c->L, c->C, c->NH, c->V, c->Vp,
+           c->maxT, r.B, r.T);
     if (c->V != r.V || c->Vp != r.Vp || c->L != r.L || c->C != r.C || model.num_parameters != r.num_params)
         fatal("'%s' and '%s' describe different models", model_path, debug_path);
     size_t BT = (size_t)r.B * r.T;
@@ -200,8 +222,8 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
 
     // loss and gradients (FP16: with a static loss scale, divided out here, as the optimizer does)
     float S = FP16_BUILD ? 1024.0f : 1.0f;
-    LossScaler scaler = {.mode = FP16_BUILD ? SCALE_STATIC : SCALE_OFF, .scale = S, .growth = 2.0f, .backoff = 0.5f, .interval = 2000,
-                         .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
+    LossScaler scaler = {.mode = FP16_BUILD ? SCALE_STATIC : SCALE_OFF, .scale = S, .growth = 2.0f, .backoff = 0.5f,
+                         .interval = 2000, .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
     gpt2_zero_grad(&model);
     float loss = forward_loss(&model, a, r.inputs, r.targets, r.B, r.T, S / BT);
     check("loss", rel_diff(loss, r.loss), TOL.loss);
@@ -237,8 +259,16 @@ static void test_against_reference(const KernelChoice* kernels, const char* dir,
     check_tensors("params after", c, params, r.params_after, TOL.params, QKVB);  // qkvb: see below
     check_qkvb_after_adam(c, params, r.params_after, TOL.params, r.nsteps, r.lr);
     gpt2_free(&model);
-    free(logits), free(real), free(grads), free(params);
-    free(r.inputs), free(r.targets), free(r.logits), free(r.grads), free(r.losses), free(r.params_after);
+    free(logits);
+    free(real);
+    free(grads);
+    free(params);
+    free(r.inputs);
+    free(r.targets);
+    free(r.logits);
+    free(r.grads);
+    free(r.losses);
+    free(r.params_after);
 }
 
 // writes a token file of n random ids below V
@@ -299,7 +329,9 @@ static void test_resume(const KernelChoice* kernels, const char* dir) {
     train(&tc, single_rank(), resumed, 20);  // resumes at 10 (the newest checkpoint), runs 10 more
 
     int same = memcmp(straight, resumed, sizeof(straight)) == 0;
-    for (int i = 0; i < 20; i++) printf("    step %2d: %.9g %.9g%s\n", i + 1, straight[i], resumed[i], straight[i] == resumed[i] ? "" : "  <- differs");
+    for (int i = 0; i < 20; i++)
+        printf("    step %2d: %.9g %.9g%s\n", i + 1, straight[i], resumed[i],
+               straight[i] == resumed[i] ? "" : "  <- differs");
     printf("  %-34s %s\n", "losses bit-identical", same ? "ok" : "FAIL");
     if (!same) failures++;
     GPT2Config ca, cb;
@@ -309,7 +341,8 @@ static void test_resume(const KernelChoice* kernels, const char* dir) {
     int same_params = memcmp(pa, pb, gpt2_num_parameters(&ca) * sizeof(float)) == 0;
     printf("  %-34s %s\n", "final parameters bit-identical", same_params ? "ok" : "FAIL");
     if (!same_params) failures++;
-    free(pa), free(pb);
+    free(pa);
+    free(pb);
     char cmd[4300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp);
     if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
@@ -329,12 +362,20 @@ static void test_grad_accumulation(const KernelChoice* kernels, const char* dir)
     TrainConfig tc;
     default_train_config(&tc);
     tc.kernels = *kernels;
-    tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
-    tc.T = 32, tc.steps = 8, tc.warmup = 2;
+    tc.train_data = data;
+    tc.val_data = "";
+    tc.tokenizer = "";
+    tc.model_file = model_path;
+    tc.quiet = 1;
+    tc.T = 32;
+    tc.steps = 8;
+    tc.warmup = 2;
     float whole[8], accumulated[8];
-    tc.B = 4, tc.grad_accum = 1;
+    tc.B = 4;
+    tc.grad_accum = 1;
     train(&tc, single_rank(), whole, 8);
-    tc.B = 2, tc.grad_accum = 2;
+    tc.B = 2;
+    tc.grad_accum = 2;
     train(&tc, single_rank(), accumulated, 8);
     for (int i = 0; i < 8; i++) {
         char what[64];
@@ -375,10 +416,13 @@ static void test_bf16_model_file(const KernelChoice* kernels, const char* dir) {
     gpt2_export_master(&model, back);
     size_t mismatches = 0;
     for (size_t i = 0; i < n; i++) mismatches += back[i] != bf16_bits_to_float(bf[i]);
-    printf("  %-34s %zu of %zu differ  %s\n", "parameters == bf16(reference)", mismatches, n, mismatches ? "FAIL" : "ok");
+    printf("  %-34s %zu of %zu differ  %s\n", "parameters == bf16(reference)", mismatches, n,
+           mismatches ? "FAIL" : "ok");
     if (mismatches) failures++;
     gpt2_free(&model);
-    free(p), free(bf), free(back);
+    free(p);
+    free(bf);
+    free(back);
     unlink(tmp_path);
 }
 
@@ -406,16 +450,20 @@ static void test_zero_memory(const KernelChoice* kernels, const char* dir) {
                 gpt2_build(&model, &c, single_rank(), &place, kernels);
                 size_t psi = model.layout.total;
                 size_t largest_layer = 0;
-                for (int b = 1; b <= c.L; b++) largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size : largest_layer;
-                size_t workspace = (model.layout.buckets[0].size + model.layout.buckets[c.L + 1].size + 2 * largest_layer) * fx;
-                int ok = psi % D == 0 && psi >= model.num_parameters && model.bytes_params == (stage < 3 ? psi : psi / D) * fx &&
+                for (int b = 1; b <= c.L; b++)
+                    largest_layer = model.layout.buckets[b].size > largest_layer ? model.layout.buckets[b].size
+                                                                                 : largest_layer;
+                size_t workspace = (model.layout.buckets[0].size + model.layout.buckets[c.L + 1].size +
+                                    2 * largest_layer) * fx;
+                int ok = psi % D == 0 && psi >= model.num_parameters &&
+                         model.bytes_params == (stage < 3 ? psi : psi / D) * fx &&
                          model.bytes_grads == (stage < 2 ? psi : psi / D) * fx &&
                          model.bytes_optimizer == k * (stage == 0 ? psi : psi / D) * 4 &&
                          model.bytes_workspace == (stage < 2 ? 0 : stage == 2 ? workspace : 2 * workspace);
                 if (d == 0 || !ok) {
-                    printf("  D=%d stage %d rank %d: Psi %zu | params %zu | grads %zu | optimizer %zu | workspace %zu  %s\n", D,
-                           stage, d, psi, model.bytes_params, model.bytes_grads, model.bytes_optimizer, model.bytes_workspace,
-                           ok ? "ok" : "FAIL");
+                    printf("  D=%d stage %d rank %d: Psi %zu | params %zu | grads %zu | optimizer %zu | "
+                           "workspace %zu  %s\n", D, stage, d, psi, model.bytes_params, model.bytes_grads,
+                           model.bytes_optimizer, model.bytes_workspace, ok ? "ok" : "FAIL");
                 }
                 if (!ok) failures++;
                 gpt2_free(&model);
@@ -452,7 +500,8 @@ static void test_tp_memory(const KernelChoice* kernels) {
                 ok &= s->numel * tp == whole;
             }
         }
-        ok &= model.bytes_params >= (split_local + replicated) * fx && model.bytes_params < (split_local + replicated + 64 * model.layout.num_entries) * fx;
+        ok &= model.bytes_params >= (split_local + replicated) * fx &&
+              model.bytes_params < (split_local + replicated + 64 * model.layout.num_entries) * fx;
         const Activations* a = &model.chunk->slots[0];
         size_t Cl = c.C / tp, NHl = c.NH / tp, Vpl = c.Vp / tp, L = c.L;
 #define SPAN(x, y) ((size_t)((const char*)(y) - (const char*)(x)))
@@ -463,8 +512,9 @@ static void test_tp_memory(const KernelChoice* kernels) {
         ok &= SPAN(a->dwide, a->logits) == round_up(BT * 4 * Cl * fx, 256);  // the shared workspace precedes the slots,
         ok &= SPAN(a->logits, a->encoded) == round_up(BT * Vpl * fx, 256);   // the logits last (shared with the slots)
 #undef SPAN
-        printf("  tp=%d: split tensors %zu of %zu elements (1/%d), replicated %zu | params %zu B | activations %zu B  %s\n", tp,
-               split_local, split_whole, tp, replicated, model.bytes_params, model.bytes_activations, ok ? "ok" : "FAIL");
+        printf("  tp=%d: split tensors %zu of %zu elements (1/%d), replicated %zu | params %zu B | activations %zu B"
+               "  %s\n", tp, split_local, split_whole, tp, replicated, model.bytes_params, model.bytes_activations,
+               ok ? "ok" : "FAIL");
         if (!ok) failures++;
         gpt2_free(&model);
     }
@@ -522,12 +572,13 @@ static void test_pipeline_memory(const KernelChoice* kernels) {
                     kept_model.chunk->n_douts = douts;
                     gpt2_allocate_activations(&kept_model, 2, 16, slots, 0);
                     size_t set = (size_t)(first[st + 1] - first[st]) * 2 * 16 * (2 * c.C + 7 * c.C) * sizeof(floatX);
-                    size_t dwide = round_up((size_t)2 * 16 * 4 * c.C * sizeof(floatX), 256);  // (its B writes into the sets instead)
+                    // (its B writes into the sets instead)
+                    size_t dwide = round_up((size_t)2 * 16 * 4 * c.C * sizeof(floatX), 256);
                     ok &= kept_model.bytes_activations == bytes[0] + round_up(douts * set, 256) - dwide;
                     gpt2_free(&kept_model);
                 }
-                printf("  stage %d: %d slot%s%s %6zu B %s", st, slots, slots > 1 ? "s" : " ", zb ? (douts > 1 ? " +douts" : " +dout ") : "",
-                       bytes[0], ok ? "ok" : "FAIL");
+                printf("  stage %d: %d slot%s%s %6zu B %s", st, slots, slots > 1 ? "s" : " ",
+                       zb ? (douts > 1 ? " +douts" : " +dout ") : "", bytes[0], ok ? "ok" : "FAIL");
                 if (!ok) failures++;
             }
             printf("\n");
@@ -552,7 +603,8 @@ static int slots_suffice(const PipeAction* actions, int n_actions, int chunk, in
         else if (holder[a.micro % n] >= 0 && !done[holder[a.micro % n]]) ok = 0;
         else holder[a.micro % n] = a.micro;
     }
-    free(holder), free(done);
+    free(holder);
+    free(done);
     return ok;
 }
 
@@ -561,12 +613,14 @@ static int slots_suffice(const PipeAction* actions, int n_actions, int chunk, in
 // with one fewer, one is. (It also shows that a chunk holds consecutive micro-batches: with slots by m
 // mod n, the peak would not suffice otherwise.) P 2..4, M 1..3P, V 1 (GPipe, 1F1B, ZB-H1: M >= P) and 2, 3
 // (interleaved); ZB-H1's sets of output gradients likewise.
-static int fewest_that_serve(const PipeAction* actions, int n_actions, int v, int slots, int M, int take, int release) {
+static int fewest_that_serve(const PipeAction* actions, int n_actions, int v, int slots, int M, int take,
+                             int release) {
     return slots_suffice(actions, n_actions, v, slots, M, take, release) &&
            (slots == 1 || !slots_suffice(actions, n_actions, v, slots - 1, M, take, release));
 }
 static void test_pipeline_slots(void) {
-    printf("pipeline activation slots per chunk are the fewest that serve it (GPipe, 1F1B, interleaved V=2,3, ZB-H1; P 2..4)\n");
+    printf("pipeline activation slots per chunk are the fewest that serve it (GPipe, 1F1B, interleaved V=2,3, "
+           "ZB-H1; P 2..4)\n");
     int n = 0, bad = 0;
     for (int sched = 0; sched < 4; sched++)
         for (int V = 1; V <= 3; V++) {
@@ -575,15 +629,23 @@ static void test_pipeline_slots(void) {
             for (int P = 2; P <= 4; P++)
                 for (int M = zb ? P : 1; M <= 3 * P; M++) {
                     if (sched == SCHEDULE_INTERLEAVED && M % P != 0) continue;
-                    PipeAction* actions = (PipeAction*)malloc_check((size_t)actions_per_stage((Schedule)sched, M, V) * sizeof(PipeAction));
+                    PipeAction* actions = (PipeAction*)malloc_check((size_t)actions_per_stage((Schedule)sched, M, V) *
+                                                                    sizeof(PipeAction));
                     for (int s = 0; s < P; s++) {
                         int n_actions = pipeline_schedule((Schedule)sched, P, s, M, V, actions);
                         for (int v = 0; v < V; v++) {
                             int slots = pipeline_slots((Schedule)sched, P, s, M, V, v);
-                            int ok = n_actions == (zb ? 3 : 2) * M * V && fewest_that_serve(actions, n_actions, v, slots, M, PIPE_F, zb ? PIPE_W : PIPE_B);
-                            if (zb) ok &= fewest_that_serve(actions, n_actions, v, pipeline_stash_slots((Schedule)sched, P, s, M), M, PIPE_B, PIPE_W);
-                            if (!ok) printf("  FAIL %s P=%d M=%d V=%d stage %d chunk %d: %d slots\n", schedule_name((Schedule)sched), P, M, V, s, v, slots);
-                            bad += !ok, n++;
+                            int ok = n_actions == (zb ? 3 : 2) * M * V &&
+                                     fewest_that_serve(actions, n_actions, v, slots, M, PIPE_F, zb ? PIPE_W : PIPE_B);
+                            if (zb)
+                                ok &= fewest_that_serve(actions, n_actions, v,
+                                                        pipeline_stash_slots((Schedule)sched, P, s, M),
+                                                        M, PIPE_B, PIPE_W);
+                            if (!ok)
+                                printf("  FAIL %s P=%d M=%d V=%d stage %d chunk %d: %d slots\n",
+                                       schedule_name((Schedule)sched), P, M, V, s, v, slots);
+                            bad += !ok;
+                            n++;
                         }
                     }
                     free(actions);
@@ -601,7 +663,8 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
     KernelChoice same_gelu = *run_kernels;
     same_gelu.separate_gelu = 1;
     const KernelChoice* kernels = &same_gelu;
-    printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T, kernels->flash_attention ? ", flash attention" : "");
+    printf("recomputation levels (%s config, B=%d T=%d, 10 steps%s)\n", name, B, T,
+           kernels->flash_attention ? ", flash attention" : "");
     char tmp[] = "/tmp/test_gpt_XXXXXX";
     if (mkdtemp(tmp) == NULL) fatal("cannot create a temporary folder: %s", strerror(errno));
     char data[4200], model_path[4096], out[6][4300];
@@ -617,8 +680,16 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
         TrainConfig tc;
         default_train_config(&tc);
         tc.kernels = *kernels;
-        tc.train_data = data, tc.val_data = "", tc.tokenizer = "", tc.model_file = model_path, tc.quiet = 1;
-        tc.B = B, tc.T = T, tc.steps = 10, tc.recompute = levels[i], tc.recompute_segment = segments[i];
+        tc.train_data = data;
+        tc.val_data = "";
+        tc.tokenizer = "";
+        tc.model_file = model_path;
+        tc.quiet = 1;
+        tc.B = B;
+        tc.T = T;
+        tc.steps = 10;
+        tc.recompute = levels[i];
+        tc.recompute_segment = segments[i];
         snprintf(out[i], sizeof(out[i]), "%s/model_%d.bin", tmp, i);
         tc.save_model = out[i];
         train(&tc, single_rank(), losses[i], 10);
@@ -635,7 +706,8 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
         GPT2 model;
         Placement place = placement_single(&c);
         gpt2_build(&model, &c, single_rank(), &place, kernels);
-        model.recompute = R, model.recompute_segment = K;
+        model.recompute = R;
+        model.recompute_segment = K;
         gpt2_allocate_activations(&model, B, T, 1, 0);
         bytes[i] = model.bytes_activations;
         gpt2_free(&model);
@@ -643,13 +715,15 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
         // R3 ln stats, qkv, atty, att (flash: lse), residual2, fch; each buffer rounded to 256 bytes. In
         // segments of K layers, K layers' worth of all of them and of the layers' outputs is kept instead
         // of one layer's (and of L outputs), and the inputs of the segments after the first.
-        size_t fx = sizeof(floatX), BT = (size_t)B * T, L = c.L, C = c.C, kept = K > 1 ? (K < (int)L ? K : L) : 1;
+        size_t fx = sizeof(floatX), BT = (size_t)B * T, L = c.L, C = c.C,
+               kept = K > 1 ? (K < (int)L ? K : L) : 1;
         size_t att = kernels->flash_attention ? (size_t)c.NH * T * B * 4 : (size_t)c.NH * T * T * B * fx;
         size_t drop = 0;
         if (R >= 1) drop += round_up(L * BT * 4 * C * fx, 256) - round_up(kept * BT * 4 * C * fx, 256);
         if (R >= 2) drop += 2 * (round_up(L * BT * C * fx, 256) - round_up(kept * BT * C * fx, 256));
         if (R >= 3) {
-            size_t per_layer[] = {BT * 4, BT * 4, BT * 3 * C * fx, BT * C * fx, att, BT * C * fx, BT * 4, BT * 4, BT * 4 * C * fx};
+            size_t per_layer[] = {BT * 4, BT * 4, BT * 3 * C * fx, BT * C * fx, att, BT * C * fx, BT * 4, BT * 4,
+                                  BT * 4 * C * fx};
             for (size_t k = 0; k < sizeof(per_layer) / sizeof(per_layer[0]); k++)
                 drop += round_up(L * per_layer[k], 256) - round_up(kept * per_layer[k], 256);
         }
@@ -659,8 +733,9 @@ static void test_recompute(const KernelChoice* run_kernels, const char* dir, con
             checkpoints = round_up(((L + kept - 1) / kept - 1) * BT * C * fx, 256);
         }
         int ok = same && bytes[i] == bytes[0] - drop + checkpoints;
-        printf("  --recompute %d --recompute-segment %d: losses and parameters %s, activations %zu B (%.0f%% of level 0)  %s\n", R,
-               K, same ? "bit-identical" : "DIFFER", bytes[i], 100.0 * bytes[i] / bytes[0], ok ? "ok" : "FAIL");
+        printf("  --recompute %d --recompute-segment %d: losses and parameters %s, activations %zu B "
+               "(%.0f%% of level 0)  %s\n", R, K, same ? "bit-identical" : "DIFFER", bytes[i],
+               100.0 * bytes[i] / bytes[0], ok ? "ok" : "FAIL");
         if (!ok) failures++;
         free(pr);
     }
@@ -690,24 +765,30 @@ static void test_memory_plan(const KernelChoice* kernels) {
                                 if (pp > 1 && zero >= 2) continue;
                                 int R = v ? 3 : 0, K = v == 2 ? 3 : 1;
                                 for (int st = 0; st < pp; st++) {
-                                    Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp, .tp_rank = tp - 1, .pp = pp, .pp_rank = st};
+                                    Placement pl = {.zero = zero, .dp = dp, .dp_rank = dp - 1, .tp = tp,
+                                                    .tp_rank = tp - 1, .pp = pp, .pp_rank = st};
                                     place_layers(&pl, c.L, NULL, chunks);
-                                    StageSlots slots = {{pp > 1 ? 2 : 1, 1}, pp > 1 && B == 1 ? 2 : 0, pp > 1 && B == 1 ? 1 : 0};  // (ZB-H1's douts, logits)
+                                    StageSlots slots = {{pp > 1 ? 2 : 1, 1}, pp > 1 && B == 1 ? 2 : 0,
+                                                        pp > 1 && B == 1 ? 1 : 0};  // (ZB-H1's douts, logits)
                                     int remat = pp > 1 && B == 3 && chunks == 1;
-                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1, sizeof(floatX), kernels);
+                                    MemoryPlan plan = plan_rank(&c, &pl, B, 16, slots, R, K, remat, -1,
+                                                                sizeof(floatX), kernels);
                                     size_t before = device_allocated_bytes;
                                     GPT2 model;
                                     gpt2_build(&model, &c, single_rank(), &pl, kernels);
-                                    model.recompute = R, model.recompute_segment = K;
+                                    model.recompute = R;
+                                    model.recompute_segment = K;
                                     allocate_stage_activations(&model, B, 16, slots, remat);
                                     size_t measured = device_allocated_bytes - before;
                                     int ok = plan.params == model.bytes_params && plan.grads == model.bytes_grads &&
-                                             plan.optimizer == model.bytes_optimizer && plan.activations == model.bytes_activations &&
+                                             plan.optimizer == model.bytes_optimizer &&
+                                             plan.activations == model.bytes_activations &&
                                              plan.workspace == model.bytes_workspace &&
                                              measured == plan_total(&plan) - plan.kernel_scratch;
                                     if (!ok) {
-                                        printf("  FAIL dp=%d tp=%d pp=%d (%d chunks) stage %d zero=%d R=%d K=%d B=%d: planned %zu, allocated %zu\n", dp,
-                                               tp, pp, chunks, st, zero, R, K, B, plan_total(&plan) - plan.kernel_scratch, measured);
+                                        printf("  FAIL dp=%d tp=%d pp=%d (%d chunks) stage %d zero=%d R=%d K=%d B=%d: "
+                                               "planned %zu, allocated %zu\n", dp, tp, pp, chunks, st, zero, R, K, B,
+                                               plan_total(&plan) - plan.kernel_scratch, measured);
                                         bad++;
                                     }
                                     n++;
@@ -742,12 +823,15 @@ static void test_memory_plan_flash(const KernelChoice* kernels) {
                 gpt2_allocate_activations(&model, B, T, 1, 0);
                 size_t measured = device_allocated_bytes - before;
                 size_t Lall = R < 3 ? c.L : 1, NHl = c.NH / tp, fx = sizeof(floatX);
-                size_t drop = round_up(Lall * B * NHl * T * T * fx, 256) - round_up(Lall * B * NHl * T * sizeof(float), 256);
-                int ok = measured == plan_total(&flash) - flash.kernel_scratch && flash.activations == model.bytes_activations &&
+                size_t drop = round_up(Lall * B * NHl * T * T * fx, 256) -
+                              round_up(Lall * B * NHl * T * sizeof(float), 256);
+                int ok = measured == plan_total(&flash) - flash.kernel_scratch &&
+                         flash.activations == model.bytes_activations &&
                          classic.activations - flash.activations == drop;
                 if (!ok) {
-                    printf("  FAIL tp=%d R=%d B=%d: planned %zu allocated %zu; activations classic %zu flash %zu (drop want %zu)\n",
-                           tp, R, B, plan_total(&flash) - flash.kernel_scratch, measured, classic.activations, flash.activations, drop);
+                    printf("  FAIL tp=%d R=%d B=%d: planned %zu allocated %zu; activations classic %zu flash %zu "
+                           "(drop want %zu)\n", tp, R, B, plan_total(&flash) - flash.kernel_scratch, measured,
+                           classic.activations, flash.activations, drop);
                     bad++;
                 }
                 gpt2_free(&model);
@@ -781,10 +865,12 @@ static void test_token_grouping(void) {
             seen[p] = 1;
         }
     }
-    printf("GPU embedding backward, host grouping of %d positions (%d in the vocabulary range, %d distinct ids)  %s\n", BT,
-           n_kept, n_unique, ok ? "ok" : "FAIL");
+    printf("GPU embedding backward, host grouping of %d positions (%d in the vocabulary range, %d distinct ids)"
+           "  %s\n", BT, n_kept, n_unique, ok ? "ok" : "FAIL");
     if (!ok) failures++;
-    free(inp), free(buf), free(seen);
+    free(inp);
+    free(buf);
+    free(seen);
 }
 
 #ifdef LLMC_CPU
@@ -816,7 +902,10 @@ static void test_cpu_matmul(const char* dir) {
         size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
         float *inp = (float*)malloc_check(ni * 4), *w = (float*)malloc_check(nw * 4), *b = (float*)malloc_check(OC * 4);
         float *dout = (float*)malloc_check(no * 4), *dw0 = (float*)malloc_check(nw * 4);
-        fill_uniform(inp, ni, &rng), fill_uniform(w, nw, &rng), fill_uniform(b, OC, &rng), fill_uniform(dout, no, &rng);
+        fill_uniform(inp, ni, &rng);
+        fill_uniform(w, nw, &rng);
+        fill_uniform(b, OC, &rng);
+        fill_uniform(dout, no, &rng);
         fill_uniform(dw0, nw, &rng);  // dweight accumulates (+=): start from something
         float* out[2];
         float* dinp[2];
@@ -825,8 +914,10 @@ static void test_cpu_matmul(const char* dir) {
         Scratch scratch = {NULL, 0};
         for (int k = 0; k < 2; k++) {
             const KernelChoice* kc = k ? &blas : &ref;
-            out[k] = (float*)malloc_check(no * 4), dinp[k] = (float*)malloc_check(ni * 4);
-            dw[k] = (float*)malloc_check(nw * 4), db[k] = (float*)malloc_check(OC * 4);
+            out[k] = (float*)malloc_check(no * 4);
+            dinp[k] = (float*)malloc_check(ni * 4);
+            dw[k] = (float*)malloc_check(nw * 4);
+            db[k] = (float*)malloc_check(OC * 4);
             memcpy(dw[k], dw0, nw * 4);
             memcpy(db[k], b, OC * 4);
             matmul_forward(out[k], inp, w, b, N, IC, OC, &scratch, kc);
@@ -841,8 +932,17 @@ static void test_cpu_matmul(const char* dir) {
         check(what[1], rel_norm_diff(dinp[1], dinp[0], ni), tol);
         check(what[2], rel_norm_diff(dw[1], dw[0], nw), tol);
         check(what[3], rel_norm_diff(db[1], db[0], OC), tol);
-        for (int k = 0; k < 2; k++) free(out[k]), free(dinp[k]), free(dw[k]), free(db[k]);
-        free(inp), free(w), free(b), free(dout), free(dw0);
+        for (int k = 0; k < 2; k++) {
+            free(out[k]);
+            free(dinp[k]);
+            free(dw[k]);
+            free(db[k]);
+        }
+        free(inp);
+        free(w);
+        free(b);
+        free(dout);
+        free(dw0);
         scratch_free(&scratch);
     }
 
@@ -860,8 +960,8 @@ static void test_cpu_matmul(const char* dir) {
         load_model(&model, model_path, k ? &blas : &ref);
         gpt2_allocate_activations(&model, r.B, r.T, 1, 0);
         Activations* a = &model.chunk->slots[0];
-        OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps, .weight_decay = r.weight_decay,
-                               .grad_clip = r.grad_clip};
+        OptimizerConfig opt = {.lr = r.lr, .beta1 = r.beta1, .beta2 = r.beta2, .eps = r.eps,
+                               .weight_decay = r.weight_decay, .grad_clip = r.grad_clip};
         LossScaler scaler = {.mode = SCALE_OFF, .scale = 1.0f, .growth = 2.0f, .backoff = 0.5f, .interval = 2000,
                              .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
         grads[k] = (float*)malloc_check(r.num_params * sizeof(float));
@@ -885,8 +985,16 @@ static void test_cpu_matmul(const char* dir) {
     // (AdamW divides by sqrt(v): where a gradient is tiny its rounding moves the update more; the same
     // bound as the PyTorch comparison's parameters, TOL.params)
     check("model: params after 10 steps", rel_norm_diff(params[1], params[0], r.num_params), TOL.params);
-    for (int k = 0; k < 2; k++) free(grads[k]), free(params[k]);
-    free(r.inputs), free(r.targets), free(r.logits), free(r.grads), free(r.losses), free(r.params_after);
+    for (int k = 0; k < 2; k++) {
+        free(grads[k]);
+        free(params[k]);
+    }
+    free(r.inputs);
+    free(r.targets);
+    free(r.logits);
+    free(r.grads);
+    free(r.losses);
+    free(r.params_after);
 }
 
 // Attention with --cpu-matmul blas (cblas_sgemm on each head's slices, by blocks of ATTENTION_CPU_ROWS
@@ -911,13 +1019,16 @@ static void test_cpu_attention(void) {
         int B = shapes[s][0], T = shapes[s][1], C = shapes[s][2], NH = shapes[s][3];
         size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
         float *qkv = (float*)malloc_check(nqkv * 4), *dout = (float*)malloc_check(nout * 4);
-        fill_uniform(qkv, nqkv, &rng), fill_uniform(dout, nout, &rng);
+        fill_uniform(qkv, nqkv, &rng);
+        fill_uniform(dout, nout, &rng);
         for (size_t i = 0; i < nqkv; i++) qkv[i] *= 3.0f;  // scores of a few units: softmax rows far from uniform
         float *out[3], *att[3], *dqkv[3];
         Scratch scratch = {NULL, 0};
         int threads = omp_get_max_threads();
         for (int k = 0; k < 3; k++) {  // reference, OpenBLAS, OpenBLAS at 1 thread
-            out[k] = (float*)malloc_check(nout * 4), att[k] = (float*)malloc_check(natt * 4), dqkv[k] = (float*)malloc_check(nqkv * 4);
+            out[k] = (float*)malloc_check(nout * 4);
+            att[k] = (float*)malloc_check(natt * 4);
+            dqkv[k] = (float*)malloc_check(nqkv * 4);
             for (size_t i = 0; i < natt; i++) att[k][i] = NAN;  // every element must be written
             for (size_t i = 0; i < nqkv; i++) dqkv[k][i] = NAN;
             if (k == 2) omp_set_num_threads(1);
@@ -932,11 +1043,18 @@ static void test_cpu_attention(void) {
         check(what[0], rel_norm_diff(att[1], att[0], natt), tol);
         check(what[1], rel_norm_diff(out[1], out[0], nout), tol);
         check(what[2], rel_norm_diff(dqkv[1], dqkv[0], nqkv), tol);
-        int same = !memcmp(out[1], out[2], nout * 4) && !memcmp(att[1], att[2], natt * 4) && !memcmp(dqkv[1], dqkv[2], nqkv * 4);
-        printf("  B=%d T=%d C=%d NH=%d: %d threads and 1 bit-identical  %s\n", B, T, C, NH, threads, same ? "ok" : "FAIL");
+        int same = !memcmp(out[1], out[2], nout * 4) && !memcmp(att[1], att[2], natt * 4) &&
+                   !memcmp(dqkv[1], dqkv[2], nqkv * 4);
+        printf("  B=%d T=%d C=%d NH=%d: %d threads and 1 bit-identical  %s\n", B, T, C, NH, threads,
+               same ? "ok" : "FAIL");
         if (!same) failures++;
-        for (int k = 0; k < 3; k++) free(out[k]), free(att[k]), free(dqkv[k]);
-        free(qkv), free(dout);
+        for (int k = 0; k < 3; k++) {
+            free(out[k]);
+            free(att[k]);
+            free(dqkv[k]);
+        }
+        free(qkv);
+        free(dout);
         scratch_free(&scratch);
     }
 }
@@ -949,23 +1067,29 @@ int main(int argc, char** argv) {
     KernelChoice kernels = {.fused = 0, .flash_attention = 0, .cpu_blas = cpu_blas_linked && TARGET_IS_CPU};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention") && i + 1 < argc) {
-            if (strcmp(argv[i + 1], "classic") && strcmp(argv[i + 1], "flash")) fatal("--attention must be classic or flash");
+            if (strcmp(argv[i + 1], "classic") && strcmp(argv[i + 1], "flash"))
+                fatal("--attention must be classic or flash");
             kernels.flash_attention = !strcmp(argv[++i], "flash");
         } else if (!strcmp(argv[i], "--cpu-matmul") && i + 1 < argc) {
-            if (strcmp(argv[i + 1], "blas") && strcmp(argv[i + 1], "reference")) fatal("--cpu-matmul must be blas or reference");
+            if (strcmp(argv[i + 1], "blas") && strcmp(argv[i + 1], "reference"))
+                fatal("--cpu-matmul must be blas or reference");
             kernels.cpu_blas = !strcmp(argv[++i], "blas");
-            if (kernels.cpu_blas && !(cpu_blas_linked && TARGET_IS_CPU)) fatal("--cpu-matmul blas: this build has no BLAS");
-        } else if (argv[i][0] == '-') fatal("usage: test_gpt [reference folder] [--attention classic|flash] [--cpu-matmul blas|reference]");
+            if (kernels.cpu_blas && !(cpu_blas_linked && TARGET_IS_CPU))
+                fatal("--cpu-matmul blas: this build has no BLAS");
+        } else if (argv[i][0] == '-')
+            fatal("usage: test_gpt [reference folder] [--attention classic|flash] [--cpu-matmul blas|reference]");
         else dir = argv[i];
     }
     // LLMC_FUSED_KERNELS=1 runs every check with --fused-kernels 1 (llmc/device.h), same tolerances
     const char* fused = getenv("LLMC_FUSED_KERNELS");
-    if (fused != NULL && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0) fatal("LLMC_FUSED_KERNELS must be 0 or 1, got '%s'", fused);
+    if (fused != NULL && strcmp(fused, "0") != 0 && strcmp(fused, "1") != 0)
+        fatal("LLMC_FUSED_KERNELS must be 0 or 1, got '%s'", fused);
     kernels.fused = fused != NULL && strcmp(fused, "1") == 0;
-    printf("test_gpt: target %s, precision %s, fused kernels %s, attention %s%s, references in %s\n", TARGET_NAME, PRECISION_NAME,
-           kernels.fused ? "on" : "off", kernels.flash_attention ? "flash" : "classic",
+    printf("test_gpt: target %s, precision %s, fused kernels %s, attention %s%s, references in %s\n", TARGET_NAME,
+           PRECISION_NAME, kernels.fused ? "on" : "off", kernels.flash_attention ? "flash" : "classic",
            !TARGET_IS_CPU ? "" : kernels.cpu_blas ? ", matmuls OpenBLAS" : ", matmuls reference GEMM", dir);
-    if (kernels.flash_attention) attention_flash_validate(64, 1, sizeof(floatX), 0);  // a clear error on CPU / FP32 builds
+    if (kernels.flash_attention)
+        attention_flash_validate(64, 1, sizeof(floatX), 0);  // a clear error on CPU / FP32 builds
     device_require_gpu();
     if (kernels.flash_attention) {  // only head size 64 runs on the flash path
         printf("--attention flash: checks with head size 64 only (small, odd, resume, accumulation, bf16 file, "

@@ -33,7 +33,8 @@
 // are written to vectorize (`omp simd`: the max and the sum are taken in vector lanes, then the lanes
 // combined) and exp is expf_cpu (llmc/common.h), a loop-friendly expf: the exponentials are computed
 // once, kept in place of the logits, and the gradient pass only scales them.
-static void classifier_forward_backward_cpu(float* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
+static void classifier_forward_backward_cpu(float* logits, float* losses, const int* targets, float dloss, int N, int V,
+                                            int Vp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* __restrict x = logits + (size_t)n * Vp;
@@ -77,8 +78,8 @@ static void loss_mean_cpu(float* out, const float* losses, int N) {
 #ifndef LLMC_CPU
 // one block of CLASSIFIER_SCALAR_THREADS per row; an online max/sum per thread, merged across the block
 #define CLASSIFIER_SCALAR_THREADS 512
-__global__ void __launch_bounds__(CLASSIFIER_SCALAR_THREADS) classifier_kernel(floatX* logits, float* losses, const int* targets,
-                                                                               float dloss, int N, int V, int Vp) {
+__global__ void __launch_bounds__(CLASSIFIER_SCALAR_THREADS) classifier_kernel(
+    floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
     __shared__ float s_max[32], s_sum[32];
     int n = blockIdx.x;
     floatX* x = logits + (size_t)n * Vp;
@@ -134,8 +135,8 @@ __device__ static inline void classifier_merge2(float& m, float& s, float m2, fl
     s = s * exp2f((m - m_new) * CLASSIFIER_LOG2E) + s2 * exp2f((m2 - m_new) * CLASSIFIER_LOG2E);
     m = m_new;
 }
-__global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_vec_kernel(floatX* logits, float* losses, const int* targets,
-                                                                            float dloss, int N, int V, int Vp) {
+__global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_vec_kernel(
+    floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp) {
     __shared__ float s_max[32], s_sum[32];
     const int P = Pack128::size;
     int n = blockIdx.x;
@@ -147,7 +148,10 @@ __global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_vec_kernel(floa
     for (int i = threadIdx.x * P; i < full; i += blockDim.x * P) {
         Pack128 p = load128(x + i);
         float v[Pack128::size], pm = -FLT_MAX, ps = 0.0f;
-        for (int k = 0; k < P; k++) v[k] = floatX_to_float(p.v[k]), pm = fmaxf(pm, v[k]);
+        for (int k = 0; k < P; k++) {
+            v[k] = floatX_to_float(p.v[k]);
+            pm = fmaxf(pm, v[k]);
+        }
         float pm_l2e = pm * CLASSIFIER_LOG2E;
         for (int k = 0; k < P; k++) ps += exp2f(fmaf(v[k], CLASSIFIER_LOG2E, -pm_l2e));
         classifier_merge2(m, s, pm, ps);
@@ -214,8 +218,8 @@ static void loss_mean(float* out, const float* losses, int N) {
 }
 
 // `fused`: the run's --fused-kernels (KernelChoice.fused): the 16-byte kernel where the shapes allow it
-static void classifier_forward_backward(floatX* logits, float* losses, const int* targets, float dloss, int N, int V, int Vp,
-                                        int fused) {
+static void classifier_forward_backward(floatX* logits, float* losses, const int* targets, float dloss, int N, int V,
+                                        int Vp, int fused) {
 #ifdef LLMC_CPU
     (void)fused;
     classifier_forward_backward_cpu(logits, losses, targets, dloss, N, V, Vp);

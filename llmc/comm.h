@@ -154,8 +154,8 @@ static void comm_reduce_scatter(Comm* c, Group* g, const void* send, void* recv,
         if (recv != send) device_copy(recv, send, count * dtype_size(t));  // (recv is send itself or outside it)
         return;
     }
-    comm_post(c, (CommOp){.kind = OP_REDUCE_SCATTER, .g = g, .send = send, .recv = recv, .n = count, .t = t, .op = REDUCE_SUM,
-                          .peer = -1, .recv_peer = -1});
+    comm_post(c, (CommOp){.kind = OP_REDUCE_SCATTER, .g = g, .send = send, .recv = recv, .n = count, .t = t,
+                          .op = REDUCE_SUM, .peer = -1, .recv_peer = -1});
 }
 
 // buf holds count elements per rank; each rank's own part (at rank*count) is gathered into everyone's buf
@@ -177,9 +177,10 @@ static void comm_recv(Comm* c, Group* g, void* buf, size_t n, DType t, int peer)
 
 // Sends sendbuf to send_peer while receiving recvbuf from recv_peer (both n elements, ranks in group g).
 // Pairing the two is what keeps a pipeline's neighbours from both blocking in a send to each other.
-static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer, void* recvbuf, int recv_peer, size_t n, DType t) {
-    comm_post(c, (CommOp){.kind = OP_SENDRECV, .g = g, .send = sendbuf, .recv = recvbuf, .n = n, .t = t, .op = REDUCE_SUM,
-                          .peer = send_peer, .recv_peer = recv_peer});
+static void comm_sendrecv(Comm* c, Group* g, const void* sendbuf, int send_peer, void* recvbuf, int recv_peer, size_t n,
+                          DType t) {
+    comm_post(c, (CommOp){.kind = OP_SENDRECV, .g = g, .send = sendbuf, .recv = recvbuf, .n = n, .t = t,
+                          .op = REDUCE_SUM, .peer = send_peer, .recv_peer = recv_peer});
 }
 
 // Host scalars (losses, squared norms, flags), reduced across the group; blocking on both engines, and
@@ -222,8 +223,9 @@ static void comm_print_stats(Comm* c) {
     double v[3] = {c->stats.bytes, c->stats.seconds, (double)c->stats.ops};
     comm_all_reduce_host(c, &c->world, v, 3, REDUCE_SUM);
     if (c->world_rank != 0 || c->engine == ENGINE_NONE) return;
-    printf("communication, %s engine: %.0f operations, %.1f MB in %.3f s per rank: %.3g GB/s\n", c->engine == ENGINE_NCCL ? "NCCL" : "MPI",
-           v[2] / c->world_size, v[0] / c->world_size / 1e6, v[1] / c->world_size, v[1] > 0 ? v[0] / v[1] / 1e9 : 0.0);
+    printf("communication, %s engine: %.0f operations, %.1f MB in %.3f s per rank: %.3g GB/s\n",
+           c->engine == ENGINE_NCCL ? "NCCL" : "MPI", v[2] / c->world_size, v[0] / c->world_size / 1e6,
+           v[1] / c->world_size, v[1] > 0 ? v[0] / v[1] / 1e9 : 0.0);
 }
 
 // A one-rank world, for single-process runs, the planner and tests (the caller keeps it).

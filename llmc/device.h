@@ -153,7 +153,8 @@ static inline void device_compute_capability(int dev, int* major, int* minor) {
 #ifndef LLMC_CPU
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, dev));
-    *major = prop.major, *minor = prop.minor;
+    *major = prop.major;
+    *minor = prop.minor;
 #else
     (void)dev;
     *major = *minor = 0;
@@ -196,8 +197,8 @@ static inline void device_require_gpu(void) {
     if (err == cudaSuccess || err == cudaErrorNoDevice)
         fatal("no GPU: the NVIDIA driver finds no CUDA device (the CPU build, `make cpu`, runs without one)");
     if (driver == 0)
-        fatal("no GPU: no NVIDIA driver is installed (cudaGetDeviceCount: %s); the CPU build, `make cpu`, runs without one",
-              cudaGetErrorString(err));
+        fatal("no GPU: no NVIDIA driver is installed (cudaGetDeviceCount: %s); the CPU build, `make cpu`, runs "
+              "without one", cudaGetErrorString(err));
     if (err == cudaErrorInsufficientDriver)
         fatal("the NVIDIA driver supports CUDA %d.%d, this build needs %d.%d: update the driver",
               driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
@@ -224,7 +225,8 @@ static size_t device_allocated_bytes = 0;
         fatal("out of GPU memory allocating %.1f MiB (--plan shows what each rank needs)", mib);
     }
     if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorInitializationError)
-        fatal("no usable GPU: allocating %.1f MiB failed with %s (%s)", mib, cudaGetErrorName(err), cudaGetErrorString(err));
+        fatal("no usable GPU: allocating %.1f MiB failed with %s (%s)", mib, cudaGetErrorName(err),
+              cudaGetErrorString(err));
     fatal("allocating %.1f MiB on the GPU failed: %s (%s)", mib, cudaGetErrorName(err), cudaGetErrorString(err));
 }
 #endif
@@ -348,7 +350,8 @@ static inline void* host_buffer_malloc(size_t bytes, int pinned) {
     if (pinned) {
         void* p = NULL;
         cudaError_t err = cudaMallocHost(&p, bytes > 0 ? bytes : 1);
-        if (err != cudaSuccess) fatal("allocating %zu bytes of pinned host memory failed: %s", bytes, cudaGetErrorString(err));
+        if (err != cudaSuccess)
+            fatal("allocating %zu bytes of pinned host memory failed: %s", bytes, cudaGetErrorString(err));
         return p;
     }
 #endif
@@ -592,8 +595,12 @@ __device__ static inline int range_of_block(const Range* r, int k) {
     int found = 0;
     for (int lo = 0, hi = k - 1; lo <= hi;) {
         int mid = (lo + hi) / 2;
-        if (r[mid].first_block <= (int)blockIdx.x) found = mid, lo = mid + 1;
-        else hi = mid - 1;
+        if (r[mid].first_block <= (int)blockIdx.x) {
+            found = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
     }
     return found;
 }
@@ -607,8 +614,14 @@ struct alignas(16) Pack128 {
 };
 static inline bool aligned16(const void* p) { return p == NULL || ((uintptr_t)p % 16) == 0; }
 #ifdef DEV_CUDA_EMULATED  // (a GPU faults on a misaligned 16-byte access; the emulation says so too)
-__device__ static inline Pack128 load128(const floatX* p) { return emu::check_aligned(p, 16, "load128"), *(const Pack128*)p; }
-__device__ static inline void store128(floatX* p, Pack128 x) { emu::check_aligned(p, 16, "store128"), *(Pack128*)p = x; }
+__device__ static inline Pack128 load128(const floatX* p) {
+    emu::check_aligned(p, 16, "load128");
+    return *(const Pack128*)p;
+}
+__device__ static inline void store128(floatX* p, Pack128 x) {
+    emu::check_aligned(p, 16, "store128");
+    *(Pack128*)p = x;
+}
 #else
 __device__ static inline Pack128 load128(const floatX* p) { return *(const Pack128*)p; }
 __device__ static inline void store128(floatX* p, Pack128 x) { *(Pack128*)p = x; }

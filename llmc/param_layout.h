@@ -176,8 +176,8 @@ static void shard_from_layout(const ZeroPlan* z, const float* mem, float* shard)
 // z->shard_total each, in shard order) are copied to the host and gathered into *m_out and *v_out
 // (malloc'ed) run after run; *ranges_out (malloc'ed) gets each run's (file offset, count). Returns the
 // number of runs.
-static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const Placement* p, const float* m_dev, const float* v_dev,
-                              int64_t** ranges_out, float** m_out, float** v_out) {
+static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const Placement* p, const float* m_dev,
+                              const float* v_dev, int64_t** ranges_out, float** m_out, float** v_out) {
     size_t cap = 1024, n_ranges = 0, count = 0, lo, hi, k, bytes = z->shard_total * sizeof(float);
     int64_t* ranges = (int64_t*)malloc_check(2 * cap * sizeof(int64_t));
     float *m = (float*)malloc_check(bytes), *v = (float*)malloc_check(bytes);
@@ -206,7 +206,10 @@ static size_t shard_file_runs(const ParamLayout* lay, const ZeroPlan* z, const P
         }
         free(runs);
     }
-    free(m), free(v);
-    *ranges_out = ranges, *m_out = m_file, *v_out = v_file;
+    free(m);
+    free(v);
+    *ranges_out = ranges;
+    *m_out = m_file;
+    *v_out = v_file;
     return n_ranges;
 }

@@ -65,7 +65,10 @@ typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH
 enum { MAX_VIRTUAL_STAGES = 8 };  // --virtual-stages: chunks per stage
 
 static const char* schedule_name(Schedule s) {
-    return s == SCHEDULE_GPIPE ? "GPipe" : s == SCHEDULE_1F1B ? "1F1B" : s == SCHEDULE_ZBH1 ? "ZB-H1" : "interleaved 1F1B";
+    return s == SCHEDULE_GPIPE ? "GPipe"
+           : s == SCHEDULE_1F1B ? "1F1B"
+           : s == SCHEDULE_ZBH1 ? "ZB-H1"
+                                : "interleaved 1F1B";
 }
 static const char* schedule_flag(Schedule s) {  // --pp-schedule
     return s == SCHEDULE_GPIPE ? "gpipe" : s == SCHEDULE_1F1B ? "1f1b" : s == SCHEDULE_ZBH1 ? "zb-h1" : "interleaved";
@@ -113,21 +116,26 @@ static void pipeline_split(int L, int P, const char* split, int* first) {
     for (int s = 0; s < P; s++) {
         // each count is parsed as a 64-bit integer (errno catches what does not fit even there) and
         // checked against L before it becomes an int, so no count wraps around into a small number
-        char* end;
+        char* end = (char*)p;
         errno = 0;
-        long long n = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : (end = (char*)p, 0);
-        if (end == p || n < 1) fatal("--pp-split '%s': expected %d positive layer counts separated by commas", split, P);
+        long long n = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+        if (end == p || n < 1)
+            fatal("--pp-split '%s': expected %d positive layer counts separated by commas", split, P);
         if (errno == ERANGE || n > L - first[s])
-            fatal("--pp-split '%s': the layer counts add up to more than the model's %d layers (stage %d has %d left)", split, L, s,
-                  L - first[s]);
+            fatal("--pp-split '%s': the layer counts add up to more than the model's %d layers (stage %d has %d left)",
+                  split, L, s, L - first[s]);
         first[s + 1] = first[s] + (int)n;
         p = end;
         if (s < P - 1) {
-            if (*p != ',') fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)", split, P);
+            if (*p != ',')
+                fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)",
+                      split, P);
             p++;
         }
     }
-    if (*p != '\0') fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)", split, P);
+    if (*p != '\0')
+        fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)",
+              split, P);
     if (first[P] != L) fatal("--pp-split '%s' covers %d layers, the model has %d", split, first[P], L);
 }
 
@@ -137,7 +145,10 @@ static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* 
     if (P * V > L && V > 1) fatal("--pp %d x --virtual-stages %d: more chunks than the %d layers", P, V, L);
     int* first = (int*)malloc_check((P * V + 1) * sizeof(int));
     pipeline_split(L, P * V, split, first);
-    for (int v = 0; v < V; v++) l0[v] = first[v * P + s], l1[v] = first[v * P + s + 1];
+    for (int v = 0; v < V; v++) {
+        l0[v] = first[v * P + s];
+        l1[v] = first[v * P + s + 1];
+    }
     free(first);
 }
 
@@ -149,16 +160,17 @@ static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* 
 // neighbours never both block in a send (else the send, then the receive); before a ZB-H1 W, which has no
 // messages of its own, the send left over goes alone unless the next forward or backward receives from
 // the same neighbour (then they travel together after the W, as in 1F1B; the previous stage is busy until
-// then anyway). Around a ring of stages that rule deadlocks: a send that must wait for its receiver (NCCL's always do, MPI's beyond a small size)
-// can face a receiver that is itself waiting in a send to someone else. So the interleaved schedule
-// exchanges as Megatron's does, after its actions: after a warm-up forward, its output is sent and the
-// next forward's input received; after each steady-state pair (a forward, then a backward) the forward's
-// output and the backward's input gradient are sent and the next forward's input and the next backward's
-// output gradient received; after a cool-down backward, its input gradient is sent and the next one's
-// received. Each exchange is two sendrecvs, the activations' (to the next stage, from the previous)
-// before the gradients' (to the previous, from the next), on every stage in the same order, so every
-// send meets its receive (tests/pipeline_parallel.sh runs every stage's printed exchanges as blocking
-// operations and checks that they all complete, each message received in the order it was sent).
+// then anyway). Around a ring of stages that rule deadlocks: a send that must wait for its receiver
+// (NCCL's always do, MPI's beyond a small size) can face a receiver that is itself waiting in a send to
+// someone else. So the interleaved schedule exchanges as Megatron's does, after its actions: after a
+// warm-up forward, its output is sent and the next forward's input received; after each steady-state pair
+// (a forward, then a backward) the forward's output and the backward's input gradient are sent and the
+// next forward's input and the next backward's output gradient received; after a cool-down backward, its
+// input gradient is sent and the next one's received. Each exchange is two sendrecvs, the activations'
+// (to the next stage, from the previous) before the gradients' (to the previous, from the next), on every
+// stage in the same order, so every send meets its receive (tests/pipeline_parallel.sh runs every stage's
+// printed exchanges as blocking operations and checks that they all complete, each message received in
+// the order it was sent).
 
 // A message of an exchange: micro-batch `micro`'s activation (backward 0) or gradient (1), sent from or
 // received into chunk `chunk` of this stage; peer: the other stage (-1: no message). staged: a received
@@ -180,7 +192,8 @@ typedef struct {
 // group through chunk 0, 1, ..., V-1 (backward: V-1, ..., 0)
 static PipeAction interleaved_action(int backward, int k, int P, int V) {
     int chunk = (k % (P * V)) / P;
-    return (PipeAction){.kind = backward ? PIPE_B : PIPE_F, .micro = k / (P * V) * P + k % P, .chunk = backward ? V - 1 - chunk : chunk};
+    return (PipeAction){.kind = backward ? PIPE_B : PIPE_F, .micro = k / (P * V) * P + k % P,
+                        .chunk = backward ? V - 1 - chunk : chunk};
 }
 
 // The neighbours of chunk `chunk` of stage s of P (V chunks each) on the ring of stages: where its forward
@@ -192,11 +205,13 @@ static int pipe_next(int P, int V, int s, int chunk) { return s == P - 1 && chun
 // The message action a of stage s receives (its input, or its output's gradient), or sends (its output,
 // or its input's gradient); peer -1 at the ends of the pipeline, and for a W, which has no messages
 static PipeMessage received_by(PipeAction a, int P, int V, int s) {
-    int b = a.kind == PIPE_B, peer = a.kind == PIPE_W ? -1 : b ? pipe_next(P, V, s, a.chunk) : pipe_prev(P, V, s, a.chunk);
+    int b = a.kind == PIPE_B,
+        peer = a.kind == PIPE_W ? -1 : b ? pipe_next(P, V, s, a.chunk) : pipe_prev(P, V, s, a.chunk);
     return (PipeMessage){.peer = peer, .backward = b, .micro = a.micro, .chunk = a.chunk};
 }
 static PipeMessage sent_by(PipeAction a, int P, int V, int s) {
-    int b = a.kind == PIPE_B, peer = a.kind == PIPE_W ? -1 : b ? pipe_prev(P, V, s, a.chunk) : pipe_next(P, V, s, a.chunk);
+    int b = a.kind == PIPE_B,
+        peer = a.kind == PIPE_W ? -1 : b ? pipe_prev(P, V, s, a.chunk) : pipe_next(P, V, s, a.chunk);
     return (PipeMessage){.peer = peer, .backward = b, .micro = a.micro, .chunk = a.chunk};
 }
 
@@ -302,8 +317,8 @@ static int pipeline_plan(Schedule sched, int P, int s, int M, int V, PipeStep* s
     n = add_exchange_pair(steps, n, none, received_by(F(0), P, V, s), none, none);
     for (int k = 0; k < warmup; k++) {  // the last warm-up exchange also receives the first backward's gradient
         steps[n++] = action_step(F(k));
-        n = add_exchange_pair(steps, n, sent_by(F(k), P, V, s), k + 1 < total ? received_by(F(k + 1), P, V, s) : none, none,
-                              k == warmup - 1 && warmup < total ? received_by(B(0), P, V, s) : none);
+        n = add_exchange_pair(steps, n, sent_by(F(k), P, V, s), k + 1 < total ? received_by(F(k + 1), P, V, s) : none,
+                              none, k == warmup - 1 && warmup < total ? received_by(B(0), P, V, s) : none);
     }
     for (int k = 0; k < total - warmup; k++) {  // steady state
         steps[n++] = action_step(F(k + warmup));
@@ -494,17 +509,25 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
             free_at[s] = t + (a.kind == PIPE_B && !zb ? 2 : 1);
             if (a.kind != PIPE_W) (a.kind == PIPE_B ? b_end : f_end)[vs * M + a.micro] = free_at[s];
             width = free_at[s] > width ? free_at[s] : width;
-            next[s]++, placed++;
+            next[s]++;
+            placed++;
         }
         check_internal(placed > placed_before, "the pipeline schedule waits on itself");
     }
-    printf("pipeline schedule %s: %d stage%s, %d micro-batch%s per step", schedule_name(sched), P, P > 1 ? "s" : "", M, M > 1 ? "es" : "");
+    printf("pipeline schedule %s: %d stage%s, %d micro-batch%s per step", schedule_name(sched), P, P > 1 ? "s" : "", M,
+           M > 1 ? "es" : "");
     if (V > 1) printf(", %d chunks per stage (stage s holds virtual stages s, s+%d, ...)", V, P);
     printf("\n");
-    if (V > 1) printf("timeline (a chunk's forward takes one slot, its backward two: Bm.c ==, micro-batch m in chunk c; '.' idle):\n");
-    else if (zb) printf("timeline (a forward, a backward's B and its W take one slot each; '.' idle; the bubble is the idle slots):\n");
-    else printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
-    int digits = 2;  // a slot is 2 + digits characters wide (4 up to 100 micro-batches; 2 more for ".c"), so columns align
+    if (V > 1)
+        printf("timeline (a chunk's forward takes one slot, its backward two: Bm.c ==, micro-batch m in chunk c; "
+               "'.' idle):\n");
+    else if (zb)
+        printf("timeline (a forward, a backward's B and its W take one slot each; '.' idle; the bubble is the idle "
+               "slots):\n");
+    else
+        printf("timeline (a forward takes one slot, a backward two: Bm ==; '.' idle; the bubble is the idle slots):\n");
+    // a slot is 2 + digits characters wide (4 up to 100 micro-batches; 2 more for ".c"), so columns align
+    int digits = 2;
     for (int m = 100; m < M; m *= 10) digits++;
     int cell = digits + 1 + (V > 1 ? 2 : 0);  // what follows a slot's space
     for (int s = 0; s < P; s++) {
@@ -523,11 +546,14 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
         printf("\n");
     }
     if (V > 1)
-        printf("actions and messages of each stage, in order (a3.1>2: micro-batch 3's activation out of chunk 1 sent to stage 2;\n"
-               "g3.1<2: its gradient out of chunk 1 of stage 2 received; an exchange's send and receive go as one sendrecv):\n");
+        printf("actions and messages of each stage, in order (a3.1>2: micro-batch 3's activation out of chunk 1 sent "
+               "to stage 2;\n"
+               "g3.1<2: its gradient out of chunk 1 of stage 2 received; an exchange's send and receive go as one "
+               "sendrecv):\n");
     else
         printf("actions and messages of each stage, in order (a3>1: micro-batch 3's activation sent to stage 1;\n"
-               "g3<2: its gradient received from stage 2; a send and a receive with the same neighbour go as one sendrecv):\n");
+               "g3<2: its gradient received from stage 2; a send and a receive with the same neighbour go as one "
+               "sendrecv):\n");
     for (int s = 0; s < P; s++) {
         printf("  stage %2d (", s);  // "2 activation slots", or by chunk "4+2 activation slots"
         int total = 0;
@@ -556,5 +582,11 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
     double ideal = pipeline_ideal_bubble(sched, P, M, V, &formula);
     printf("bubble: every stage is idle %d of the step's %d slots, %.1f%%; %s = %.1f%%\n", width - busy, width,
            100.0 * (width - busy) / width, formula, 100.0 * ideal);
-    free(acts), free(f_end), free(b_end), free(start), free(next), free(free_at), free(steps);
+    free(acts);
+    free(f_end);
+    free(b_end);
+    free(start);
+    free(next);
+    free(free_at);
+    free(steps);
 }

@@ -26,7 +26,8 @@ static Placement placement_single(const GPT2Config* c) { return (Placement){.dp 
 static void place_layers(Placement* p, int L, const char* split, int V) {
     p->V = V;
     pipeline_chunks(L, p->pp, V, split, p->pp_rank, p->vl0, p->vl1);
-    p->l0 = p->vl0[0], p->l1 = p->vl1[0];
+    p->l0 = p->vl0[0];
+    p->l1 = p->vl1[0];
 }
 
 // The chunks of layers a stage holds (1 but with --virtual-stages): chunk v is [*l0, *l1)
@@ -37,7 +38,10 @@ static void chunk_layers(const Placement* p, int v, int* l0, int* l1) {
 }
 static int stage_layer_count(const Placement* p) {  // over all its chunks
     int n = 0, l0, l1;
-    for (int v = 0; v < num_chunks(p); v++) chunk_layers(p, v, &l0, &l1), n += l1 - l0;
+    for (int v = 0; v < num_chunks(p); v++) {
+        chunk_layers(p, v, &l0, &l1);
+        n += l1 - l0;
+    }
     return n;
 }
 static int is_first_stage(const Placement* p) { return p->pp_rank == 0; }

@@ -83,8 +83,10 @@
 
 // the device executor's report: its floats, in device memory
 enum {
-    REPORT_LOSS,         // this rank's mean loss over its micro-batches (0 but on the last stage), then summed over PP and DP
-    REPORT_SUMSQ_REPL,   // the squared norm of the replicated gradients this rank owns, then summed over PP (and DP with ZeRO)
+    REPORT_LOSS,         // this rank's mean loss over its micro-batches (0 but on the last stage), then summed over
+                         // PP and DP
+    REPORT_SUMSQ_REPL,   // the squared norm of the replicated gradients this rank owns, then summed over PP (and DP
+                         // with ZeRO)
     REPORT_SUMSQ_SPLIT,  // the same of the tensors split by TP, first summed over TP
     REPORT_NONFINITE,    // 1: the squared norm or the loss is inf or NaN on some rank, and AdamW skips the step; else 0
     REPORT_GRAD_SCALE,   // AdamW's gradient factor (with REPORT_NONFINITE: adamw_update_ranges' verdict, in that order)
@@ -104,7 +106,8 @@ typedef struct {
     // device executor
     float* means;               // (cap) each micro-batch's mean loss, on the device
     int cap;
-    float* report;              // (REPORT_FLOATS) on the device, allocated at the first step (planned as kernel scratch)
+    float* report;              // (REPORT_FLOATS) on the device, allocated at the first step (planned as kernel
+                                // scratch)
     float host[REPORT_FLOATS];  // step_outputs_fetch's copy
 } StepOutputs;
 
@@ -200,8 +203,8 @@ static double grad_sumsq_on_host(NormParts* parts, Comm* comm, Scratch* scratch,
 // last stage's; 0 on the others), summed over the PP group and averaged over the DP group; a non-finite
 // loss updates nothing (the trainer ends the run). Then the squared norm; an overflow under loss scaling
 // skips the step on every rank; a non-finite norm without it updates nothing either (diverged).
-static UpdateVerdict host_verdict(StepOutputs* s, Comm* comm, NormParts* parts, Scratch* scratch, int tp, int zero_stage,
-                                  LossScaler* scaler, float grad_clip, int batched) {
+static UpdateVerdict host_verdict(StepOutputs* s, Comm* comm, NormParts* parts, Scratch* scratch, int tp,
+                                  int zero_stage, LossScaler* scaler, float grad_clip, int batched) {
     UpdateVerdict v = {.apply = 0, .grad_scale = 1.0f, .on_device = NULL};
     double mean = s->n_losses > 0 ? s->loss_sum / s->n_losses : 0.0;
     comm_all_reduce_host(comm, &comm->pp_group, &mean, 1, REDUCE_SUM);  // (the last stage has the loss)
@@ -270,8 +273,8 @@ static UpdateVerdict device_verdict(StepOutputs* s, Comm* c, NormParts* parts, S
 
 // The update's verdict, after the step's micro-batches, before AdamW: one of the two executors above.
 // tp: the TP group's size; `batched`: --fused-kernels' launches of the norm's sums.
-static UpdateVerdict step_outputs_verdict(StepOutputs* s, Comm* comm, NormParts* parts, Scratch* scratch, int tp, int zero_stage,
-                                          LossScaler* scaler, float grad_clip, int batched) {
+static UpdateVerdict step_outputs_verdict(StepOutputs* s, Comm* comm, NormParts* parts, Scratch* scratch, int tp,
+                                          int zero_stage, LossScaler* scaler, float grad_clip, int batched) {
     if (s->on_device) return device_verdict(s, comm, parts, scratch, zero_stage, scaler, grad_clip);
     return host_verdict(s, comm, parts, scratch, tp, zero_stage, scaler, grad_clip, batched);
 }

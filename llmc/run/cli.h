@@ -54,7 +54,8 @@ static void print_usage(void) {
         "  --pp-split a,b,..     layers per stage                     [as even as possible]\n"
         "  --pp-schedule S       gpipe | 1f1b | interleaved | zb-h1 (M >= P) [gpipe]; --schedule is the old name\n"
         "  --virtual-stages V    interleaved: chunks of layers per stage (2..8; M a multiple of P)\n"
-        "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P to fill)\n"
+        "  --micro-batches M     split each step's --batch-size into M micro-batches (pipelining needs M >= P"
+        " to fill)\n"
         "  --pp-rematerialize 0|1  keep only stage inputs, recompute activations in backward [0]\n"
         "  --print-schedule      print every stage's schedule for --pp, --micro-batches, --pp-schedule\n"
         "                        (timeline, actions, which sends pair with which receives), and exit\n"
@@ -62,13 +63,15 @@ static void print_usage(void) {
         "  --trace-steps N       steps to trace, after the first      [2]\n"
         "  --zero S              0 all-reduce, 1 shard optimizer state, 2 also gradients, 3 also parameters [0]\n"
         "  --comm E              auto | mpi | nccl (auto: NCCL unless ranks share a GPU) [auto]\n"
-        "  --nccl-id-dir DIR     without mpirun: a shared folder for the NCCL id [none: TCP at MASTER_ADDR:MASTER_PORT]\n"
+        "  --nccl-id-dir DIR     without mpirun: a shared folder for the NCCL id"
+        " [none: TCP at MASTER_ADDR:MASTER_PORT]\n"
         "  --comm-timeout S      a wait on other ranks longer than S seconds ends the run (0: never) [120]\n"
         "  --io-timeout S        the same while ranks wait for file I/O, e.g. a checkpoint save [3600]\n"
         "mixed precision\n"
         "  --loss-scale S        dynamic | off | a fixed scale (1 to 2^24) [%s]\n"
         "  --loss-scale-init X   first dynamic scale (1 to 2^24)      [65536]\n"
-        "  --loss-scale-growth X  --loss-scale-backoff X  --loss-scale-interval N  --loss-scale-hysteresis N [2 0.5 2000 1]\n"
+        "  --loss-scale-growth X  --loss-scale-backoff X  --loss-scale-interval N  --loss-scale-hysteresis N"
+        " [2 0.5 2000 1]\n"
         "  --stochastic-rounding 0|1  BF16: round parameter updates stochastically [1 in BF16 builds]\n"
         "memory\n"
         "  --recompute R         0 keep all activations, 1 recompute GELU, 2 also LayerNorms, 3 whole layers [0]\n"
@@ -121,14 +124,17 @@ static void print_usage(void) {
         "                        (--steps 0 --model FILE --prompt TEXT: sample once from a model, no training)\n"
         "  --save-every N        checkpoint every N steps, 0 off      [%d]\n"
         "  --checkpoint-dir DIR  where checkpoints go (created if missing) [%s]\n"
-        "  --resume DIR          continue from the newest checkpoint in DIR (and save there: --checkpoint-dir's default)\n"
+        "  --resume DIR          continue from the newest checkpoint in DIR"
+        " (and save there: --checkpoint-dir's default)\n"
         "  --resume-if-present DIR  the same if DIR holds a complete checkpoint, else start fresh (from --model or\n"
         "                        from scratch), saving into DIR: one command line for a job that is requeued\n"
-        "  --keep-last N         after each save keep the N newest resumable checkpoints, delete older ones [all kept]\n"
+        "  --keep-last N         after each save keep the N newest resumable checkpoints, delete older ones"
+        " [all kept]\n"
         "  --allow-data-change   resume on other training data than the checkpoint's (else refused: its files, sizes\n"
         "                        and tokens are recorded in the checkpoint)\n"
         "  --save-model FILE     write the final model (llm.c format)\n"
-        "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even; what llm.c's GPU builds read) [fp32]\n"
+        "  --save-model-dtype D  fp32 (version 3) | bf16 (version 5, rounded to nearest even;"
+        " what llm.c's GPU builds read) [fp32]\n"
         "  --log FILE            one JSON object per line per step and evaluation\n"
         "  --help                this text\n"
         "  --help-testing        the testing flags (fault injection)\n"
@@ -205,7 +211,10 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
         Schedule all[] = {SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1};
         int known = 0;
         for (int i = 0; i < (int)(sizeof(all) / sizeof(all[0])); i++)
-            if (!strcmp(v, schedule_flag(all[i]))) tc->pipe_schedule = all[i], known = 1;
+            if (!strcmp(v, schedule_flag(all[i]))) {
+                tc->pipe_schedule = all[i];
+                known = 1;
+            }
         if (!known) fatal("--pp-schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", v);
     } else if (!strcmp(f, "--virtual-stages")) tc->virtual_stages = (int)parse_int(f, v, 1, MAX_VIRTUAL_STAGES);
     else if (!strcmp(f, "--micro-batches")) seen->micro_batches = (int)parse_int(f, v, 1, 1 << 20);
@@ -214,7 +223,8 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     else if (!strcmp(f, "--trace-steps")) tc->trace_steps = (int)parse_int(f, v, 1, 1000);
     else if (!strcmp(f, "--zero")) tc->zero = (int)parse_int(f, v, 0, 3);
     else if (!strcmp(f, "--comm")) {
-        if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl")) fatal("--comm must be auto, mpi or nccl, got '%s'", v);
+        if (strcmp(v, "auto") && strcmp(v, "mpi") && strcmp(v, "nccl"))
+            fatal("--comm must be auto, mpi or nccl, got '%s'", v);
         tc->engine = v;
     } else if (!strcmp(f, "--nccl-id-dir")) tc->nccl_id_dir = v;
     else if (!strcmp(f, "--comm-timeout")) tc->comm_timeout = parse_float(f, v, 0.0f, 1e9f);
@@ -223,7 +233,8 @@ static int parse_parallel_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, 
     return 1;
 }
 
-static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const char* v) {  // mixed precision, memory, GPU speed
+// mixed precision, memory, GPU speed
+static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const char* v) {
     if (!strcmp(f, "--loss-scale")) {
         if (!strcmp(v, "dynamic")) tc->scaler.mode = SCALE_DYNAMIC;
         else if (!strcmp(v, "off")) tc->scaler.mode = SCALE_OFF;
@@ -235,7 +246,8 @@ static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const cha
     else if (!strcmp(f, "--loss-scale-growth")) tc->scaler.growth = parse_float(f, v, 1.0, 1e6);
     else if (!strcmp(f, "--loss-scale-backoff")) tc->scaler.backoff = parse_float(f, v, 1e-6, 1.0);
     else if (!strcmp(f, "--loss-scale-interval")) tc->scaler.interval = (int)parse_int(f, v, 1, 1 << 30);
-    else if (!strcmp(f, "--loss-scale-hysteresis")) tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
+    else if (!strcmp(f, "--loss-scale-hysteresis"))
+        tc->scaler.hysteresis = tc->scaler.hysteresis_left = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--stochastic-rounding")) tc->stochastic_rounding = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--recompute")) tc->recompute = (int)parse_int(f, v, 0, 3);
     else if (!strcmp(f, "--recompute-segment")) tc->recompute_segment = (int)parse_int(f, v, 1, 1 << 20);
@@ -244,15 +256,16 @@ static int parse_precision_memory_flag(TrainConfig* tc, const char* f, const cha
         tc->kernels.flash_attention = strcmp(v, "flash") == 0;
     } else if (!strcmp(f, "--device-memory")) tc->device_memory = parse_size(f, v);
     else if (!strcmp(f, "--precision")) {
-        if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32")) fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
+        if (strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "fp32"))
+            fatal("--precision must be bf16, fp16 or fp32, got '%s'", v);
         tc->plan_precision = v;
     } else if (!strcmp(f, "--fused-kernels")) tc->kernels.fused = (int)parse_int(f, v, 0, 1);  // llmc/device.h
     else if (!strcmp(f, "--cpu-matmul")) {
         if (strcmp(v, "blas") && strcmp(v, "reference")) fatal("--cpu-matmul must be blas or reference, got '%s'", v);
         tc->kernels.cpu_blas = strcmp(v, "blas") == 0;
         if (tc->kernels.cpu_blas && !cpu_blas_linked && TARGET_IS_CPU)
-            fatal("--cpu-matmul blas: this build has no BLAS (OpenBLAS was not found when it was built: make deps installs "
-                  "libopenblas-openmp-dev, then rebuild); use --cpu-matmul reference");
+            fatal("--cpu-matmul blas: this build has no BLAS (OpenBLAS was not found when it was built: "
+                  "make deps installs libopenblas-openmp-dev, then rebuild); use --cpu-matmul reference");
     } else return 0;
     return 1;
 }
@@ -274,14 +287,17 @@ static int parse_optimization_flag(TrainConfig* tc, const char* f, const char* v
         tc->opt.eps = parse_float(f, v, 0.0, 1.0);
         // AdamW divides m by sqrt(v) + eps, and m = v = 0 where a gradient is always 0 (the padded
         // vocabulary rows): eps = 0 would write 0/0 = NaN into the model
-        if (!(tc->opt.eps > 0.0f)) fatal("--eps must be positive as a float32 (with 0, AdamW computes 0/0 for parameters whose gradient is 0), got '%s'", v);
+        if (!(tc->opt.eps > 0.0f))
+            fatal("--eps must be positive as a float32 (with 0, AdamW computes 0/0 for parameters whose gradient "
+                  "is 0), got '%s'", v);
     } else if (!strcmp(f, "--weight-decay")) tc->opt.weight_decay = parse_float(f, v, 0.0, 10.0);
     else if (!strcmp(f, "--grad-clip")) tc->opt.grad_clip = parse_float(f, v, 0.0, 1e9);
     else return 0;
     return 1;
 }
 
-static int parse_output_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {  // evaluation, sampling, checkpoints, logs
+// evaluation, sampling, checkpoints, logs
+static int parse_output_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {
     if (!strcmp(f, "--val-every")) tc->val_every = (int)parse_int(f, v, 0, 1 << 30);
     else if (!strcmp(f, "--val-batches")) tc->val_batches = (int)parse_int(f, v, 1, 1 << 30);
     else if (!strcmp(f, "--eval-data")) tc->eval_data = v;
@@ -329,14 +345,15 @@ static void check_interleaved_flags(const TrainConfig* tc) {
     int interleaved = tc->pipe_schedule == SCHEDULE_INTERLEAVED, V = tc->virtual_stages;
     if (!interleaved && V > 1) fatal("--virtual-stages %d needs --pp-schedule interleaved", V);
     if (!interleaved) return;
-    if (V < 2) fatal("--pp-schedule interleaved needs --virtual-stages 2 or more (with one chunk per stage it is 1F1B)");
+    if (V < 2)
+        fatal("--pp-schedule interleaved needs --virtual-stages 2 or more (with one chunk per stage it is 1F1B)");
     if (tc->pp < 2) fatal("--pp-schedule interleaved needs --pp > 1");
     if (tc->rematerialize)
-        fatal("--pp-rematerialize with --pp-schedule interleaved is not supported: a forward's output is sent after the next "
-              "backward, which would have rematerialized into the same work set");
+        fatal("--pp-rematerialize with --pp-schedule interleaved is not supported: a forward's output is sent "
+              "after the next backward, which would have rematerialized into the same work set");
     if (tc->grad_accum % tc->pp != 0)
-        fatal("--pp-schedule interleaved: %d micro-batches is not a multiple of --pp %d (the schedule sends the micro-batches through "
-              "each chunk in groups of P)", tc->grad_accum, tc->pp);
+        fatal("--pp-schedule interleaved: %d micro-batches is not a multiple of --pp %d (the schedule sends the "
+              "micro-batches through each chunk in groups of P)", tc->grad_accum, tc->pp);
 }
 
 // --pp-schedule zb-h1: what it needs, and what it does not do
@@ -344,11 +361,12 @@ static void check_zero_bubble_flags(const TrainConfig* tc) {
     if (tc->pipe_schedule != SCHEDULE_ZBH1) return;
     if (tc->pp < 2) fatal("--pp-schedule zb-h1 needs --pp > 1");
     if (tc->grad_accum < tc->pp)
-        fatal("--pp-schedule zb-h1: %d micro-batches, fewer than --pp %d (the deferred weight gradients fill the pipeline's drain only "
-              "when every stage has a micro-batch in flight)", tc->grad_accum, tc->pp);
+        fatal("--pp-schedule zb-h1: %d micro-batches, fewer than --pp %d (the deferred weight gradients fill the "
+              "pipeline's drain only when every stage has a micro-batch in flight)", tc->grad_accum, tc->pp);
     if (tc->recompute || tc->rematerialize)
-        fatal("--pp-schedule zb-h1 with %s is not supported: a deferred weight gradient reads the layer's activations after its "
-              "backward, which recomputes them into a work set the next action overwrites", tc->recompute ? "--recompute" : "--pp-rematerialize");
+        fatal("--pp-schedule zb-h1 with %s is not supported: a deferred weight gradient reads the layer's activations "
+              "after its backward, which recomputes them into a work set the next action overwrites",
+              tc->recompute ? "--recompute" : "--pp-rematerialize");
 }
 
 // --model-preset: its sizes where no size flag was given, counted as given (a --model file or a checkpoint
@@ -379,36 +397,39 @@ static void check_flag_combinations(TrainConfig* tc, const FlagsSeen* seen) {
     if (tc->model_file && tc->resume) fatal("--resume loads the model from the checkpoint; do not also give --model");
     if (tc->resume && tc->resume_if_present) fatal("give --resume or --resume-if-present, not both");
     // a resumed run saves where it resumed from, so that the next resume finds its newest checkpoint
-    if (!seen->checkpoint_dir_given && (tc->resume || tc->resume_if_present)) tc->checkpoint_dir = tc->resume ? tc->resume : tc->resume_if_present;
+    if (!seen->checkpoint_dir_given && (tc->resume || tc->resume_if_present))
+        tc->checkpoint_dir = tc->resume ? tc->resume : tc->resume_if_present;
     if (seen->micro_batches > 0) {  // B sequences per step, in M micro-batches of B/M: gradient accumulation over M
         if (tc->grad_accum != 1) fatal("give --micro-batches or --grad-accum, not both");
         if (tc->B % seen->micro_batches != 0)
-            fatal("--batch-size %d does not split into %d micro-batches (it must be a multiple)", tc->B, seen->micro_batches);
+            fatal("--batch-size %d does not split into %d micro-batches (it must be a multiple)", tc->B,
+                  seen->micro_batches);
         tc->B /= seen->micro_batches;
         tc->grad_accum = seen->micro_batches;
     }
     if (tc->pp > 1 && tc->zero == 2)
-        fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its micro-batches "
-              "(and the tied wte's over both end stages) before they are final, so sharding them would mean a reduce-scatter "
-              "per micro-batch; use --zero 1, which shards the optimizer state");
+        fatal("--zero 2 with --pp is not supported: a pipeline accumulates each layer's gradients over all its "
+              "micro-batches (and the tied wte's over both end stages) before they are final, so sharding them would "
+              "mean a reduce-scatter per micro-batch; use --zero 1, which shards the optimizer state");
     if (tc->pp > 1 && tc->zero == 3)
-        fatal("--zero 3 with --pp is not supported: every micro-batch in flight would gather each of the stage's layers again "
-              "for its forward and its backward; use --zero 1, which shards the optimizer state");
+        fatal("--zero 3 with --pp is not supported: every micro-batch in flight would gather each of the stage's "
+              "layers again for its forward and its backward; use --zero 1, which shards the optimizer state");
     if (tc->pp == 1 && tc->rematerialize) fatal("--pp-rematerialize needs --pp > 1");
     check_interleaved_flags(tc);
     check_zero_bubble_flags(tc);
     if (tc->recompute_segment > 1 && tc->recompute != 3)
-        fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their checkpoints)",
-              tc->recompute_segment);
-    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, 3M with ZB-H1, and
-    // printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
+        fatal("--recompute-segment %d needs --recompute 3 (segments are of whole layers, recomputed from their "
+              "checkpoints)", tc->recompute_segment);
+    // --print-schedule and --plan work out every stage's schedule in this one process (P x 2M actions, 3M with
+    // ZB-H1, and printed a timeline line of about 3(M + P) slots per stage): bounded, so that a huge --pp or
     // --micro-batches gets an answer at once, not a loop of hours or gigabytes of text
     if (tc->print_schedule && (tc->pp > MAX_PRINTED_STAGES || tc->grad_accum > MAX_PRINTED_MICRO_BATCHES))
-        fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)", MAX_PRINTED_STAGES,
-              MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
+        fatal("--print-schedule prints at most %d stages and %d micro-batches (got --pp %d, %d micro-batches)",
+              MAX_PRINTED_STAGES, MAX_PRINTED_MICRO_BATCHES, tc->pp, tc->grad_accum);
     if (tc->plan && (long long)tc->pp * tc->grad_accum * tc->virtual_stages > MAX_PLANNED_ACTIONS)
-        fatal("--plan: --pp %d x %d micro-batches x %d chunks is more than the %d stage micro-batches it plans (a pipeline of that "
-              "many micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum, tc->virtual_stages, MAX_PLANNED_ACTIONS);
+        fatal("--plan: --pp %d x %d micro-batches x %d chunks is more than the %d stage micro-batches it plans (a "
+              "pipeline of that many micro-batches per stage is no configuration to run)", tc->pp, tc->grad_accum,
+              tc->virtual_stages, MAX_PLANNED_ACTIONS);
     char why[256];
     if (loss_scaler_settings_error(&tc->scaler, why, sizeof(why))) fatal("%s", why);
     fault_plan_check(&tc->fault, tc->steps);
@@ -451,8 +472,8 @@ static void parse_args(TrainConfig* tc, int argc, char** argv) {
         if (i + 1 >= argc) fatal("flag %s needs a value (see --help)", f);
         const char* v = argv[++i];
         if (!parse_data_model_flag(tc, &seen, f, v) && !parse_parallel_flag(tc, &seen, f, v) &&
-            !parse_precision_memory_flag(tc, f, v) && !parse_optimization_flag(tc, f, v) && !parse_output_flag(tc, &seen, f, v) &&
-            !parse_testing_flag(tc, f, v))
+            !parse_precision_memory_flag(tc, f, v) && !parse_optimization_flag(tc, f, v) &&
+            !parse_output_flag(tc, &seen, f, v) && !parse_testing_flag(tc, f, v))
             fatal("unknown flag %s (see --help)", f);
     }
     check_flag_combinations(tc, &seen);
@@ -468,8 +489,8 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
     comm_all_reduce_host(comm, &comm->world, found, 2, REDUCE_MAX);
     double hi = found[0], lo = -found[1];
     if (lo != hi)
-        fatal("--resume-if-present '%s': the ranks see different checkpoints (newest complete: step %.0f on some, %.0f on "
-              "others); the folder must be shared", tc->resume_if_present, lo, hi);
+        fatal("--resume-if-present '%s': the ranks see different checkpoints (newest complete: step %.0f on some, "
+              "%.0f on others); the folder must be shared", tc->resume_if_present, lo, hi);
     if (step >= 0) {
         tc->resume = tc->resume_if_present;
         tc->model_file = NULL;  // the checkpoint holds the model
@@ -485,8 +506,10 @@ static void resolve_resume_if_present(TrainConfig* tc, Comm* comm) {
 static int run_tool(const TrainConfig* tc, PlanRank plan_rank) {
     if (tc->encode_file) encode_file(tc);
     else if (tc->print_schedule) pipeline_print_schedule(tc->pipe_schedule, tc->pp, tc->grad_accum, tc->virtual_stages);
-    else if (tc->plan) print_plan(plan_rank, tc, tc->plan_precision ? tc->plan_precision : BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32",
-                                  tc->device_memory);
+    else if (tc->plan)
+        print_plan(plan_rank, tc,
+                   tc->plan_precision ? tc->plan_precision : BF16_BUILD ? "bf16" : FP16_BUILD ? "fp16" : "fp32",
+                   tc->device_memory);
     else return 0;
     return 1;
 }

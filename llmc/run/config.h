@@ -137,7 +137,8 @@ static void default_train_config(TrainConfig* tc) {
     tc->steps = 150;
     // lr: at 3e-3 the default job's 150 steps were chaotic (a change of rounding alone moved its final val
     // loss by 0.1 nats); at 1.5e-3 it ends lower, about 5.12 against 5.2-5.3, and the same whatever the rounding
-    tc->opt = (OptimizerConfig){.lr = 1.5e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    tc->opt = (OptimizerConfig){.lr = 1.5e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                                .grad_clip = 1.0f};
     tc->warmup = 20;
     tc->lr_schedule = "cosine";
     tc->lr_min_frac = 0.1f;
@@ -159,8 +160,9 @@ static void default_train_config(TrainConfig* tc) {
     tc->fault = fault_plan_none();
     tc->stochastic_rounding = BF16_BUILD;
     // FP16 needs loss scaling; BF16 and FP32 have fp32's exponent range and do not
-    tc->scaler = (LossScaler){.mode = FP16_BUILD ? SCALE_DYNAMIC : SCALE_OFF, .scale = 65536.0f, .growth = 2.0f, .backoff = 0.5f,
-                              .interval = 2000, .hysteresis = 1, .good_steps = 0, .hysteresis_left = 1};
+    tc->scaler = (LossScaler){.mode = FP16_BUILD ? SCALE_DYNAMIC : SCALE_OFF, .scale = 65536.0f, .growth = 2.0f,
+                              .backoff = 0.5f, .interval = 2000, .hysteresis = 1, .good_steps = 0,
+                              .hysteresis_left = 1};
 }
 
 // The folder of encoder.json and vocab.bpe: --bpe-dir, else the --tokenizer file's folder if it holds
@@ -194,21 +196,26 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_int(&a, "--batch-size", tc->B);
     agree_int(&a, "--seq-len", tc->T);
     agree_int(&a, "--grad-accum / --micro-batches", tc->grad_accum);
-    agree_int(&a, "the grid (--dp, --tp, --pp)", (long long)comm->dp * 1000003 * 1000003 + comm->tp * 1000003 + comm->pp);
+    agree_int(&a, "the grid (--dp, --tp, --pp)",
+              (long long)comm->dp * 1000003 * 1000003 + comm->tp * 1000003 + comm->pp);
     agree_int(&a, "--zero", tc->zero);
     long long pipe[3] = {tc->pipe_schedule, tc->rematerialize, tc->virtual_stages};
-    agree_bytes(&a, "the pipeline settings (--pp-split, --pp-schedule, --pp-rematerialize, --virtual-stages)", pipe, sizeof(pipe), tc->pp_split);
+    agree_bytes(&a, "the pipeline settings (--pp-split, --pp-schedule, --pp-rematerialize, --virtual-stages)", pipe,
+                sizeof(pipe), tc->pp_split);
     agree_int(&a, "--recompute", tc->recompute);
     agree_int(&a, "--recompute-segment", tc->recompute_segment);
     agree_int(&a, "--seed", (long long)tc->seed);
     agree_int(&a, "--shuffle", tc->shuffle);
     agree_double(&a, "--lr", tc->opt.lr);
     double opt[5] = {tc->opt.beta1, tc->opt.beta2, tc->opt.eps, tc->opt.weight_decay, tc->opt.grad_clip};
-    agree_bytes(&a, "the optimizer settings (--beta1, --beta2, --eps, --weight-decay, --grad-clip)", opt, sizeof(opt), NULL);
+    agree_bytes(&a, "the optimizer settings (--beta1, --beta2, --eps, --weight-decay, --grad-clip)", opt,
+                sizeof(opt), NULL);
     double sched[2] = {(double)tc->warmup, tc->lr_min_frac};
-    agree_bytes(&a, "the learning-rate schedule (--warmup, --lr-schedule, --lr-min-frac)", sched, sizeof(sched), tc->lr_schedule);
+    agree_bytes(&a, "the learning-rate schedule (--warmup, --lr-schedule, --lr-min-frac)", sched, sizeof(sched),
+                tc->lr_schedule);
     const LossScaler* ls = &tc->scaler;
-    double scaling[6] = {(double)ls->mode, ls->scale, ls->growth, ls->backoff, (double)ls->interval, (double)ls->hysteresis};
+    double scaling[6] = {(double)ls->mode, ls->scale, ls->growth, ls->backoff, (double)ls->interval,
+                         (double)ls->hysteresis};
     agree_bytes(&a, "the loss scaling settings", scaling, sizeof(scaling), NULL);
     agree_int(&a, "--stochastic-rounding", tc->stochastic_rounding);
     agree_bytes(&a, "the model sizes (L, C, NH, V, maxT)", c, sizeof(*c), NULL);
@@ -223,8 +230,8 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     agree_files(&a, "the tokenizer (--tokenizer)", tc->tokenizer);
     // the TP (and PP) ranks of a sample compute its tokens together: each must draw the same way
     double sampling[4] = {(double)tc->sample_every, (double)tc->sample_len, tc->temperature, (double)tc->top_k};
-    agree_bytes(&a, "the sampling settings (--sample-every, --sample-len, --prompt, --temperature, --top-k)", sampling, sizeof(sampling),
-                tc->prompt);
+    agree_bytes(&a, "the sampling settings (--sample-every, --sample-len, --prompt, --temperature, --top-k)", sampling,
+                sizeof(sampling), tc->prompt);
     uint64_t bpe = AGREE_FNV_INIT;  // the prompt's tokens: from these files, in whichever folder (--bpe-dir)
     if (tc->prompt) {
         char dir[4200], path[4300];
@@ -236,15 +243,19 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     }
     agree_add(&a, "the encoding of --prompt (encoder.json and vocab.bpe: their size or first MiB)", bpe);
     long long saving[3] = {tc->save_every, tc->save_model != NULL, tc->save_model_version};
-    agree_bytes(&a, "the saving settings (--save-every, --save-model-dtype, whether --save-model is given)", saving, sizeof(saving), NULL);
+    agree_bytes(&a, "the saving settings (--save-every, --save-model-dtype, whether --save-model is given)", saving,
+                sizeof(saving), NULL);
     agree_int(&a, "the resume step (--resume)", tc->resume ? state->step : -1);
-    agree_add(&a, "the checkpoint resumed from (its run and model)", tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
+    agree_add(&a, "the checkpoint resumed from (its run and model)",
+              tc->resume ? state->run_id ^ (state->model_hash * 3) : 0);
     // every rank writes its shards into its own --checkpoint-dir: two folders would each hold part of a
     // checkpoint (compared as written: name the folder the same way on every rank)
-    agree_string(&a, "--checkpoint-dir (where checkpoints are saved: --resume's folder unless given)", tc->checkpoint_dir);
+    agree_string(&a, "--checkpoint-dir (where checkpoints are saved: --resume's folder unless given)",
+                 tc->checkpoint_dir);
     agree_int(&a, "--fault-wait-signal", tc->fault.wait_signal);
     agree_bytes(&a, "--fault-clock-skew", &tc->fault.clock_skew, sizeof(tc->fault.clock_skew), NULL);
-    agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet", (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
+    agree_int(&a, "the trace settings (--trace, --trace-steps) or --quiet",
+              (long long)(tc->trace != NULL) * 4 + tc->trace_steps * 8 + tc->quiet);
     // other kernels round differently: replicas that each update the whole model would drift apart
     const KernelChoice* k = &tc->kernels;
     // (--attention's default is made on each rank for its GPU: a GPU older than compute capability 8.0
@@ -258,6 +269,7 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     // operation into chunks of that size: a rank with other chunks posts messages of other sizes (an
     // error inside MPI). LLMC_COMM_STRICT runs each operation at its join instead of its post: peers
     // meet in another order than they post, and the check it exists for would hold on some ranks only.
-    agree_int(&a, "the MPI engine's settings (LLMC_MPI_STAGE_BYTES, LLMC_COMM_STRICT)", (long long)comm->stage_bytes * 2 + comm->strict);
+    agree_int(&a, "the MPI engine's settings (LLMC_MPI_STAGE_BYTES, LLMC_COMM_STRICT)",
+              (long long)comm->stage_bytes * 2 + comm->strict);
     agree_check(comm, &a);
 }

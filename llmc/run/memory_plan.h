@@ -21,7 +21,8 @@
 
 typedef struct {
     size_t params, grads, optimizer, activations, workspace;  // what the model allocates up front
-    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls' transposes, attention's datt rows
+    size_t kernel_scratch;  // GPU: cuBLASLt workspace and the layer kernels' scratch; CPU: the matmuls'
+                            // transposes, attention's datt rows
     size_t host;            // CPU target only: what the host copies of loading and saving add at the peak
 } MemoryPlan;
 
@@ -42,7 +43,8 @@ static int plan_is_cpu(size_t elem_bytes) {
 // CPU target: the transposed operand the reference matmuls keep (llmc/matmul.h, the largest weight in
 // forward, the largest output gradient in backward; OpenBLAS reads operands in place), the
 // vocab-parallel loss's scratch, and the OpenBLAS attention backward's rows of datt (llmc/attention.h)
-static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T, const KernelChoice* kernels) {
+static size_t cpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int last, int B, int T,
+                                 const KernelChoice* kernels) {
     size_t BT = (size_t)B * T, C = c->C, Cl = C / pl->tp, widest = 4 * Cl > C ? 4 * Cl : C;
     if (last && (size_t)c->Vp / pl->tp > widest) widest = c->Vp / pl->tp;
     size_t transposed = kernels->cpu_blas ? 0 : C * widest > BT * widest ? C * widest : BT * widest;
@@ -58,8 +60,8 @@ enum { PLAN_RESUMES = 1, PLAN_SAVES_MODEL = 2, PLAN_CHECKPOINTS = 4 };
 // the activations and kernel scratch exist, saving after. n: the model's parameters; total: the elements
 // of the rank's flat buffer; shard: of its optimizer shard; separate_master: an fp32 master copy is kept
 // (or, at ZeRO-3, the parameters are uploaded as a shard: the load makes the shard's host copy either way).
-static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separate_master, const Placement* pl, int phases,
-                               size_t acts_and_scratch) {
+static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separate_master, const Placement* pl,
+                               int phases, size_t acts_and_scratch) {
     size_t tp = pl->tp, master = separate_master ? shard : 0;
     size_t load = n + total + master;  // the parameters in file order, and in the memory layout
     if (phases & PLAN_RESUMES) {       // m and v in file order too, and first one shard file's m, v
@@ -71,7 +73,8 @@ static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separat
     // a checkpoint then writes the state shard from 4 host copies; the heap keeps the space of the model's
     // file-order copy, freed just before, so both are counted (the measured peak is within the stated
     // tolerance of tests/cli.sh)
-    if (phases & PLAN_CHECKPOINTS) save = n + (2 * total * tp > 4 * shard ? 2 * total * tp : 4 * shard) + (pl->pp > 1 ? n : 0);
+    if (phases & PLAN_CHECKPOINTS)
+        save = n + (2 * total * tp > 4 * shard ? 2 * total * tp : 4 * shard) + (pl->pp > 1 ? n : 0);
     size_t load_extra = load * sizeof(float) > acts_and_scratch ? load * sizeof(float) - acts_and_scratch : 0;
     return save * sizeof(float) > load_extra ? save * sizeof(float) : load_extra;
 }
@@ -79,7 +82,8 @@ static size_t plan_host_copies(size_t n, size_t total, size_t shard, int separat
 // the scratch the GPU kernels allocate on first use (the model's KernelScratch, cuBLASLt's workspace)
 static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B, int T, size_t elem_bytes,
                                  const KernelChoice* kernels) {
-    size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp, widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
+    size_t BT = (size_t)B * T, Cl = c->C / pl->tp, NHl = c->NH / pl->tp,
+           widest = 4 * Cl > (size_t)c->C ? 4 * Cl : c->C;
     size_t attention = kernels->flash_attention ? (size_t)B * NHl * T * sizeof(float)     // attention.h: flash's D
                                                 : (8 * BT * Cl + (size_t)B * NHl * T * T) * elem_bytes;  // classic
     size_t reductions = 64 * 2 * c->C * 4 + 64 * widest * 4 + 1024 * 4;         // layernorm, bias, norm partials
@@ -91,9 +95,11 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     // owned, at most 12 a layer and 4) and the step report's 6 floats (llmc/step_outputs.h)
     if (kernels->fused) {
         size_t bias = 128 * 4 * Cl * 4 > widest * elem_bytes ? 128 * 4 * Cl * 4 : widest * elem_bytes;
-        reductions = 512 * 2 * c->C * 4 + bias + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 + 6 * 4;
+        reductions = 512 * 2 * c->C * 4 + bias + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 +
+                     6 * 4;
     }
-    size_t embedding = encoder_scratch_bytes(BT, c->C, kernels->fused) + (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
+    size_t embedding = encoder_scratch_bytes(BT, c->C, kernels->fused) +
+                       (pl->tp > 1 ? 3 * BT * 4 : 0);  // encoder, vocab-parallel CE
     return (32 << 20) + attention + reductions + embedding;
 }
 
@@ -101,7 +107,8 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
 // or the GPU's
 static size_t kernel_scratch_bytes(const GPT2Config* c, const Placement* pl, int last, int B, int T, size_t elem_bytes,
                                    const KernelChoice* kernels) {
-    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels) : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
+    return plan_is_cpu(elem_bytes) ? cpu_kernel_scratch(c, pl, last, B, T, kernels)
+                                   : gpu_kernel_scratch(c, pl, B, T, elem_bytes, kernels);
 }
 
 // The activation sets of each of stage s's chunks under the run's schedule: one per micro-batch it holds
@@ -119,16 +126,19 @@ static StageSlots stage_slots(const TrainConfig* tc, int s) {
     StageSlots slots;
     for (int v = 0; v < V; v++) slots.n[v] = pipeline_slots(sched, P, s, M, V, v);
     slots.douts = pipeline_stash_slots(sched, P, s, M);
-    slots.logits = P > 1 && s == P - 1 ? pipeline_held(sched, P, s, M, V, V - 1, PIPE_F, PIPE_B) : 0;  // (the last chunk classifies)
-    check_internal(slots.logits == 0 || slots.n[V - 1] % slots.logits == 0, "micro-batch m's logits set, (m mod slots) mod sets, must be its own");
+    // (the last chunk classifies)
+    slots.logits = P > 1 && s == P - 1 ? pipeline_held(sched, P, s, M, V, V - 1, PIPE_F, PIPE_B) : 0;
+    check_internal(slots.logits == 0 || slots.n[V - 1] % slots.logits == 0,
+                   "micro-batch m's logits set, (m mod slots) mod sets, must be its own");
     return slots;
 }
 
 // One rank's plan for micro-batches of (B, T), with the activation sets `slots` (above) and elements of
 // elem_bytes: the model built dry (train_gpt.cu's plan_rank). `phases` (PLAN_*): what the run does
 // besides training, for the CPU target's host copies (<0: not counted).
-typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, StageSlots slots, int recompute, int segment,
-                               int rematerialize, int phases, size_t elem_bytes, const KernelChoice* kernels);
+typedef MemoryPlan (*PlanRank)(const GPT2Config* c, const Placement* pl, int B, int T, StageSlots slots, int recompute,
+                               int segment, int rematerialize, int phases, size_t elem_bytes,
+                               const KernelChoice* kernels);
 
 // "layers 0-1" of a stage, or of each of its chunks with --virtual-stages ("layers 0-1, 4-5"), numbers
 // `width` wide, and its activation slots: "2 slots", by chunk "3+2 slots", with ZB-H1 "4 slots, 2 sets
@@ -142,13 +152,17 @@ static void describe_stage(const Placement* pl, StageSlots st, int width, char* 
         used_slots += snprintf(slots + used_slots, n - used_slots, "%s%d", v > 0 ? "+" : "", st.n[v]);
         total += st.n[v];
     }
-    used_slots += snprintf(slots + used_slots, n - used_slots, " slot%s", total > 1 ? "s" : width ? " " : "");  // (aligned in --plan)
-    if (st.douts > 0) snprintf(slots + used_slots, n - used_slots, ", %d set%s of output gradients", st.douts, st.douts > 1 ? "s" : "");
+    used_slots += snprintf(slots + used_slots, n - used_slots, " slot%s",
+                           total > 1 ? "s" : width ? " " : "");  // (aligned in --plan)
+    if (st.douts > 0)
+        snprintf(slots + used_slots, n - used_slots, ", %d set%s of output gradients", st.douts,
+                 st.douts > 1 ? "s" : "");
 }
 
 // The plan of every pipeline stage (one rank each; the DP and TP ranks of a stage are alike) for a
 // micro-batch of B sequences with elements of `elem_bytes`; returns the largest total.
-static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp, int B, size_t elem_bytes, int print) {
+static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp, int B,
+                          size_t elem_bytes, int print) {
     size_t worst = 0;
     for (int s = 0; s < tc->pp; s++) {
         Placement pl = {.zero = tc->zero, .dp = dp, .tp = tc->tp, .pp = tc->pp, .pp_rank = s};
@@ -156,8 +170,8 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
         StageSlots slots = stage_slots(tc, s);
         int phases = (tc->resume ? PLAN_RESUMES : 0) | (tc->save_model ? PLAN_SAVES_MODEL : 0) |
                      (tc->save_every > 0 || tc->stop_after > 0 ? PLAN_CHECKPOINTS : 0);
-        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->recompute_segment, tc->rematerialize, phases, elem_bytes,
-                                 &tc->kernels);
+        MemoryPlan p = plan_rank(c, &pl, B, tc->T, slots, tc->recompute, tc->recompute_segment, tc->rematerialize,
+                                 phases, elem_bytes, &tc->kernels);
         size_t total = plan_total(&p);
         worst = total > worst ? total : worst;
         if (print) {
@@ -185,7 +199,8 @@ static size_t plan_stages(PlanRank plan_rank, const GPT2Config* c, const TrainCo
 
 // --recompute 3: the segment length (--recompute-segment K, sublinear checkpointing) whose worst stage
 // needs the least memory: each K from 1 (a checkpoint per layer) to L (one segment) planned
-static void print_best_segment(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp, size_t elem_bytes) {
+static void print_best_segment(PlanRank plan_rank, const GPT2Config* c, const TrainConfig* tc, int dp,
+                               size_t elem_bytes) {
     TrainConfig t = *tc;
     int best = 1;
     size_t best_total = 0, one = 0;
@@ -193,10 +208,13 @@ static void print_best_segment(PlanRank plan_rank, const GPT2Config* c, const Tr
         t.recompute_segment = K;
         size_t total = plan_stages(plan_rank, c, &t, dp, tc->B, elem_bytes, 0);
         if (K == 1) one = total;
-        if (K == 1 || total < best_total) best = K, best_total = total;
+        if (K == 1 || total < best_total) {
+            best = K;
+            best_total = total;
+        }
     }
-    printf("  --recompute 3: the least memory with --recompute-segment %d: %.3f GiB per rank (--recompute-segment 1: %.3f)\n", best,
-           best_total / 1073741824.0, one / 1073741824.0);
+    printf("  --recompute 3: the least memory with --recompute-segment %d: %.3f GiB per rank "
+           "(--recompute-segment 1: %.3f)\n", best, best_total / 1073741824.0, one / 1073741824.0);
 }
 
 // --plan: prints the per-rank memory of the configuration on the command line and, with
@@ -209,31 +227,42 @@ static void print_plan(PlanRank plan_rank, const TrainConfig* given, const char*
     if (given->T > c.maxT) fatal("sequence length T=%d is longer than maxT=%d", given->T, c.maxT);
     size_t elem_bytes = strcmp(precision, "fp32") == 0 ? 4 : 2;  // the precision planned for
     TrainConfig planned = *given;  // with the attention the planned run would take
-    planned.kernels.flash_attention = attention_choice(given->kernels.flash_attention, given->B, given->T, c.C, c.NH, elem_bytes, 1);
+    planned.kernels.flash_attention = attention_choice(given->kernels.flash_attention, given->B, given->T, c.C, c.NH,
+                                                       elem_bytes, 1);
     const TrainConfig* tc = &planned;
     if (tc->kernels.flash_attention) attention_flash_validate(c.C, c.NH, elem_bytes, 1);
     int dp = tc->dp > 0 ? tc->dp : 1;
     printf("memory plan per rank (%s, GiB): GPT-2 L=%d C=%d NH=%d V=%d maxT=%d, %zu parameters\n",
-           plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT, gpt2_num_parameters(&c));
+           plan_is_cpu(elem_bytes) ? "CPU target: host memory" : "device memory", c.L, c.C, c.NH, c.V, c.maxT,
+           gpt2_num_parameters(&c));
     char segment[48] = "";
-    if (tc->recompute_segment > 1) snprintf(segment, sizeof(segment), " (segments of %d layers)", tc->recompute_segment);
+    if (tc->recompute_segment > 1)
+        snprintf(segment, sizeof(segment), " (segments of %d layers)", tc->recompute_segment);
     char schedule[48] = "";
     if (tc->pp > 1) snprintf(schedule, sizeof(schedule), " (%s)", schedule_name(tc->pipe_schedule));
-    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, %s attention, recompute %d%s, micro-batch B=%d T=%d, %d micro-batch%s per step%s\n",
-           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision, tc->kernels.flash_attention ? "flash" : "classic", tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
+    printf("  %d ranks = dp %d x tp %d x pp %d, ZeRO-%d, %s, %s attention, recompute %d%s, micro-batch B=%d T=%d, "
+           "%d micro-batch%s per step%s\n",
+           dp * tc->tp * tc->pp, dp, tc->tp, tc->pp, tc->zero, precision,
+           tc->kernels.flash_attention ? "flash" : "classic", tc->recompute, segment, tc->B, tc->T, tc->grad_accum,
            tc->grad_accum > 1 ? "es" : "", schedule);
     plan_stages(plan_rank, &c, tc, dp, tc->B, elem_bytes, 1);
     if (tc->recompute == 3) print_best_segment(plan_rank, &c, tc, dp, elem_bytes);
     if (device_memory > 0) {
         int lo = 0, hi = 1;  // largest B whose worst stage fits: grow, then bisect
-        while (hi <= (1 << 16) && plan_stages(plan_rank, &c, tc, dp, hi, elem_bytes, 0) <= device_memory) lo = hi, hi *= 2;
+        while (hi <= (1 << 16) && plan_stages(plan_rank, &c, tc, dp, hi, elem_bytes, 0) <= device_memory) {
+            lo = hi;
+            hi *= 2;
+        }
         while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
             if (plan_stages(plan_rank, &c, tc, dp, mid, elem_bytes, 0) <= device_memory) lo = mid;
             else hi = mid;
         }
-        if (lo == 0) printf("  with %.1f GiB per device: even a micro-batch of 1 does not fit\n", device_memory / 1073741824.0);
-        else printf("  with %.1f GiB per device: the largest micro-batch that fits is B=%d\n", device_memory / 1073741824.0, lo);
+        if (lo == 0)
+            printf("  with %.1f GiB per device: even a micro-batch of 1 does not fit\n", device_memory / 1073741824.0);
+        else
+            printf("  with %.1f GiB per device: the largest micro-batch that fits is B=%d\n",
+                   device_memory / 1073741824.0, lo);
     }
 }
 
@@ -255,7 +284,7 @@ static void print_device_memory_vs_plan(const MemoryPlan* p, const Comm* comm) {
     if (comm->world_size > 1) snprintf(rank, sizeof(rank), ", rank %d", comm->world_rank);
     size_t free_b, total_b;
     device_memory_info(&free_b, &total_b);
-    printf("device memory after the first step%s: %.3f GiB in use (cudaMemGetInfo, CUDA context included), %.3f GiB planned "
-           "(in use - planned: %+.3f MiB)\n", rank, (total_b - free_b) / 1073741824.0, plan_total(p) / 1073741824.0,
-           ((double)(total_b - free_b) - (double)plan_total(p)) / 1048576.0);
+    printf("device memory after the first step%s: %.3f GiB in use (cudaMemGetInfo, CUDA context included), "
+           "%.3f GiB planned (in use - planned: %+.3f MiB)\n", rank, (total_b - free_b) / 1073741824.0,
+           plan_total(p) / 1073741824.0, ((double)(total_b - free_b) - (double)plan_total(p)) / 1048576.0);
 }
