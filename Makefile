@@ -8,6 +8,7 @@
 #   make deps           installs what the tests need (Debian 12: apt-get, through sudo); elsewhere says what
 #   make test           runs every test this machine can run (first checks the dependencies, installs nothing)
 #   make headers        every header of llmc/ compiles on its own, on the CPU target and (with nvcc) the GPU target
+#   make docs           rewrites the documentation's command outputs and draws its pictures again (tests/readme.sh)
 # PRECISION=BF16|FP32|FP16 picks the GPU build used by `make train`, TRAIN_FLAGS adds flags to its run
 # (e.g. TRAIN_FLAGS="--steps 20"); GPU_ARCH overrides the -arch list.
 
@@ -47,7 +48,7 @@ build/flags-%.txt: ;
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 PRECISION_LC = $(shell echo $(PRECISION) | tr A-Z a-z)
 
-.PHONY: all cpu gpu dev emulated train deps test clean references headers
+.PHONY: all cpu gpu dev emulated train deps test clean references headers docs
 all: cpu
 
 cpu: build/cpu/train_gpt build/cpu/test_gpt
@@ -119,15 +120,23 @@ build/ref/ref_small_debug.bin: scripts/gpt2_reference.py
 # the main job, then three things to try next
 TRAIN_BIN = $(if $(filter 1,$(HAVE_GPU)),build/gpu-$(PRECISION_LC)/train_gpt,build/cpu/train_gpt)
 train: $(TRAIN_BIN)
+ifneq ($(HAVE_GPU),1)
+	@echo "make train: no GPU here (nvidia-smi finds none), so it trains with the CPU build $(TRAIN_BIN) in FP32$(if $(filter command line environment,$(origin PRECISION)), (PRECISION=$(PRECISION) is for GPU builds),)"
+endif
 	./$(TRAIN_BIN) $(TRAIN_FLAGS)
 	@echo ""
 	@echo "next:"
-	@echo "  make deps && make test     # every test this machine can run (README.md lists them)"
+	@echo "  make deps && make test     # every test this machine can run (tests/README.md lists them)"
 	@echo "  ./$(TRAIN_BIN) --print-schedule --pp 4 --batch-size 8 --micro-batches 8 --pp-schedule 1f1b   # a pipeline schedule, drawn"
 	@echo "  ./$(TRAIN_BIN) --steps 40 --log run.jsonl --val-every 10 && scripts/plot_log.py run.jsonl -o curves.png   # training curves"
 
 deps:
 	bash scripts/install_deps.sh
+
+# the documentation's outputs and pictures, regenerated from the commands beside them (tests/README.md): every
+# stale output block of README.md, docs/ and tests/README.md rewritten, and the pictures of docs/ drawn again
+docs: build/cpu/train_gpt
+	bash tests/readme.sh --update --pictures build/cpu/train_gpt
 
 test:
 	bash tests/run_all.sh

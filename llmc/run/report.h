@@ -12,6 +12,7 @@
 #include "../device.h"    // device_name, TARGET_NAME, PRECISION_NAME
 #include "logger.h"       // Logger, logger_config_begin, json_string
 #include "config.h"       // TrainConfig
+#include "../matmul.h"    // cpu_blas_linked
 
 // The log's first line (and one per resume): the command line and what it resolved to (llmc/run/logger.h).
 static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters,
@@ -66,6 +67,11 @@ static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2
     printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s), matmuls: %s\n", omp_get_max_threads(),
            getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks",
            tc->kernels.cpu_blas ? "OpenBLAS (--cpu-matmul blas)" : "reference GEMM (--cpu-matmul reference)");
+#endif
+#ifdef LLMC_CPU
+    if (!cpu_blas_linked)  // (llmc/matmul.h)
+        printf("note: this build has no OpenBLAS (NO_BLAS=1, or libopenblas-openmp-dev missing when it was built): "
+               "its matmuls run the slower reference GEMM\n");
 #endif
 #ifndef LLMC_CPU
     printf("kernels: %s attention (--attention), fused kernels %s (--fused-kernels)\n", tc->kernels.flash_attention ? "flash" : "classic",
