@@ -68,7 +68,7 @@ typedef struct {
     Schedule pipe_schedule;  // GPipe, 1F1B, interleaved 1F1B or ZB-H1
     int virtual_stages;    // --virtual-stages V: chunks per stage (interleaved; 1 otherwise)
     int rematerialize;     // pipeline: keep only stage inputs, recompute activations in backward
-    int recompute;         // --recompute 0..3 (train_gpt.cu: RecomputeKeeps)
+    int recompute;         // --recompute 0..3 (what each level keeps: RecomputeKeeps, llmc/recompute.h)
     int recompute_segment; // --recompute-segment K: with --recompute 3, layers per segment (1: a checkpoint per layer)
     int stochastic_rounding;  // BF16 builds: round parameter updates stochastically
     KernelChoice kernels;     // --fused-kernels, --attention, --cpu-matmul (llmc/device.h): the model's kernel variants
@@ -78,7 +78,7 @@ typedef struct {
     double device_memory;     // --device-memory, bytes (0: not given)
     const char* trace;     // --trace FILE, or NULL
     int trace_steps;
-    int zero;            // ZeRO stage 0, 1, 2
+    int zero;            // ZeRO stage 0, 1, 2, 3
     const char* engine;  // auto | mpi | nccl
     const char* nccl_id_dir;
     double comm_timeout;  // --comm-timeout: seconds a wait on other ranks may take (0: no limit)
