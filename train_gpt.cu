@@ -143,8 +143,8 @@ typedef struct {
     floatX* scratch;                        // (B, T, C) a projection's output before the residual add, or a dln
     floatX* dresidual;                      // (B, T, C) gradient of the residual stream
     floatX* dwide;                          // (B, T, 4C) dfch / dqkv
-    floatX* dreceived;                      // (B, T, C) interleaved: the output's gradient,
-                                            // received before its backward
+    floatX* dreceived;                      // (B, T, C) interleaved: an output's gradient received before
+                                            // other work, kept for its backward (the plan stages it)
     int *inputs, *targets;                  // (B, T) token ids on the device (stage_token_ids puts them there)
     int* host_inputs;                       // (B, T) the same ids on the host (the GPU encoder backward groups them)
     int* host_targets;                      // (B, T) kept for a rematerialized forward
@@ -258,8 +258,8 @@ static int master_is_params(const GPT2* model) { return model->mode.elem_bytes =
 
 static void gpt2_init_norm_parts(GPT2* model);
 
-// Allocates the parameters, gradients and optimizer state of one rank: TP rank tp_rank of tp (its
-// slices of the split tensors), DP rank dp_rank of dp, sharded per ZeRO stage `zero_stage` (llmc/zero.h).
+// Allocates the parameters, gradients and optimizer state of the rank at `place`: its pipeline stage's
+// tensors, its slices of the TP-split ones, sharded over its DP group per its ZeRO stage (llmc/zero.h).
 // `mode`: for real, or dry for the planner (gpt2_build builds for a run); `kernels`: the run's choice of
 // kernel variants, which the activations' layout follows too.
 static void gpt2_build_as(GPT2* model, const GPT2Config* c, Comm* comm, const Placement* place, const BuildMode* mode,
@@ -683,6 +683,8 @@ static void recompute_segment(GPT2* model, const Activations* a, int li, int B, 
 // copies do not wait: the host first waits until the set's previous copies have run (ids_copied). The
 // GPU's embedding backward also groups the host copy of the inputs.
 static void stage_token_ids(GPT2* model, Activations* a, const int* inputs, const int* targets, int B, int T) {
+    if (B * T > model->B * model->T || T > model->T)
+        fatal("internal error: batch (%d, %d) exceeds the allocated (%d, %d)", B, T, model->B, model->T);
     size_t bytes = (size_t)B * T * sizeof(int);
     int nowait = model->kernels.fused;
     device_event_wait(&a->ids_copied);
@@ -707,7 +709,6 @@ static void stage_token_ids(GPT2* model, Activations* a, const int* inputs, cons
 static void gpt2_forward(GPT2* model, Activations* a, int B, int T, float dloss, int with_targets) {
     const GPT2Config* c = &model->config;
     check_internal(model->B > 0, "gpt2_forward before gpt2_allocate_activations");
-    check_internal(B * T <= model->B * model->T && T <= model->T, "a batch larger than the activations allocated");
     int C = c->C, tp = model->place.tp, l0 = model->chunk->l0, Ls = model->chunk->l1 - l0, first = model->chunk->first;
     int Vpl = c->Vp / tp;  // this TP rank's rows of the vocabulary
     int fused = model->kernels.fused;
@@ -1051,6 +1052,7 @@ static floatX* message_buffer(GPT2* model, const PipeMessage* msg, int received,
     model->chunk = &model->chunks[msg->chunk];
     Chunk* ck = model->chunk;
     Activations* slot = &ck->slots[msg->micro % ck->n_slots];
+    check_internal(!(received && msg->staged) || model->n_chunks > 1, "a staged gradient without dreceived");
     if (msg->backward) return received && msg->staged ? slot->dreceived : slot->dresidual;
     if (received) return slot->encoded;
     return stage_output(model, model->rematerialize ? &ck->work : slot, B, T);
@@ -1080,6 +1082,7 @@ static void pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, in
     int B = loader->B, T = loader->T, V = model->n_chunks;
     PipeStep* plan = (PipeStep*)malloc_check((size_t)pipeline_plan_capacity(M, V) * sizeof(PipeStep));
     int n = pipeline_plan(schedule, pl->pp, pl->pp_rank, M, V, plan);
+    double t_start = wall_seconds();
     for (int i = 0; i < n; i++) {
         const PipeStep* st = &plan[i];
         if (st->exchange) {  // (a send's buffer is shared, and waited for, if the next action overwrites it)
@@ -1103,6 +1106,7 @@ static void pipeline_step(GPT2* model, DataLoader* loader, Schedule schedule, in
     }
     comm_join(model->comm);  // the last sends are done before the slots are used again
     free(plan);
+    trace_pipeline_time(model->tracer, wall_seconds() - t_start);  // (--trace: the bubble is measured against it)
     sum_tied_embedding_grads(model);
 }
 
@@ -1517,10 +1521,8 @@ static StepResult train_step(Training* run, long long step, float* losses, long 
     step_outputs_begin(&model->outputs, tc->grad_accum);
     // each position's weight in the mean loss of the global batch, times the loss scale
     float dloss = loss_scale(&run->scaler) / (float)run->tokens_per_step;
-    double t_pipeline = wall_seconds();
     if (model->place.pp == 1) plain_step(model, &run->in.train, tc->grad_accum, step, dloss);
     else pipeline_step(model, &run->in.train, tc->pipe_schedule, tc->grad_accum, step, dloss);
-    trace_pipeline_time(&run->tracer, wall_seconds() - t_pipeline);  // (--trace's busy share)
     if (fault_due(&tc->fault, FAULT_INF_GRADIENT, comm->world_rank, step + 1)) inject_inf_gradient(model);
     r.lr = learning_rate(tc, step);
     double t_opt = trace_now_us(&run->tracer);

@@ -385,10 +385,18 @@ static int pipeline_stash_slots(Schedule sched, int P, int s, int M) {
 // ----------------------------------------------------------------------------------------------------
 // the messages between stages, as the pipeline step (train_gpt.cu) exchanges them
 
+// The chunk a message of stage s (of P) leaves from: its own for a sent one; for a received one the
+// sender's, which is the next chunk, or the one before, when the message crosses from stage P-1 to stage
+// 0 (or back) round the ring
+static int sending_chunk(PipeMessage m, int received, int P, int s) {
+    if (!received) return m.chunk;
+    return m.chunk + (m.backward ? (s == P - 1) : -(s == 0));
+}
+
 // A message's name in traces: what it carries, "act 3" (micro-batch 3's activation) or "grad 3" (its
-// gradient), "act 3.1" with virtual stages (out of, or into, chunk 1 of this stage)
-static void message_name(PipeMessage m, int V, char* out, size_t n) {
-    if (V > 1) snprintf(out, n, "%s %d.%d", m.backward ? "grad" : "act", m.micro, m.chunk);
+// gradient), with virtual stages "act 3.1" (out of chunk 1 of its sender, as --print-schedule names it)
+static void message_name(PipeMessage m, int received, int P, int V, int s, char* out, size_t n) {
+    if (V > 1) snprintf(out, n, "%s %d.%d", m.backward ? "grad" : "act", m.micro, sending_chunk(m, received, P, s));
     else snprintf(out, n, "%s %d", m.backward ? "grad" : "act", m.micro);
 }
 
@@ -403,8 +411,8 @@ static void message_name(PipeMessage m, int V, char* out, size_t n) {
 static void pipe_sendrecv(Comm* c, Tracer* tr, const PipeStep* st, const floatX* send_buf, floatX* recv_buf, int shared,
                           size_t n, int V) {
     char send_s[24], recv_s[24], name[60];
-    message_name(st->send, V, send_s, sizeof(send_s));
-    message_name(st->recv, V, recv_s, sizeof(recv_s));
+    message_name(st->send, 0, c->pp, V, c->pp_rank, send_s, sizeof(send_s));
+    message_name(st->recv, 1, c->pp, V, c->pp_rank, recv_s, sizeof(recv_s));
     double t0 = trace_now_us(tr);
     if (send_buf && recv_buf && st->paired) {
         comm_sendrecv(c, &c->pp_group, send_buf, st->send.peer, recv_buf, st->recv.peer, n, DT_FLOATX);
@@ -445,8 +453,7 @@ static void trace_action(Tracer* tr, PipeAction a, int V, double start_us) {
 // message received from stage P-1 by stage 0, or back, crosses to the next chunk, or the one before)
 static void message_label(PipeMessage m, int received, int P, int V, int s, char* out, size_t n) {
     char kind = m.backward ? 'g' : 'a';
-    int chunk = !received ? m.chunk : m.chunk + (m.backward ? (s == P - 1) : -(s == 0));
-    if (V > 1) snprintf(out, n, "%c%d.%d", kind, m.micro, chunk);
+    if (V > 1) snprintf(out, n, "%c%d.%d", kind, m.micro, sending_chunk(m, received, P, s));
     else snprintf(out, n, "%c%d", kind, m.micro);
 }
 

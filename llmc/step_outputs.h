@@ -49,11 +49,11 @@
  *     llmc/tensor_parallel.h tp_sum, vocab_parallel_cross_entropy (TP only): after each TP all-reduce
  *         only the main stream waits (comm_join_for_kernels, Comm.kernels_wait), since only kernels read
  *         the sums: no drain.
- *     llmc/pipeline.h pipe_exchange (PP only): comm_join after a receive, a send-receive and a send from a
+ *     llmc/pipeline.h pipe_sendrecv (PP only): comm_join after a receive, a send-receive and a send from a
  *         shared buffer. The receives could become comm_main_waits; the sends would need an event before
  *         their buffer's next writer.
  *     train_gpt.cu gpt2_backward, last lines: with one stage, comm_main_waits(dp_group): the main stream,
- *         not the host, waits for the DP reductions (ZeRO-2/3's accumulation of the reduced chunks follows
+ *         not the host, waits for the DP reductions (ZeRO-2/3's accumulation of the reduced parts follows
  *         on the stream), so the host goes on to queue the next micro-batch or the update: no drain. With
  *         PP it stays comm_join, a drain (the pipeline's sends may still read their buffers).
  *     train_gpt.cu pipeline_step, sum_tied_embedding_grads (PP only): comm_join after the last exchange,

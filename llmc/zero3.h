@@ -52,12 +52,12 @@
 #include "zero.h"       // ZeroPlan, LayerBuffers, layer_buffers_init, layer_buffers_bases
 
 typedef struct {
-    floatX* shard;        // (shard_total) this rank's parts of the parameters; NULL below stage 3
+    floatX* shard;          // (shard_total) this rank's parts of the parameters; NULL below stage 3
     LayerBuffers gathered;  // the gathered parameters the model's tensors point into
-    int ends_valid;       // the embeddings and final LayerNorm are gathered and current
-    int buf_layer[2];    // the layer whose gather was posted into each layer buffer (-1: none, or stale)
-    CommFence ready[3];   // marked after a gather into layer buffer 0, 1, or the ends (2) was posted
-    Tracer* tracer;       // --trace (NULL: off)
+    int ends_valid;         // the embeddings and final LayerNorm are gathered and current
+    int buf_layer[2];       // the layer whose gather was posted into each layer buffer (-1: none, or stale)
+    CommFence ready[3];     // marked after a gather into layer buffer 0, 1, or the ends (2) was posted
+    Tracer* tracer;         // --trace (NULL: off)
 } Zero3Params;
 
 static void zero3_params_changed(Zero3Params* p) {

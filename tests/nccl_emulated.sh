@@ -5,7 +5,7 @@
 # runs of the same binary (every loss to 1e-5 relative, final parameters to 1e-5 relative norm, as
 # tests/*_parallel.sh and zero.sh: sums over ranks are taken in another order than one rank's):
 #   1. under mpirun (the NCCL id through MPI): DP with ZeRO 0, 1, 2 and 3 (reduce-scatter, all-gather; at
-#      ZeRO-3 per layer into two slots, 3 layers, the main stream waiting on the gathers' events),
+#      ZeRO-3 per layer into two layer buffers, 3 layers, the main stream waiting on the gathers' events),
 #      with gradient accumulation; TP 2; PP 2 GPipe and 1F1B (send/receive, the embedding group's
 #      all-reduce of the tied wte); dp x tp x pp = 2 x 2 x 2 with ZeRO-1; interleaved PP 3, and in the
 #      2 x 2 x 2 grid; ZB-H1 PP 3 (its input gradients sent before a W or paired after it), and in the
@@ -283,8 +283,8 @@ if [ -n "$BIN_BF16" ]; then
         echo "  FAIL  BF16 pp=3 M=4: ZB-H1 differs from 1F1B"; fails=$((fails + 1))
     fi
     echo "5. the MPI engine's staging through host buffers (LLMC_MPI_STAGE_BYTES, llmc/comm/staging.h), its copy streams after and before the main stream's work"
-    # Chunks of 4 KiB: each buffer goes through the two slots many times. The copy streams' work runs
-    # after the main stream's (the emulation's default: a slot reused before its upload has read it shows)
+    # Pieces of 4 KiB: each buffer goes through the two host buffers many times. The copy streams' work runs
+    # after the main stream's (the emulation's default: a host buffer reused before its upload has read it shows)
     # and before it (EMU_STREAMS=main-late: a download before the main stream's writes it waits for
     # shows). The staged runs must give the whole-buffer MPI run's bits (dp 2 ZeRO-2, reduced in float on
     # the wire) and the NCCL 1F1B run's (pp 3: sends are exact copies).

@@ -347,7 +347,7 @@ PYEOF
     then echo "  ok    GPipe P=4 M=$M timeline: every slot in the same columns on every stage"
     else echo "  FAIL  GPipe P=4 M=$M timeline columns:"; head -6 "$TMP/sched.out"; fails=$((fails + 1)); fi
 done
-# 1F1B, P=2, M=2: the messages as pipe_exchange sends them, worked out by hand from its rules
+# 1F1B, P=2, M=2: the messages as the plan exchanges them, worked out by hand from its rules
 "$BIN" --print-schedule --pp 2 --batch-size 2 --micro-batches 2 --pp-schedule 1f1b >"$TMP/sched.out" 2>&1
 if grep -qF "stage  0 (2 activation slots) | F0 | send a0>1 | F1 | sendrecv a1>1 g0<1 | B0 | recv g1<1 | B1 |" "$TMP/sched.out" \
     && grep -qF "stage  1 (1 activation slot) | recv a0<0 | F0 | B0 | sendrecv g0>0 a1<0 | F1 | B1 | send g1>0 |" "$TMP/sched.out"; then

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# staging.sh: the MPI engine's chunked path (the GPU target's with LLMC_MPI_STAGE_BYTES: GPU buffers
+# staging.sh: the MPI engine's path in pieces (the GPU target's with LLMC_MPI_STAGE_BYTES: GPU buffers
 # through host buffers, llmc/comm/staging.h; run here on host memory), on the CPU target under mpirun:
 # pieces of 4, 100 and 1000 bytes through the host buffers give the same losses and model file, byte for byte,
 # as MPI on the buffers (dp=2 ZeRO-2 with accumulation; dp2 x tp2 x pp2 ZeRO-1 1F1B); so does pp=2 GPipe
 # in 8 KiB pieces (beyond Open MPI's eager size: a send-receive whose send waited for its receive piece by
-# chunk hung there, the next stage answering only after the whole message); a traced run prints the
+# piece hung there, the next stage answering only after the whole message); a traced run prints the
 # engine's rate; a bad LLMC_MPI_STAGE_BYTES is refused.
 # usage: tests/staging.sh [path/to/train_gpt]   (default build/cpu/train_gpt)
 set -u

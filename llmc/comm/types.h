@@ -87,9 +87,10 @@ typedef struct {
     CommOp* queue;    // strict mode: the operations posted since the last join, in order
     int queued, queue_cap;
     size_t stage_bytes;        // MPI engine: piece size through pinned host buffers (LLMC_MPI_STAGE_BYTES; 0: not
-                               // chunked: the buffers directly on the CPU target, whole host copies on the GPU)
+                               // cut: the buffers directly on the CPU target, whole host copies on the GPU)
     struct Staging* staging;   // its pinned host buffers and copy streams (staging.h)
-    HostScratch host_copy[2];  // MPI engine on the GPU, not chunked: the operation's host copies (mpi_run_host_copy)
+    HostScratch host_copy[2];  // MPI engine on the GPU, not cut into pieces: the operation's host copies
+                               // (mpi_run_host_copy)
     CommStats stats;
     int kernels_wait;  // --fused-kernels on the GPU: what only kernels read next, only the main stream waits for
 #ifdef HAVE_NCCL

@@ -5,7 +5,7 @@
  * The NCCL engine never blocks in CUDA while it waits for other ranks: it polls the streams and the
  * communicators against --comm-timeout (llmc/comm/nccl_engine.h). Other calls do wait for the GPU: a copy to or from
  * the host and device_synchronize (cudaStreamSynchronize), an event, cudaFree. Once the main stream has
- * been made to wait for a communication stream (ZeRO-2's workspace slots, zero.h), such a call waits for
+ * been made to wait for a communication stream (ZeRO-2's layer buffers, zero.h), such a call waits for
  * that communication too, and if a peer rank is stopped or hung it never returns: the host never gets
  * back to a poll, nothing is aborted, and the run hangs for good.
  *

@@ -266,7 +266,7 @@ static void check_ranks_agree(const TrainConfig* tc, Comm* comm, const GPT2Confi
     // for the same inputs (TP's partial products, DP's replicas)
     agree_int(&a, "the CPU matmul (--cpu-matmul)", k->cpu_blas);
     // The environment the engine reads, as it resolved it (comm_init). LLMC_MPI_STAGE_BYTES cuts each
-    // operation into chunks of that size: a rank with other chunks posts messages of other sizes (an
+    // operation into pieces of that size: a rank with other pieces posts messages of other sizes (an
     // error inside MPI). LLMC_COMM_STRICT runs each operation at its join instead of its post: peers
     // meet in another order than they post, and the check it exists for would hold on some ranks only.
     agree_int(&a, "the MPI engine's settings (LLMC_MPI_STAGE_BYTES, LLMC_COMM_STRICT)",

@@ -92,7 +92,7 @@ static size_t gpu_kernel_scratch(const GPT2Config* c, const Placement* pl, int B
     // floats (BIAS_VEC_CHUNKS, llmc/matmul.h), in the same scratch, so the larger of the two (where cuBLASLt
     // refused an epilogue, the partial rows of a wider layer would take more than planned); the gradient
     // norm's table of ranges on the device (llmc/global_norm.h: 2 ints a range, and one; a range per tensor
-    // owned, at most 12 a layer and 4) and the step report's 6 floats (llmc/step_outputs.h)
+    // owned, at most 12 a layer and 4) and the device executor's report of 6 floats (llmc/step_outputs.h)
     if (kernels->fused) {
         size_t bias = 128 * 4 * Cl * 4 > widest * elem_bytes ? 128 * 4 * Cl * 4 : widest * elem_bytes;
         reductions = 512 * 2 * c->C * 4 + bias + 1024 * 4 + (2 * (12 * (size_t)stage_layer_count(pl) + 4) + 1) * 4 +

@@ -15,21 +15,22 @@
 #include "../matmul.h"    // cpu_blas_linked
 
 // The log's first line (and one per resume): the command line and what it resolved to (llmc/run/logger.h).
-static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters,
-                           long long resumed_from) {
+static void log_run_config(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c,
+                           size_t num_parameters, long long resumed_from) {
     if (!logger_config_begin(lg, tc->argc, tc->argv)) return;
     char device[256];
     device_name(device, sizeof(device));
     FILE* f = lg->f;
     fprintf(f, ", \"target\": \"%s\", \"precision\": \"%s\", \"device\": ", TARGET_NAME, PRECISION_NAME);
     json_string(f, device);
-    fprintf(f, ", \"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d", comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero);
-    fprintf(f, ", \"model\": {\"L\": %d, \"C\": %d, \"NH\": %d, \"V\": %d, \"Vp\": %d, \"maxT\": %d, \"parameters\": %zu}", c->L, c->C,
-            c->NH, c->V, c->Vp, c->maxT, num_parameters);
-    fprintf(f, ", \"batch\": {\"B\": %d, \"T\": %d, \"grad_accum\": %d, \"tokens_per_step\": %lld}", tc->B, tc->T, tc->grad_accum,
-            (long long)comm->dp * tc->B * tc->T * tc->grad_accum);
-    fprintf(f, ", \"steps\": %lld, \"lr\": %g, \"warmup\": %d, \"lr_schedule\": \"%s\", \"seed\": %llu", tc->steps, tc->opt.lr,
-            tc->warmup, tc->lr_schedule, (unsigned long long)tc->seed);
+    fprintf(f, ", \"world\": %d, \"dp\": %d, \"tp\": %d, \"pp\": %d, \"zero\": %d", comm->world_size, comm->dp,
+            comm->tp, comm->pp, tc->zero);
+    fprintf(f, ", \"model\": {\"L\": %d, \"C\": %d, \"NH\": %d, \"V\": %d, \"Vp\": %d, \"maxT\": %d, "
+            "\"parameters\": %zu}", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, num_parameters);
+    fprintf(f, ", \"batch\": {\"B\": %d, \"T\": %d, \"grad_accum\": %d, \"tokens_per_step\": %lld}", tc->B, tc->T,
+            tc->grad_accum, (long long)comm->dp * tc->B * tc->T * tc->grad_accum);
+    fprintf(f, ", \"steps\": %lld, \"lr\": %g, \"warmup\": %d, \"lr_schedule\": \"%s\", \"seed\": %llu", tc->steps,
+            tc->opt.lr, tc->warmup, tc->lr_schedule, (unsigned long long)tc->seed);
     if (TARGET_IS_CPU) fprintf(f, ", \"cpu_matmul\": \"%s\"", tc->kernels.cpu_blas ? "blas" : "reference");
     if (resumed_from >= 0) fprintf(f, ", \"resumed_from\": %lld", resumed_from);
     logger_config_end(lg);
@@ -52,17 +53,19 @@ static void print_step_line(const TrainConfig* tc, long long step, long long sta
     char el[32], eta[32];
     format_duration(elapsed, el, sizeof(el));
     format_duration(elapsed / (double)(step - start_step) * (double)(end - step), eta, sizeof(eta));
-    printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step, tc->steps, loss, norm, lr, ms, tokens_per_s);
+    printf("step %5lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s", step, tc->steps, loss, norm, lr,
+           ms, tokens_per_s);
     if (mfu > 0) printf(" | MFU %.1f%%", mfu);
     printf(" | %s elapsed, ETA %s\n", el, eta);
 }
 
 // The start-up lines (main rank): the target, the grid, the threads, the model, the batch, the training data
 // (NULL: none read) and the pipeline.
-static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters, size_t tokens_per_step,
-                             const DataLoader* train) {
+static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters,
+                             size_t tokens_per_step, const DataLoader* train) {
+    const char* engine = comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none";
     printf("target %s, precision %s, %d rank(s): dp=%d tp=%d pp=%d, ZeRO-%d, engine %s\n", TARGET_NAME, PRECISION_NAME,
-           comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero, comm->engine == ENGINE_NCCL ? "NCCL" : comm->engine == ENGINE_MPI ? "MPI" : "none");
+           comm->world_size, comm->dp, comm->tp, comm->pp, tc->zero, engine);
 #if defined(LLMC_CPU) && defined(_OPENMP)
     printf("threads: %d OpenMP thread(s) per rank (OMP_NUM_THREADS %s), matmuls: %s\n", omp_get_max_threads(),
            getenv("OMP_NUM_THREADS") ? "as set" : "unset: the node's cores / its ranks",
@@ -74,24 +77,27 @@ static void print_run_header(const TrainConfig* tc, const Comm* comm, const GPT2
                "its matmuls run the slower reference GEMM\n");
 #endif
 #ifndef LLMC_CPU
-    printf("kernels: %s attention (--attention), fused kernels %s (--fused-kernels)\n", tc->kernels.flash_attention ? "flash" : "classic",
-           tc->kernels.fused ? "on" : "off");
+    printf("kernels: %s attention (--attention), fused kernels %s (--fused-kernels)\n",
+           tc->kernels.flash_attention ? "flash" : "classic", tc->kernels.fused ? "on" : "off");
 #endif
-    printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, num_parameters);
-    printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum, tokens_per_step,
-           tc->steps);
+    printf("model: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", c->L, c->C, c->NH, c->V, c->Vp, c->maxT,
+           num_parameters);
+    printf("batch: B=%d T=%d per rank, grad_accum=%d (%zu tokens per step), %lld steps\n", tc->B, tc->T, tc->grad_accum,
+           tokens_per_step, tc->steps);
     if (train)
-        printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train->total_tokens, train->n_batches,
-               tc->shuffle ? "on" : "off");
+        printf("train data: %lld tokens (%lld global micro-batches per epoch, shuffle %s)\n", train->total_tokens,
+               train->n_batches, tc->shuffle ? "on" : "off");
     if (comm->pp > 1) {
-        printf("pipeline: %d stages, schedule %s, %d micro-batches", comm->pp, schedule_name(tc->pipe_schedule), tc->grad_accum);
+        printf("pipeline: %d stages, schedule %s, %d micro-batches", comm->pp, schedule_name(tc->pipe_schedule),
+               tc->grad_accum);
         if (tc->virtual_stages > 1) printf(", %d chunks of layers per stage", tc->virtual_stages);
         printf("%s\n", tc->rematerialize ? ", activations rematerialized in backward" : "");
     }
 }
 
 // The log (--log, main rank), continued on resume from start_step, and its configuration record
-static void open_run_log(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c, size_t num_parameters, long long start_step) {
+static void open_run_log(Logger* lg, const TrainConfig* tc, const Comm* comm, const GPT2Config* c,
+                         size_t num_parameters, long long start_step) {
     if (comm->world_rank == 0 && tc->resume) logger_open_resumed(lg, tc->log_file, start_step);
     else if (comm->world_rank == 0) logger_open(lg, tc->log_file, 0);
     log_run_config(lg, tc, comm, c, num_parameters, tc->resume ? start_step : -1);

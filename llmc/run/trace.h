@@ -52,10 +52,10 @@ static TraceLane trace_lane(const char* cat) {
 
 static double trace_clock(const Tracer* tr) { return wall_seconds() + tr->skew; }
 
-// A traced step's forward and backward took `seconds` (its pipeline, from the first forward to the last
-// backward): what the busy share is measured against
+// A traced pipeline step took `seconds` from its first forward to its last backward: what its busy share,
+// and so the measured bubble, is measured against (tr NULL: not traced)
 static void trace_pipeline_time(Tracer* tr, double seconds) {
-    if (tr->enabled) tr->pipeline_s += seconds;
+    if (tr != NULL && tr->enabled) tr->pipeline_s += seconds;
 }
 static double trace_now_us(const Tracer* tr) { return tr ? (trace_clock(tr) - tr->origin) * 1e6 : 0.0; }
 

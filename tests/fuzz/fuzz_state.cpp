@@ -15,7 +15,7 @@
 #include <limits.h>
 
 #include "fuzz_harness.h"
-#include "../../llmc/state_file.h"
+#include "../../llmc/run/state_file.h"
 
 static const GPT2Config TINY_CONFIG = {8, 64, 128, 1, 1, 4};  // maxT V Vp L NH C
 static char valid_shard[512];  // path of the valid shard of the tiny model

@@ -5,7 +5,7 @@
  * every id, the end-of-text id and a few ids outside the table are printed (stdout goes to /dev/null).
  */
 #include "fuzz_harness.h"
-#include "../../llmc/tokenizer.h"
+#include "../../llmc/run/tokenizer.h"
 
 typedef struct {
     const char* path;

@@ -8,7 +8,7 @@
  * token handed out must be below the vocabulary size the loader checked against.
  */
 #include "fuzz_harness.h"
-#include "../../llmc/dataloader.h"
+#include "../../llmc/run/dataloader.h"
 
 static const int B = 2, T = 4, V = 50257;  // GPT-2's vocabulary, as the default data uses
 
