@@ -39,7 +39,8 @@
 #include "llmc/recompute.h"        // RecomputeKeeps: which activations --recompute keeps
 // the parallelisms
 #include "llmc/comm.h"             // Comm: ranks, groups and collectives (MPI or NCCL)
-#include "llmc/param_layout.h"     // ParamLayout, Placement: the flat buffer's tensors and buckets, this rank's share
+#include "llmc/param_layout.h"     // ParamLayout: the flat buffer's tensors and buckets, this rank's share
+#include "llmc/placement.h"        // Placement: this rank's place in the grid, its stage's layers
 #include "llmc/pipeline.h"         // Schedule, pipeline_plan, pipe_sendrecv: GPipe, 1F1B, interleaved, ZB-H1
 #include "llmc/tensor_parallel.h"  // f and g, the vocabulary-parallel embedding and loss
 #include "llmc/zero.h"             // ZeroPlan: ZeRO-1/2 sharding, reduce-scatter and all-gather
@@ -249,7 +250,7 @@ typedef struct {
     int B, T;  // the batch shape activations were allocated for (0: not yet)
     size_t bytes_params, bytes_grads, bytes_optimizer, bytes_activations, bytes_workspace;
     Tracer* tracer;  // spans for --trace (NULL: off)
-    float* host_losses;  // (B, T) the last forward's per-position losses, when brought to the host
+    float* host_losses;  // (B, T) evaluation: the last forward's per-position losses, brought to the host
     StepOutputs outputs;  // the step's losses and the update's verdict (llmc/step_outputs.h)
 } GPT2;
 
@@ -983,7 +984,7 @@ static void plain_step(GPT2* model, DataLoader* loader, int M, long long step, f
         stage_token_ids(model, a, loader->inputs, loader->targets, B, T);
         double t0 = trace_now_us(model->tracer);
         gpt2_forward(model, a, B, T, dloss, 1);
-        step_outputs_loss(&model->outputs, m, a->losses, B * T, model->host_losses);
+        step_outputs_loss(&model->outputs, m, a->losses, B * T);
         trace_add(model->tracer, "forward", "F", m, t0);
         t0 = trace_now_us(model->tracer);
         gpt2_backward(model, a, B, T, m == M - 1);  // DP: the last micro-batch reduces (ZeRO-2, 3: each)
@@ -1022,7 +1023,7 @@ static void schedule_forward(GPT2* model, DataLoader* loader, int m, long long b
     stage_token_ids(model, slot, loader->inputs, loader->targets, B, T);
     Activations* a = micro_batch_activations(model, m, B, T);
     gpt2_forward(model, a, B, T, dloss, 1);
-    if (model->chunk->last) step_outputs_loss(&model->outputs, m, a->losses, B * T, model->host_losses);
+    if (model->chunk->last) step_outputs_loss(&model->outputs, m, a->losses, B * T);
 }
 
 // A backward action: the gradient of micro-batch m's output is in dresidual (one buffer that every

@@ -1,6 +1,6 @@
 /*
- * pipeline.h: pipeline parallelism: which layers a stage owns and in what order it runs its
- * micro-batches (llmc/run/trace.h records when they ran).
+ * pipeline.h: pipeline parallelism: in what order a stage runs its micro-batches, and the messages
+ * between stages (which layers a stage owns: llmc/placement.h; llmc/run/trace.h records when they ran).
  *
  * The L layers are cut into P stages of consecutive layers (as even as possible, or as given by
  * --pp-split). Stage 0 also owns the embedding, stage P-1 the final LayerNorm and the classifier, and
@@ -62,8 +62,6 @@
 
 typedef enum { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZBH1 } Schedule;
 
-enum { MAX_VIRTUAL_STAGES = 8 };  // --virtual-stages: chunks per stage
-
 static const char* schedule_name(Schedule s) {
     return s == SCHEDULE_GPIPE ? "GPipe"
            : s == SCHEDULE_1F1B ? "1F1B"
@@ -102,55 +100,6 @@ typedef struct {
     int chunk;   // which of the stage's virtual stages (0 but for the interleaved schedule)
     int staged;  // B: its output's gradient was received before other work, into the chunk's dreceived
 } PipeAction;
-
-// First layer of each of the P stages (first[P] = L); with virtual stages P is P*V, the chunks.
-// split: "a,b,c" layer counts, or NULL for as even as possible.
-static void pipeline_split(int L, int P, const char* split, int* first) {
-    if (P > L) fatal("--pp %d: more pipeline stages than the %d layers", P, L);
-    first[0] = 0;
-    if (split == NULL) {
-        for (int s = 0; s < P; s++) first[s + 1] = first[s] + L / P + (s < L % P ? 1 : 0);
-        return;
-    }
-    const char* p = split;
-    for (int s = 0; s < P; s++) {
-        // each count is parsed as a 64-bit integer (errno catches what does not fit even there) and
-        // checked against L before it becomes an int, so no count wraps around into a small number
-        char* end = (char*)p;
-        errno = 0;
-        long long n = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
-        if (end == p || n < 1)
-            fatal("--pp-split '%s': expected %d positive layer counts separated by commas", split, P);
-        if (errno == ERANGE || n > L - first[s])
-            fatal("--pp-split '%s': the layer counts add up to more than the model's %d layers (stage %d has %d left)",
-                  split, L, s, L - first[s]);
-        first[s + 1] = first[s] + (int)n;
-        p = end;
-        if (s < P - 1) {
-            if (*p != ',')
-                fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)",
-                      split, P);
-            p++;
-        }
-    }
-    if (*p != '\0')
-        fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)",
-              split, P);
-    if (first[P] != L) fatal("--pp-split '%s' covers %d layers, the model has %d", split, first[P], L);
-}
-
-// Stage s's chunks of layers: chunk v is virtual stage v*P + s of the P*V (V = 1: the stage itself),
-// layers [l0[v], l1[v]).
-static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* l0, int* l1) {
-    if (P * V > L && V > 1) fatal("--pp %d x --virtual-stages %d: more chunks than the %d layers", P, V, L);
-    int* first = (int*)malloc_check((P * V + 1) * sizeof(int));
-    pipeline_split(L, P * V, split, first);
-    for (int v = 0; v < V; v++) {
-        l0[v] = first[v * P + s];
-        l1[v] = first[v * P + s + 1];
-    }
-    free(first);
-}
 
 // ----------------------------------------------------------------------------------------------------
 // the plan: a stage's actions and the exchanges between them

@@ -6,8 +6,67 @@
  */
 #pragma once
 
+#include <errno.h>
+
+#include "common.h"      // fatal, malloc_check
 #include "model_file.h"  // GPT2Config
-#include "pipeline.h"    // MAX_VIRTUAL_STAGES, pipeline_chunks
+
+enum { MAX_VIRTUAL_STAGES = 8 };  // --virtual-stages: chunks per stage
+
+// ----------------------------------------------------------------------------------------------------
+// which layers a pipeline stage owns
+
+// First layer of each of the P stages (first[P] = L); with virtual stages P is P*V, the chunks.
+// split: "a,b,c" layer counts, or NULL for as even as possible.
+static void pipeline_split(int L, int P, const char* split, int* first) {
+    if (P > L) fatal("--pp %d: more pipeline stages than the %d layers", P, L);
+    first[0] = 0;
+    if (split == NULL) {
+        for (int s = 0; s < P; s++) first[s + 1] = first[s] + L / P + (s < L % P ? 1 : 0);
+        return;
+    }
+    const char* p = split;
+    for (int s = 0; s < P; s++) {
+        // each count is parsed as a 64-bit integer (errno catches what does not fit even there) and
+        // checked against L before it becomes an int, so no count wraps around into a small number
+        char* end = (char*)p;
+        errno = 0;
+        long long n = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+        if (end == p || n < 1)
+            fatal("--pp-split '%s': expected %d positive layer counts separated by commas", split, P);
+        if (errno == ERANGE || n > L - first[s])
+            fatal("--pp-split '%s': the layer counts add up to more than the model's %d layers (stage %d has %d left)",
+                  split, L, s, L - first[s]);
+        first[s + 1] = first[s] + (int)n;
+        p = end;
+        if (s < P - 1) {
+            if (*p != ',')
+                fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)",
+                      split, P);
+            p++;
+        }
+    }
+    if (*p != '\0')
+        fatal("--pp-split '%s': expected %d layer counts (one per stage, or per chunk with --virtual-stages)",
+              split, P);
+    if (first[P] != L) fatal("--pp-split '%s' covers %d layers, the model has %d", split, first[P], L);
+}
+
+// Stage s's chunks of layers: chunk v is virtual stage v*P + s of the P*V (V = 1: the stage itself),
+// layers [l0[v], l1[v]).
+static void pipeline_chunks(int L, int P, int V, const char* split, int s, int* l0, int* l1) {
+    if (P * V > L && V > 1) fatal("--pp %d x --virtual-stages %d: more chunks than the %d layers", P, V, L);
+    int* first = (int*)malloc_check((P * V + 1) * sizeof(int));
+    pipeline_split(L, P * V, split, first);
+    for (int v = 0; v < V; v++) {
+        l0[v] = first[v * P + s];
+        l1[v] = first[v * P + s + 1];
+    }
+    free(first);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// a rank's place
 
 // Where a rank sits in the dp x tp x pp grid, what it owns, and how its optimizer state is sharded.
 typedef struct {

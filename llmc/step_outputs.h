@@ -99,6 +99,8 @@ typedef struct {
     int on_device;  // the device executor (--fused-kernels on the GPU); 0: the host executor
     int n_losses;   // the micro-batch losses this rank has given so far this step (0 but on the last stage)
     // host executor: the step so far, and the verdict it reached
+    float* host;        // (host_cap) a micro-batch's per-position losses, brought to the host
+    size_t host_cap;
     double loss_sum;    // the micro-batches' mean losses, added in micro-batch order
     double loss;        // the step's mean loss over the DP ranks
     float norm;         // the gradient norm (INFINITY: skipped; non-finite: diverged)
@@ -108,7 +110,7 @@ typedef struct {
     int cap;
     float* report;              // (REPORT_FLOATS) on the device, allocated at the first step (planned as kernel
                                 // scratch)
-    float host[REPORT_FLOATS];  // step_outputs_fetch's copy
+    float fetched[REPORT_FLOATS];  // step_outputs_fetch's copy
 } StepOutputs;
 
 // What the update does with the step's gradients (step_outputs_verdict).
@@ -163,8 +165,11 @@ static void step_outputs_begin(StepOutputs* s, int M) {
 static void step_outputs_free(StepOutputs* s) {
     device_free(s->means);
     device_free(s->report);
+    free(s->host);
     s->means = NULL;
     s->report = NULL;
+    s->host = NULL;
+    s->host_cap = 0;
 }
 
 // The mean of N per-position losses on the device, through the host: `host` (N floats) receives them
@@ -176,11 +181,18 @@ static float mean_loss_on_host(float* host, const float* losses, size_t N) {
     return (float)(sum / N);
 }
 
-// Micro-batch m's mean loss, from its per-position losses (N) on the device. host: N floats of room
-// (host executor).
-static void step_outputs_loss(StepOutputs* s, int m, const float* losses, int N, float* host) {
-    if (s->on_device) loss_mean(s->means + m, losses, N);
-    else s->loss_sum += mean_loss_on_host(host, losses, (size_t)N);
+// Micro-batch m's mean loss, from its per-position losses (N) on the device.
+static void step_outputs_loss(StepOutputs* s, int m, const float* losses, int N) {
+    if (s->on_device) {
+        loss_mean(s->means + m, losses, N);
+    } else {
+        if (s->host_cap < (size_t)N) {  // (grown to the largest micro-batch)
+            free(s->host);
+            s->host = (float*)malloc_check((size_t)N * sizeof(float));
+            s->host_cap = (size_t)N;
+        }
+        s->loss_sum += mean_loss_on_host(s->host, losses, (size_t)N);
+    }
     s->n_losses++;
 }
 
@@ -290,16 +302,16 @@ static float step_outputs_fetch(StepOutputs* s, LossScaler* scaler, int dp, doub
         *skipped = s->skipped;
         return s->norm;
     }
-    copy_to_host(s->host, s->report, sizeof(s->host));
-    double mean = (double)s->host[REPORT_LOSS] / dp;
+    copy_to_host(s->fetched, s->report, sizeof(s->fetched));
+    double mean = (double)s->fetched[REPORT_LOSS] / dp;
     *loss = mean;
     *skipped = 0;
     if (!isfinite(mean)) return NAN;
-    int nonfinite = s->host[REPORT_NONFINITE] != 0.0f;
+    int nonfinite = s->fetched[REPORT_NONFINITE] != 0.0f;
     if (scaler && loss_scaler_update(scaler, nonfinite)) {
         *skipped = 1;
         return INFINITY;
     }
-    float norm = s->host[REPORT_NORM];
+    float norm = s->fetched[REPORT_NORM];
     return nonfinite && isfinite(norm) ? INFINITY : norm;
 }
