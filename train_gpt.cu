@@ -1400,10 +1400,10 @@ static void print_run_summary(const Training* run) {
     if (run->main_rank && !tc->quiet)
         print_run_header(tc, comm, &model->config, model->num_parameters, run->tokens_per_step,
                          run->in.have_train ? &run->in.train : NULL);
-    if (!tc->quiet && comm->dp_rank == 0 && comm->tp_rank == 0) {  // one line per pipeline stage
+    if (!tc->quiet && model->place.dp_rank == 0 && model->place.tp_rank == 0) {  // one line per pipeline stage
         comm_barrier(comm, &comm->pp_group);
         MemoryPlan p = model_memory(model, sizeof(floatX));
-        print_stage_memory(&p, &model->place, stage_slots(tc, comm->pp_rank));
+        print_stage_memory(&p, &model->place, stage_slots(tc, model->place.pp_rank));
     }
 }
 
@@ -1436,11 +1436,11 @@ static void training_setup(Training* run, TrainConfig* tc, Comm* comm) {
     if (run->in.have_train) run->in.data = fingerprint_train_data(&run->in.train);
     check_resumed_data(tc, &run->state, &run->in, run->main_rank);
     // the activations: one set for the plain step, or one slot per micro-batch the pipeline keeps in flight
-    allocate_stage_activations(&run->model, tc->B, tc->T, stage_slots(tc, comm->pp_rank), tc->rematerialize);
+    allocate_stage_activations(&run->model, tc->B, tc->T, stage_slots(tc, run->model.place.pp_rank), tc->rematerialize);
     // (its clocks are aligned when the first traced step begins)
     if (tc->trace) run->model.tracer = run->model.zero3.tracer = &run->tracer;
     restore_run_state(run);
-    run->tokens_per_step = (size_t)comm->dp * tc->B * tc->T * tc->grad_accum;
+    run->tokens_per_step = (size_t)run->model.place.dp * tc->B * tc->T * tc->grad_accum;
     run->flops_per_token = 6.0 * run->model.num_parameters + 6.0 * config.L * config.C * tc->T;
     run->peak_flops = device_peak_flops();
     print_run_summary(run);
@@ -1472,10 +1472,10 @@ static void evaluate_and_sample(Training* run, long long step, int last) {
 static void fill_run_state(Training* run, long long step) {
     const TrainConfig* tc = run->tc;
     const LossScaler* ls = &run->scaler;
-    run->state = (RunState){.config = run->model.config, .B = run->comm->dp * tc->B, .T = tc->T,
+    run->state = (RunState){.config = run->model.config, .B = run->model.place.dp * tc->B, .T = tc->T,
                             .grad_accum = tc->grad_accum, .shuffle = tc->shuffle, .step = step,
                             .sample_rng = run->sample_rng.state, .model_hash = 0, .data_seed = tc->seed, .shard = 0,
-                            .num_shards = 0, .zero_stage = tc->zero, .dp = run->comm->dp, .updates = run->updates,
+                            .num_shards = 0, .zero_stage = tc->zero, .dp = run->model.place.dp, .updates = run->updates,
                             .loss_scale = ls->scale, .scale_good_steps = ls->good_steps,
                             .scale_hysteresis_left = ls->hysteresis_left, .run_id = run->run_id,
                             .data_hash = run->in.data.hash, .data_tokens = run->in.data.tokens,
@@ -1561,7 +1561,7 @@ static void report_step(Training* run, long long step, const StepResult* r) {
     if (!run->memory_reported && !tc->quiet) {
         run->memory_reported = 1;
         MemoryPlan p = plan_rank(&run->model.config, &run->model.place, tc->B, tc->T,
-                                 stage_slots(tc, run->comm->pp_rank), tc->recompute, tc->recompute_segment,
+                                 stage_slots(tc, run->model.place.pp_rank), tc->recompute, tc->recompute_segment,
                                  tc->rematerialize, -1, sizeof(floatX), &run->model.kernels);
         print_device_memory_vs_plan(&p, run->comm);
     }
