@@ -169,31 +169,37 @@ static float parse_float(const char* flag, const char* s, double lo, double hi) 
 enum { MAX_PRINTED_STAGES = 64, MAX_PRINTED_MICRO_BATCHES = 1024, MAX_PLANNED_ACTIONS = 1 << 22 };
 
 // Flags whose meaning depends on others, remembered until all are read (check_flag_combinations).
+// FlagsSeen.data_given's bits: the data flags given on the command line
+enum { GIVEN_TRAIN = 1, GIVEN_VAL = 2, GIVEN_TOKENIZER = 4 };
+
 typedef struct {
     int micro_batches;                 // --micro-batches M (0: not given)
     const char* checkpoint_dir_given;  // --checkpoint-dir (NULL: not given, the default or --resume's folder)
     const ModelPreset* preset;         // --model-preset (NULL: not given)
-    int data_given;                    // bit mask of the data flags given: 1 --train-data, 2 --val-data, 4 --tokenizer
+    int data_given;                    // the data flags given: GIVEN_TRAIN | GIVEN_VAL | GIVEN_TOKENIZER
 } FlagsSeen;
 
 // The flags that take a value, one function per part of --help. Each returns 0 for a flag not its own.
 // data, model, batch
 static int parse_data_model_flag(TrainConfig* tc, FlagsSeen* seen, const char* f, const char* v) {
     const long long BIG = 1LL << 40;
-    if (!strcmp(f, "--train-data")) { tc->train_data = v; seen->data_given |= 1; }
-    else if (!strcmp(f, "--val-data")) { tc->val_data = v; seen->data_given |= 2; }
-    else if (!strcmp(f, "--tokenizer")) { tc->tokenizer = v; seen->data_given |= 4; }
+    if (!strcmp(f, "--train-data")) { tc->train_data = v; seen->data_given |= GIVEN_TRAIN; }
+    else if (!strcmp(f, "--val-data")) { tc->val_data = v; seen->data_given |= GIVEN_VAL; }
+    else if (!strcmp(f, "--tokenizer")) { tc->tokenizer = v; seen->data_given |= GIVEN_TOKENIZER; }
     else if (!strcmp(f, "--shuffle")) tc->shuffle = (int)parse_int(f, v, 0, 1);
     else if (!strcmp(f, "--model")) tc->model_file = v;
     else if (!strcmp(f, "--model-preset")) {
         seen->preset = find_model_preset(v);
         if (!seen->preset) fatal("--model-preset must be %s, got '%s'", MODEL_PRESETS[0].name, v);
     }
-    else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= 1; }
-    else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 2; }
-    else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 4; }
-    else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); tc->arch_given |= 8; }
-    else if (!strcmp(f, "--max-seq-len")) { tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20); tc->arch_given |= 16; }
+    else if (!strcmp(f, "--layers")) { tc->arch.L = (int)parse_int(f, v, 1, 4096); tc->arch_given |= GIVEN_L; }
+    else if (!strcmp(f, "--channels")) { tc->arch.C = (int)parse_int(f, v, 1, 65536); tc->arch_given |= GIVEN_C; }
+    else if (!strcmp(f, "--heads")) { tc->arch.NH = (int)parse_int(f, v, 1, 65536); tc->arch_given |= GIVEN_NH; }
+    else if (!strcmp(f, "--vocab")) { tc->arch.V = (int)parse_int(f, v, 1, 65536); tc->arch_given |= GIVEN_V; }
+    else if (!strcmp(f, "--max-seq-len")) {
+        tc->arch.maxT = (int)parse_int(f, v, 1, 1 << 20);
+        tc->arch_given |= GIVEN_MAXT;
+    }
     else if (!strcmp(f, "--seed")) tc->seed = (uint64_t)parse_int(f, v, 0, BIG);
     else if (!strcmp(f, "--batch-size")) tc->B = (int)parse_int(f, v, 1, 1 << 20);
     else if (!strcmp(f, "--seq-len")) tc->T = (int)parse_int(f, v, 1, 1 << 20);
@@ -374,18 +380,18 @@ static void check_zero_bubble_flags(const TrainConfig* tc) {
 static void apply_model_preset(TrainConfig* tc, const FlagsSeen* seen) {
     const ModelPreset* p = seen->preset;
     if (!p) return;
-    if (!(tc->arch_given & 1)) tc->arch.L = p->arch.L;
-    if (!(tc->arch_given & 2)) tc->arch.C = p->arch.C;
-    if (!(tc->arch_given & 4)) tc->arch.NH = p->arch.NH;
-    if (!(tc->arch_given & 8)) tc->arch.V = p->arch.V;
-    if (!(tc->arch_given & 16)) tc->arch.maxT = p->arch.maxT;
-    tc->arch_given = 31;
-    if (!(seen->data_given & 1)) tc->train_data = p->train_data;
-    if (!(seen->data_given & 2)) tc->val_data = p->val_data;
-    if (!(seen->data_given & 4)) tc->tokenizer = p->tokenizer;
+    if (!(tc->arch_given & GIVEN_L)) tc->arch.L = p->arch.L;
+    if (!(tc->arch_given & GIVEN_C)) tc->arch.C = p->arch.C;
+    if (!(tc->arch_given & GIVEN_NH)) tc->arch.NH = p->arch.NH;
+    if (!(tc->arch_given & GIVEN_V)) tc->arch.V = p->arch.V;
+    if (!(tc->arch_given & GIVEN_MAXT)) tc->arch.maxT = p->arch.maxT;
+    tc->arch_given = GIVEN_ALL_SIZES;
+    if (!(seen->data_given & GIVEN_TRAIN)) tc->train_data = p->train_data;
+    if (!(seen->data_given & GIVEN_VAL)) tc->val_data = p->val_data;
+    if (!(seen->data_given & GIVEN_TOKENIZER)) tc->tokenizer = p->tokenizer;
     struct stat st;
     int trains = !tc->plan && !tc->print_schedule && !tc->encode_file;
-    if (trains && !(seen->data_given & 1) && stat(p->train_data, &st) != 0)
+    if (trains && !(seen->data_given & GIVEN_TRAIN) && stat(p->train_data, &st) != 0)
         fatal("--model-preset %s trains on %s, which does not exist: make it with %s (or give --train-data)", p->name,
               p->train_data, p->made_by);
 }

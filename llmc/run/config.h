@@ -46,6 +46,9 @@ static const ModelPreset* find_model_preset(const char* name) {
     return NULL;
 }
 
+// TrainConfig.arch_given's bits: the model sizes given on the command line (or by --model-preset)
+enum { GIVEN_L = 1, GIVEN_C = 2, GIVEN_NH = 4, GIVEN_V = 8, GIVEN_MAXT = 16, GIVEN_ALL_SIZES = 31 };
+
 // Everything the command line sets.
 typedef struct {
     // data
@@ -56,7 +59,7 @@ typedef struct {
     // model: from a file, or from scratch with these sizes
     const char* model_file;
     GPT2Config arch;
-    int arch_given;  // bit mask of the sizes given on the command line: 1 L, 2 C, 4 NH, 8 V, 16 maxT
+    int arch_given;  // which sizes the command line gave: GIVEN_L | GIVEN_C | ... (a model file must match them)
     uint64_t seed;
     // batch (B is per rank: the global batch of a micro-step is dp x B sequences)
     int B, T, grad_accum;

@@ -66,9 +66,9 @@ static void read_start_point(const TrainConfig* tc, int D, int main_rank, RunSta
 // Model sizes given on the command line must be those of the model file or checkpoint.
 static void check_sizes_given(const TrainConfig* tc, const GPT2Config* config) {
     const GPT2Config* a = &tc->arch;
-    if (((tc->arch_given & 1) && a->L != config->L) || ((tc->arch_given & 2) && a->C != config->C) ||
-        ((tc->arch_given & 4) && a->NH != config->NH) || ((tc->arch_given & 8) && a->V != config->V) ||
-        ((tc->arch_given & 16) && a->maxT != config->maxT))
+    if (((tc->arch_given & GIVEN_L) && a->L != config->L) || ((tc->arch_given & GIVEN_C) && a->C != config->C) ||
+        ((tc->arch_given & GIVEN_NH) && a->NH != config->NH) || ((tc->arch_given & GIVEN_V) && a->V != config->V) ||
+        ((tc->arch_given & GIVEN_MAXT) && a->maxT != config->maxT))
         fatal("model sizes on the command line differ from the model file's (L=%d C=%d NH=%d V=%d maxT=%d)", config->L,
               config->C, config->NH, config->V, config->maxT);
 }
