@@ -1,3 +1,4 @@
+#!/usr/bin/python3
 """token_files.py: what the data scripts share about writing llm.c's token and decode-table files: their
 256-int32 header, a file written whole or not at all, and the one-line error both report."""
 
