@@ -37,41 +37,7 @@
  * paths. On one rank nothing is added in float. The DP mean of the loss likewise. The squared norm has
  * float's range there: a norm above 1.8e19 counts as non-finite (the host executor reports it and clips).
  *
- * The host synchronizations left in one training step with --fused-kernels 1 on the GPU (NCCL engine; not
- * counting --trace, evaluation, sampling and checkpoint steps), by where they are and why:
- *   per micro-batch
- *     train_gpt.cu stage_token_ids: device_event_wait(ids_copied) before the activation
- *         set's pinned ids are rewritten: the copy of the previous micro-batch's ids from them has run, i.e.
- *         the GPU has begun that micro-batch. The host stays at most one micro-batch per set ahead; no
- *         drain. Could go with two pinned buffers per set, used in turn.
- *     llmc/encoder.h encoder_backward: host_staging_get's event wait (llmc/device.h), the same for the
- *         token grouping's pinned buffer. Could go the same way, or with the grouping made on the device.
- *     llmc/tensor_parallel.h tp_sum, vocab_parallel_cross_entropy (TP only): after each TP all-reduce
- *         only the main stream waits (comm_join_for_kernels, Comm.kernels_wait), since only kernels read
- *         the sums: no drain.
- *     llmc/pipeline.h pipe_sendrecv (PP only): comm_join after a receive, a send-receive and a send from a
- *         shared buffer. The receives could become comm_main_waits; the sends would need an event before
- *         their buffer's next writer.
- *     train_gpt.cu gpt2_backward, last lines: with one stage, comm_main_waits(dp_group): the main stream,
- *         not the host, waits for the DP reductions (ZeRO-2/3's accumulation of the reduced parts follows
- *         on the stream), so the host goes on to queue the next micro-batch or the update: no drain. With
- *         PP it stays comm_join, a drain (the pipeline's sends may still read their buffers).
- *     train_gpt.cu pipeline_step, sum_tied_embedding_grads (PP only): comm_join after the last exchange,
- *         after the tied wte's sum and after its bucket's reduction: as gpt2_backward's with PP.
- *   per step
- *     train_gpt.cu gpt2_update: comm_join after zero_gather_params. AdamW is queued by then, so the GPU
- *         does not idle: with ZeRO the host waits for the parameters' all-gather, without it for the
- *         update's small collectives. Could go (comm_main_waits), leaving the next one alone.
- *     step_outputs_fetch: the copy of the report, the one wait that remains by design (loss, norm, verdict).
- *     train_gpt.cu train_step: device_synchronize for the step's time: the stream is idle by then.
- *     llmc/run/stop_signal.h stop_signal_agreed (more than one rank): a blocking all-reduce over the world
- *         after the step, through the host (NCCL: copies both ways). Could ride in the next step's report.
- *     The MPI engine (ranks sharing a GPU): every collective copies through the host and waits
- *         (llmc/comm/mpi_engine.h), the update's four small ones included.
- *   once or rarely: the first step's cudaMalloc of kernel scratch and of the report, and the upload of
- *     the norm's range table (norm_parts_sum_on_device); a growing buffer's free (step_outputs_begin,
- *     host_staging_get); report_step's device memory query after the first applied step; the testing
- *     flags' injected inf (--fault-inf-*).
+ * The list of the host synchronizations left in a step on the device executor is at the end of this file.
  */
 #pragma once
 
@@ -315,3 +281,41 @@ static float step_outputs_fetch(StepOutputs* s, LossScaler* scaler, int dp, doub
     float norm = s->fetched[REPORT_NORM];
     return nonfinite && isfinite(norm) ? INFINITY : norm;
 }
+
+/*
+ * The host synchronizations left in one training step with --fused-kernels 1 on the GPU (NCCL engine; not
+ * counting --trace, evaluation, sampling and checkpoint steps), by where they are and why:
+ *   per micro-batch
+ *     train_gpt.cu stage_token_ids: device_event_wait(ids_copied) before the activation
+ *         set's pinned ids are rewritten: the copy of the previous micro-batch's ids from them has run, i.e.
+ *         the GPU has begun that micro-batch. The host stays at most one micro-batch per set ahead; no
+ *         drain. Could go with two pinned buffers per set, used in turn.
+ *     llmc/encoder.h encoder_backward: host_staging_get's event wait (llmc/device.h), the same for the
+ *         token grouping's pinned buffer. Could go the same way, or with the grouping made on the device.
+ *     llmc/tensor_parallel.h tp_sum, vocab_parallel_cross_entropy (TP only): after each TP all-reduce
+ *         only the main stream waits (comm_join_for_kernels, Comm.kernels_wait), since only kernels read
+ *         the sums: no drain.
+ *     llmc/pipeline.h pipe_sendrecv (PP only): comm_join after a receive, a send-receive and a send from a
+ *         shared buffer. The receives could become comm_main_waits; the sends would need an event before
+ *         their buffer's next writer.
+ *     train_gpt.cu gpt2_backward, last lines: with one stage, comm_main_waits(dp_group): the main stream,
+ *         not the host, waits for the DP reductions (ZeRO-2/3's accumulation of the reduced parts follows
+ *         on the stream), so the host goes on to queue the next micro-batch or the update: no drain. With
+ *         PP it stays comm_join, a drain (the pipeline's sends may still read their buffers).
+ *     train_gpt.cu pipeline_step, sum_tied_embedding_grads (PP only): comm_join after the last exchange,
+ *         after the tied wte's sum and after its bucket's reduction: as gpt2_backward's with PP.
+ *   per step
+ *     train_gpt.cu gpt2_update: comm_join after zero_gather_params. AdamW is queued by then, so the GPU
+ *         does not idle: with ZeRO the host waits for the parameters' all-gather, without it for the
+ *         update's small collectives. Could go (comm_main_waits), leaving the next one alone.
+ *     step_outputs_fetch: the copy of the report, the one wait that remains by design (loss, norm, verdict).
+ *     train_gpt.cu train_step: device_synchronize for the step's time: the stream is idle by then.
+ *     llmc/run/stop_signal.h stop_signal_agreed (more than one rank): a blocking all-reduce over the world
+ *         after the step, through the host (NCCL: copies both ways). Could ride in the next step's report.
+ *     The MPI engine (ranks sharing a GPU): every collective copies through the host and waits
+ *         (llmc/comm/mpi_engine.h), the update's four small ones included.
+ *   once or rarely: the first step's cudaMalloc of kernel scratch and of the report, and the upload of
+ *     the norm's range table (norm_parts_sum_on_device); a growing buffer's free (step_outputs_begin,
+ *     host_staging_get); report_step's device memory query after the first applied step; the testing
+ *     flags' injected inf (--fault-inf-*).
+ */
