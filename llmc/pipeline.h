@@ -385,12 +385,18 @@ static void pipe_sendrecv(Comm* c, Tracer* tr, const PipeStep* st, const floatX*
     }
 }
 
-// An action's span in traces: "F 3", "B 3" or "W 3" (micro-batch 3), with virtual stages "F 3.1" (chunk 1)
+// An action's name: "F3", "B3" or "W3" (micro-batch 3), with virtual stages "F3.1" (in chunk 1); `sep`
+// goes between the kind and the numbers ("" in --print-schedule, " " in traces: "F 3.1")
+static void action_label(PipeAction a, int V, const char* sep, char* out, size_t n) {
+    char kind = a.kind == PIPE_F ? 'F' : a.kind == PIPE_B ? 'B' : 'W';
+    if (V > 1) snprintf(out, n, "%c%s%d.%d", kind, sep, a.micro, a.chunk);
+    else snprintf(out, n, "%c%s%d", kind, sep, a.micro);
+}
+
+// An action's span in traces: "F 3", with virtual stages "F 3.1"
 static void trace_action(Tracer* tr, PipeAction a, int V, double start_us) {
     char name[24];
-    char kind = a.kind == PIPE_F ? 'F' : a.kind == PIPE_B ? 'B' : 'W';
-    if (V > 1) snprintf(name, sizeof(name), "%c %d.%d", kind, a.micro, a.chunk);
-    else snprintf(name, sizeof(name), "%c %d", kind, a.micro);
+    action_label(a, V, " ", name, sizeof(name));
     trace_add(tr, a.kind == PIPE_F ? "forward" : "backward", name, -1, start_us);
 }
 
@@ -406,12 +412,6 @@ static void message_label(PipeMessage m, int received, int P, int V, int s, char
     else snprintf(out, n, "%c%d", kind, m.micro);
 }
 
-// "F3", "B3" or "W3" (micro-batch 3), with virtual stages "F3.1" (in chunk 1)
-static void action_label(PipeAction a, int V, char* out, size_t n) {
-    char kind = a.kind == PIPE_F ? 'F' : a.kind == PIPE_B ? 'B' : 'W';
-    if (V > 1) snprintf(out, n, "%c%d.%d", kind, a.micro, a.chunk);
-    else snprintf(out, n, "%c%d", kind, a.micro);
-}
 
 // An exchange of stage s, as pipeline_step makes it: one sendrecv when `paired` (GPipe, 1F1B and ZB-H1
 // pair a send and a receive with the same neighbour; the interleaved schedule pairs them all), else the
@@ -493,7 +493,7 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
             PipeAction a = acts[(size_t)s * per + i];
             for (; t < start[(size_t)s * per + i]; t++) printf(" %-*s", cell, ".");
             char label[24];
-            action_label(a, V, label, sizeof(label));
+            action_label(a, V, "", label, sizeof(label));
             printf(" %-*s", cell, label);
             if (a.kind == PIPE_B && !zb) printf(" %-*s", cell, "==");
             t += a.kind == PIPE_B && !zb ? 2 : 1;
@@ -525,7 +525,7 @@ static void pipeline_print_schedule(Schedule sched, int P, int M, int V) {
         int n = pipeline_plan(sched, P, s, M, V, steps);
         for (int i = 0; i < n; i++) {
             char label[24];
-            action_label(steps[i].action, V, label, sizeof(label));
+            action_label(steps[i].action, V, "", label, sizeof(label));
             if (steps[i].exchange) print_exchange(steps[i].send, steps[i].recv, steps[i].paired, P, V, s);
             else printf(" %s |", label);
         }

@@ -142,9 +142,9 @@ static void step_outputs_free(StepOutputs* s) {
 // and they are added in double, in order (what the device's loss_mean computes on the CPU target).
 static float mean_loss_on_host(float* host, const float* losses, size_t N) {
     copy_to_host(host, losses, N * sizeof(float));
-    double sum = 0.0;
-    for (size_t i = 0; i < N; i++) sum += host[i];
-    return (float)(sum / N);
+    float mean;
+    loss_mean_cpu(&mean, host, (int)N);
+    return mean;
 }
 
 // Micro-batch m's mean loss, from its per-position losses (N) on the device.

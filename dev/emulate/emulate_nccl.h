@@ -14,7 +14,7 @@
  * written whole and renamed into place, so a reader never sees half of one.
  *   collective number s:  every rank writes c<s>.<rank> (what it calls, then its whole send buffer), waits
  *                         until all n files exist, reads them, checks that every rank calls the same
- *                         operation (kind, type, reduction, root, count: else one line naming both, exit
+ *                         operation (kind, type, reduction, count: else one line naming both, exit
  *                         1), and computes the result itself, in rank order (so every rank gets the same
  *                         bits, as from NCCL's rings). A rank at collective s knows every rank has finished
  *                         s-2 (each wrote s-1 after reading s-2), so it removes its own s-2 file.
@@ -144,9 +144,9 @@ inline ncclResult_t start(ncclComm* c, std::function<bool()> step) {
 enum class Kind : int32_t { init, split, finalize, all_reduce, reduce_scatter, all_gather, send };
 struct OpHeader {
     Kind kind;
-    int32_t type, op, root;  // ncclDataType_t, ncclRedOp_t (-1: none), root rank (-1: none)
+    int32_t type, op;        // ncclDataType_t, ncclRedOp_t (-1: none)
     uint64_t count;          // elements (per rank where NCCL counts so)
-    bool operator!=(const OpHeader& o) const { return kind != o.kind || type != o.type || op != o.op || root != o.root || count != o.count; }
+    bool operator!=(const OpHeader& o) const { return kind != o.kind || type != o.type || op != o.op || count != o.count; }
 };
 inline std::string describe(const OpHeader& h) {
     static const char* kinds[] = {"creating the communicator", "a split", "finalize", "an all-reduce", "a reduce-scatter",
@@ -154,7 +154,6 @@ inline std::string describe(const OpHeader& h) {
     std::string d = kinds[(int)h.kind];
     if (h.kind < Kind::all_reduce) return d;
     if (h.op >= 0) d += h.op == ncclMax ? " (max)" : h.op == ncclAvg ? " (avg)" : " (sum)";
-    if (h.root >= 0) d += " from rank " + std::to_string(h.root);
     const char* type = h.type == ncclFloat ? "float" : h.type == ncclDouble ? "double" : h.type == ncclHalf ? "half" : "bf16";
     return d + " of " + std::to_string(h.count) + " " + type;
 }
@@ -329,7 +328,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     if (nranks < 1 || rank < 0 || rank >= nranks || strncmp(id.internal, "emu-nccl-", 9) != 0) return ncclInvalidArgument;
     ncclComm* c = emu_nccl::make_comm(id.internal, rank, nranks, config ? config->blocking : 1);
     *comm = c;
-    emu_nccl::OpHeader mine = {emu_nccl::Kind::init, -1, -1, -1, 0};
+    emu_nccl::OpHeader mine = {emu_nccl::Kind::init, -1, -1, 0};
     return emu_nccl::host_collective(c, mine, &nranks, sizeof(nranks), [c, nranks](std::vector<std::vector<char>>& parts) {
         for (auto& p : parts)
             if (*(int*)p.data() != nranks) c->error = ncclInvalidUsage;  // (reported by ncclCommGetAsyncError)
@@ -343,7 +342,7 @@ ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t* ne
     int mine[2] = {color, key};
     std::string name = parent->key + "-s" + std::to_string(parent->splits++);
     int blocking = config ? config->blocking : parent->blocking;
-    emu_nccl::OpHeader what = {emu_nccl::Kind::split, -1, -1, -1, 0};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::split, -1, -1, 0};
     return emu_nccl::host_collective(parent, what, mine, sizeof(mine), [=](std::vector<std::vector<char>>& parts) {
         if (color == NCCL_SPLIT_NOCOLOR) return;
         std::vector<std::pair<int, int>> members;  // (key, parent rank) of this colour
@@ -366,7 +365,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* error) {
 // still waits for its files
 ncclResult_t ncclCommFinalize(ncclComm_t c) {
     if (c == NULL) return ncclInvalidArgument;
-    emu_nccl::OpHeader what = {emu_nccl::Kind::finalize, -1, -1, -1, 0};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::finalize, -1, -1, 0};
     return emu_nccl::host_collective(c, what, NULL, 0, [](std::vector<std::vector<char>>&) {});
 }
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
@@ -385,7 +384,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
     if (c == NULL || (op != ncclSum && op != ncclAvg && op != ncclMax)) return ncclInvalidArgument;
     size_t bytes = count * emu_nccl::type_bytes(t);
-    emu_nccl::OpHeader what = {emu_nccl::Kind::all_reduce, t, op, -1, count};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::all_reduce, t, op, count};
     return emu_nccl::stream_collective(c, stream, what, send, bytes, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, bytes);
         emu_nccl::reduce(parts, 0, count, t, op, recv);
@@ -396,7 +395,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, n
                                cudaStream_t stream) {
     if (c == NULL || (op != ncclSum && op != ncclAvg && op != ncclMax)) return ncclInvalidArgument;
     size_t block = recvcount * emu_nccl::type_bytes(t);
-    emu_nccl::OpHeader what = {emu_nccl::Kind::reduce_scatter, t, op, -1, recvcount};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::reduce_scatter, t, op, recvcount};
     return emu_nccl::stream_collective(c, stream, what, send, block * c->size, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, block * c->size);
         emu_nccl::reduce(parts, block * c->rank, recvcount, t, op, recv);
@@ -406,7 +405,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, n
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t t, ncclComm_t c, cudaStream_t stream) {
     if (c == NULL) return ncclInvalidArgument;
     size_t block = sendcount * emu_nccl::type_bytes(t);
-    emu_nccl::OpHeader what = {emu_nccl::Kind::all_gather, t, -1, -1, sendcount};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::all_gather, t, -1, sendcount};
     return emu_nccl::stream_collective(c, stream, what, send, block, [=](std::vector<std::vector<char>>& parts) {
         emu_nccl::check_sizes(parts, block);
         for (size_t r = 0; r < parts.size(); r++) memcpy((char*)recv + r * block, parts[r].data(), block);
@@ -414,13 +413,13 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
 }
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
     if (!emu_nccl::valid(c, peer) || c->aborted) return ncclInvalidArgument;
-    emu_nccl::OpHeader what = {emu_nccl::Kind::send, t, -1, -1, count};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::send, t, -1, count};
     return emu_nccl::queue_pair_op(c, stream, emu_nccl::send_step(c, send, what, count * emu_nccl::type_bytes(t), peer),
                                    emu_nccl::pair_what(c, "a send to rank", peer, what) + " waits for its receive");
 }
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t stream) {
     if (!emu_nccl::valid(c, peer) || c->aborted) return ncclInvalidArgument;
-    emu_nccl::OpHeader what = {emu_nccl::Kind::send, t, -1, -1, count};
+    emu_nccl::OpHeader what = {emu_nccl::Kind::send, t, -1, count};
     return emu_nccl::queue_pair_op(c, stream, emu_nccl::recv_step(c, recv, what, count * emu_nccl::type_bytes(t), peer),
                                    emu_nccl::pair_what(c, "a receive from rank", peer, what) + " waits for its send");
 }
