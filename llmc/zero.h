@@ -152,7 +152,6 @@ typedef struct {
     floatX* shard;           // (shard_total) this rank's reduced gradient parts, accumulated over micro-steps;
                              // NULL below stage 2, where the zero2_ calls do nothing
     LayerBuffers workspace;  // what backward writes, and where each bucket's reduce-scatter leaves our part
-    size_t shard_total;
     const ZeroPlan* plan;    // which part of each bucket is ours
     CommFence buf_free[2];   // marked after the reduce-scatter of the layer in the buffer was posted
     int buf_bucket[2];       // the bucket whose reduced part waits in the buffer (-1: none)
@@ -165,7 +164,6 @@ static void zero2_init(Zero2Grads* w, const ZeroPlan* z, const BuildMode* mode, 
     memset(w, 0, sizeof(*w));
     w->buf_bucket[0] = w->buf_bucket[1] = -1;
     if (z->stage < 2) return;
-    w->shard_total = z->shard_total;
     w->plan = z;
     w->shard = (floatX*)zeroed_device_buffer(mode, z->shard_total * mode->elem_bytes, bytes_grads);
     layer_buffers_init(&w->workspace, z, mode, bytes_workspace);
@@ -181,7 +179,7 @@ static void zero2_free(Zero2Grads* w) {
 
 // start of an optimizer step: nothing accumulated yet
 static void zero2_begin_step(Zero2Grads* w) {
-    if (w->shard) device_memset_zero(w->shard, w->shard_total * sizeof(floatX));
+    if (w->shard) device_memset_zero(w->shard, w->plan->shard_total * sizeof(floatX));
 }
 
 // start of a micro-step's backward: the embeddings' and final LayerNorm's gradients start from zero
