@@ -30,7 +30,7 @@
 #      the benchmark at 124M B=32 and 350M, and at 1.5B (B=8) against llm.c.
 #   3. the suites of multi-rank runs (data parallelism, ZeRO, faults, signals, rank agreement, launch,
 #      staging, tensor and pipeline parallelism), ranks sharing the one GPU through the MPI engine, also
-#      with the engine's chunked staging (LLMC_MPI_STAGE_BYTES); the host emulation of the flash kernels.
+#      with the engine's staging in pieces (LLMC_MPI_STAGE_BYTES); the host emulation of the flash kernels.
 # A step runs at most its cap (CAP: 600 s unless it says otherwise), a step that needs more of the budget
 # than is left is not started (MIN), and a comparison runs only when the runs it compares passed (else SKIP).
 #
@@ -332,13 +332,13 @@ TPF=(--layers 2 --channels 768 --heads 12 --max-seq-len 256 --seq-len 256 --batc
 MPI=1 step 2 tp_flash bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} --attention flash --fused-kernels 0 --log $LOGS/tp_flash.jsonl"
 MPI=1 step 2 tp_classic bash -c "source tests/lib.sh; \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt ${TPF[*]} ${CLASSIC[*]} --log $LOGS/tp_classic.jsonl"
 NEEDS="tp_flash tp_classic" step 2 tp_flash_vs_classic "${CMP[@]}" "$LOGS/tp_flash.jsonl" "$LOGS/tp_classic.jsonl" --names flash,classic --steps 10 --max-skipped 0 --every --limit 0.02
-# ZeRO-3's BF16 path (the parameter shard updated in place, layers gathered per use): the same reduced chunks
+# ZeRO-3's BF16 path (the parameter shard updated in place, layers gathered per use): the same reduced parts
 # and updates as ZeRO-2, so the same model file byte for byte (tests/nccl_emulated.sh checks it emulated)
 MPI=1 step 2 dp_bf16_zero3_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --steps 4 --val-every 0 --sample-every 0'; \
     \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 2 --save-model $LOGS/zero2.bin && \
     \${MPIRUN[@]} -np 2 ./build/gpu-bf16/train_gpt \$F --zero 3 --save-model $LOGS/zero3.bin && \
     cmp $LOGS/zero2.bin $LOGS/zero3.bin && echo 'ZeRO-3 = ZeRO-2, byte for byte'"
-# the MPI engine's chunked path through pinned slots (LLMC_MPI_STAGE_BYTES; not the default until it passes
+# the MPI engine's path in pieces through pinned host buffers (LLMC_MPI_STAGE_BYTES; not the default until it passes
 # here): in BF16 (sums widened to float by a kernel) a dp2 ZeRO-2 run with accumulation must give the
 # whole-buffer path's model file byte for byte
 MPI=1 step 2 dp_bf16_staged_identical bash -c "source tests/lib.sh; F='--comm mpi --layers 4 --channels 256 --heads 4 --seq-len 128 --batch-size 4 --grad-accum 2 --dp 2 --zero 2 --steps 4 --val-every 0 --sample-every 0'; \
